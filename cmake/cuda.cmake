@@ -1,0 +1,20 @@
+# Detects nvcc and cuDNN. RN_CUDA=AUTO builds the CUDA backend when both are found;
+# ON makes their absence an error; OFF skips the check. Without CUDA the CPU build is
+# complete.
+set(RN_HAVE_CUDA OFF)
+if(NOT RN_CUDA STREQUAL "OFF")
+  include(CheckLanguage)
+  if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+  check_language(CUDA)
+  find_path(RN_CUDNN_INCLUDE cudnn.h HINTS /usr/local/cuda/include ENV CUDNN_ROOT PATH_SUFFIXES include)
+  find_library(RN_CUDNN_LIBRARY cudnn HINTS /usr/local/cuda/lib64 ENV CUDNN_ROOT PATH_SUFFIXES lib lib64)
+  file(GLOB _rn_cuda_srcs ${CMAKE_CURRENT_SOURCE_DIR}/src/backends/cuda/*.cu ${CMAKE_CURRENT_SOURCE_DIR}/src/backends/cuda/*.cpp)
+  if(CMAKE_CUDA_COMPILER AND RN_CUDNN_INCLUDE AND RN_CUDNN_LIBRARY AND _rn_cuda_srcs)
+    set(RN_HAVE_CUDA ON)
+  elseif(RN_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "RN_CUDA=ON but nvcc (${CMAKE_CUDA_COMPILER}), cuDNN (${RN_CUDNN_INCLUDE}, ${RN_CUDNN_LIBRARY}) or the CUDA backend sources are missing")
+  endif()
+endif()
+message(STATUS "resnet.cpp: CUDA backend ${RN_HAVE_CUDA}")

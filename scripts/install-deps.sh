@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs every Debian package resnet.cpp needs to build, test and benchmark.
+# Idempotent: prints nothing and touches nothing when all are present.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config git
+  libdnnl-dev                       # oneDNN 2.6: the CPU backend
+  libspdlog-dev libfmt-dev          # logging
+  nlohmann-json3-dev                # safetensors headers, metrics, reports
+  libyaml-cpp-dev libcli11-dev      # configs and the command line
+  zlib1g-dev                        # IDX .gz files
+  libturbojpeg0-dev libjpeg62-turbo-dev libpng-dev  # image decode
+  libgtest-dev libgmock-dev libbenchmark-dev       # tests and micro-benchmarks
+  dataset-fashion-mnist             # the default training data
+  python3-torch python3-torchvision # golden data and PyTorch comparisons (/usr/bin/python3)
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "install-deps: installing ${missing[*]}" >&2
+SUDO=""
+[ "$(id -u)" -ne 0 ] && SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

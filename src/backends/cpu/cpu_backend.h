@@ -1,0 +1,22 @@
+// The CPU backend: oneDNN primitives, created once per descriptor and reused, fp32 and
+// bf16 (bf16 only on CPUs with native bf16 support: AVX512-BF16 or AMX; elsewhere
+// make_* throws rn::Unsupported saying so; fp16 never). Activations in nchw or nhwc; nhwc
+// is the fast one (no activation is ever reordered; weights are reordered from PyTorch's
+// OIHW into each primitive's preferred format at each call, which costs little next to
+// the convolution).
+//
+// The kernels of one backend share one block of temporary memory (oneDNN scratchpads,
+// reordered weights, gradient staging), sized when the kernels are made: they must run
+// one at a time, as a plan does. Two backends made by two make_cpu_backend() calls are
+// independent.
+#pragma once
+
+#include <memory>
+
+#include "ops/backend.h"
+
+namespace rn {
+std::unique_ptr<Backend> make_cpu_backend();
+// True when this CPU runs bf16 natively; otherwise *why says what is missing.
+bool cpu_has_native_bf16(std::string* why);
+}

@@ -1,0 +1,33 @@
+#include <sstream>
+
+#include "backends/cpu/cpu_backend.h"
+#include "backends/ref/ref_backend.h"
+#include "core/check.h"
+#include "ops/backend.h"
+#ifdef RN_HAVE_CUDA
+#include "backends/cuda/cuda_backend.h"
+#endif
+
+namespace rn {
+
+std::vector<std::string> available_backends() {
+  std::vector<std::string> names = {"ref", "cpu"};
+#ifdef RN_HAVE_CUDA
+  names.push_back("cuda");
+#endif
+  return names;
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& name) {
+  if (name == "ref") return make_ref_backend();
+  if (name == "cpu") return make_cpu_backend();
+#ifdef RN_HAVE_CUDA
+  if (name == "cuda") return make_cuda_backend();
+#endif
+  std::ostringstream list;
+  for (const auto& n : available_backends()) list << " " << n;
+  RN_FAIL() << "unknown or unavailable backend '" << name << "'; this build has:" << list.str()
+            << (name == "cuda" ? " (the CUDA backend was not built: configure found no nvcc/cuDNN)" : "");
+}
+
+}  // namespace rn

@@ -1,0 +1,14 @@
+// Each subcommand registers itself on the app with an explicit call (no static
+// registration) and returns the function to run when it is selected.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+
+namespace rn::cli {
+
+using Runner = std::function<int()>;
+
+Runner add_info_command(CLI::App& app);
+
+}  // namespace rn::cli

@@ -1,0 +1,87 @@
+// `resnet info`: parameters, forward MACs and planned training memory per level.
+#include <fmt/format.h>
+
+#include <memory>
+
+#include "cli/commands.h"
+#include "cli/format.h"
+#include "core/check.h"
+#include "model/model.h"
+#include "model/plan.h"
+#include "model/stats.h"
+#include "model/zoo.h"
+
+namespace rn::cli {
+
+namespace {
+
+struct InfoArgs {
+  std::string model = "resnet50";
+  std::string input = "3x224x224";
+  int64_t batch = 32;
+  int64_t classes = 1000;
+  std::string dtype = "fp32";
+};
+
+void parse_input(const std::string& s, ModelOptions& o) {
+  int64_t c = 0, h = 0, w = 0;
+  char x1 = 0, x2 = 0;
+  char extra = 0;
+  RN_CHECK(std::sscanf(s.c_str(), "%ld%c%ld%c%ld%c", &c, &x1, &h, &x2, &w, &extra) == 5 && x1 == 'x' && x2 == 'x')
+      << "--input '" << s << "' must look like CxHxW, for example 3x224x224";
+  o.in_channels = c;
+  o.height = h;
+  o.width = w;
+}
+
+int run_info(const InfoArgs& a) {
+  ModelOptions o;
+  parse_input(a.input, o);
+  o.num_classes = a.classes;
+  Model model(build_model(a.model, o));
+  const ModelStats st = model_stats(model.graph());
+  const DType dt = dtype_from_name(a.dtype);
+  fmt::print("model            {}\n", a.model);
+  fmt::print("input            {}x{}x{}, {} classes\n", o.in_channels, o.height, o.width, o.num_classes);
+  fmt::print("layers           {} conv, {} batch-norm, {} linear\n", st.conv_layers, st.bn_layers, st.linear_layers);
+  fmt::print("parameters       {}\n", with_commas(model.param_count()));
+  fmt::print("forward MACs     {} ({:.2f} GMACs per image)\n", with_commas(st.macs), st.macs / 1e9);
+  fmt::print("training FLOPs   {:.2f} GFLOPs per image (forward + backward ~ 3x forward, 2 FLOPs per MAC)\n",
+             6.0 * st.macs / 1e9);
+  const double param_bytes = 4.0 * model.params().total;
+  fmt::print("\nTraining memory at batch {} in {} (planned; parameters fp32 master):\n", a.batch, dtype_name(dt));
+  fmt::print("  {:<8} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}\n", "level", "arena", "activations", "saved",
+             "gradients", "weights", "w+g+momentum");
+  for (MemoryLevel level : {MemoryLevel::O0, MemoryLevel::O1}) {
+    PlanOptions po;
+    po.batch = a.batch;
+    po.dtype = dt;
+    po.memory = level;
+    Plan plan(model, nullptr, po);
+    const MemoryReport r = plan.memory();
+    fmt::print("  {:<8} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}\n", memory_level_name(level),
+               human_bytes(static_cast<double>(r.arena_bytes)),
+               human_bytes(static_cast<double>(r.by_role[static_cast<int>(BufferRole::activation)])),
+               human_bytes(static_cast<double>(r.by_role[static_cast<int>(BufferRole::saved)])),
+               human_bytes(static_cast<double>(r.by_role[static_cast<int>(BufferRole::gradient)])),
+               human_bytes(static_cast<double>(r.half_weight_bytes)), human_bytes(3.0 * param_bytes));
+  }
+  fmt::print("  (activations/saved/gradients: sums without reuse; arena: the planned peak with the level's reuse)\n");
+  return 0;
+}
+
+}  // namespace
+
+Runner add_info_command(CLI::App& app) {
+  auto args = std::make_shared<InfoArgs>();
+  CLI::App* cmd = app.add_subcommand("info", "Print a model's parameters, forward MACs and planned memory per level");
+  cmd->add_option("--model", args->model, "Model name (resnet18/34/50/101/152, resnet20..110, resnet50_gdw)")
+      ->capture_default_str();
+  cmd->add_option("--input", args->input, "Input shape CxHxW")->capture_default_str();
+  cmd->add_option("--batch", args->batch, "Batch size for the memory plan")->capture_default_str();
+  cmd->add_option("--classes", args->classes, "Number of classes")->capture_default_str();
+  cmd->add_option("--dtype", args->dtype, "Compute dtype for the memory plan (fp32, bf16)")->capture_default_str();
+  return [cmd, args]() -> int { return cmd->parsed() ? run_info(*args) : -1; };
+}
+
+}  // namespace rn::cli

@@ -1,0 +1,31 @@
+// The `resnet` command: one subcommand per task. Errors from the library (rn::Error)
+// are printed as one clear line and exit with status 1.
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <vector>
+
+#include "cli/commands.h"
+#include "core/check.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"resnet.cpp: train ResNet image classifiers fast on CPUs and NVIDIA GPUs"};
+  app.require_subcommand(1);
+  std::vector<rn::cli::Runner> runners;
+  runners.push_back(rn::cli::add_info_command(app));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    for (auto& run : runners) {
+      const int rc = run();
+      if (rc >= 0) return rc;
+    }
+  } catch (const rn::Error& e) {
+    fmt::print(stderr, "resnet: error: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}

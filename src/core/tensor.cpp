@@ -1,0 +1,83 @@
+#include "core/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+namespace rn {
+
+std::string_view layout_name(Layout l) { return l == Layout::nchw ? "nchw" : "nhwc"; }
+std::string_view device_name(Device d) { return d == Device::cpu ? "cpu" : "cuda"; }
+
+Shape::Shape(std::initializer_list<int64_t> dims) {
+  RN_CHECK(dims.size() <= kMaxRank) << "rank " << dims.size() << " exceeds " << kMaxRank;
+  for (int64_t d : dims) {
+    RN_CHECK(d >= 0) << "negative dimension " << d;
+    dims_[static_cast<size_t>(rank_++)] = d;
+  }
+}
+
+int64_t Shape::numel() const {
+  int64_t n = 1;
+  for (int i = 0; i < rank_; ++i) n *= dims_[static_cast<size_t>(i)];
+  return n;
+}
+
+bool Shape::operator==(const Shape& o) const {
+  if (rank_ != o.rank_) return false;
+  for (int i = 0; i < rank_; ++i)
+    if (dims_[static_cast<size_t>(i)] != o.dims_[static_cast<size_t>(i)]) return false;
+  return true;
+}
+
+std::string Shape::str() const {
+  std::ostringstream s;
+  s << "[";
+  for (int i = 0; i < rank_; ++i) s << (i ? ", " : "") << dims_[static_cast<size_t>(i)];
+  s << "]";
+  return s.str();
+}
+
+std::string Tensor::str() const {
+  std::ostringstream s;
+  s << dtype_name(dtype) << shape.str();
+  if (shape.rank() == 4) s << " " << layout_name(layout);
+  if (device != Device::cpu) s << " " << device_name(device);
+  return s.str();
+}
+
+void HostBuffer::Free::operator()(void* p) const { std::free(p); }
+
+HostBuffer::HostBuffer(size_t bytes) : bytes_(bytes) {
+  size_t alloc = align_up(bytes == 0 ? 1 : bytes, Arena::kAlignment);
+  void* p = std::aligned_alloc(Arena::kAlignment, alloc);
+  RN_CHECK(p != nullptr) << "out of host memory allocating " << bytes << " bytes";
+  data_.reset(p);
+}
+
+void HostBuffer::zero() {
+  if (data_) std::memset(data_.get(), 0, bytes_);
+}
+
+HostTensor::HostTensor(Shape shape, DType dtype, Layout layout) {
+  view_.shape = shape;
+  view_.dtype = dtype;
+  view_.layout = layout;
+  buffer_ = HostBuffer(view_.bytes());
+  buffer_.zero();
+  view_.data = buffer_.data();
+}
+
+Tensor Arena::view(size_t offset, Shape shape, DType dtype, Layout layout) const {
+  Tensor t;
+  t.shape = shape;
+  t.dtype = dtype;
+  t.layout = layout;
+  RN_CHECK(offset % kAlignment == 0) << "arena offset " << offset << " is not aligned";
+  RN_CHECK(offset + t.bytes() <= bytes())
+      << "view " << t.str() << " at offset " << offset << " overruns arena of " << bytes() << " bytes";
+  t.data = static_cast<char*>(base()) + offset;
+  return t;
+}
+
+}  // namespace rn

@@ -1,0 +1,97 @@
+#include "core/thread_pool.h"
+
+#include <cstdlib>
+
+namespace rn {
+
+ThreadPool::ThreadPool(int threads) {
+  if (threads <= 0) threads = static_cast<int>(std::thread::hardware_concurrency());
+  if (threads <= 0) threads = 1;
+  for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+namespace {
+void chunk(int64_t n, int parts, int index, int64_t* begin, int64_t* end) {
+  int64_t base = n / parts, rem = n % parts;
+  *begin = index * base + (index < rem ? index : rem);
+  *end = *begin + base + (index < rem ? 1 : 0);
+}
+}  // namespace
+
+void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+  if (n <= 0) return;
+  if (workers_.empty() || n == 1) {
+    fn(0, n);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    job_ = &fn;
+    job_n_ = n;
+    pending_ = static_cast<int>(workers_.size());
+    error_ = nullptr;
+    ++generation_;
+  }
+  wake_.notify_all();
+  std::exception_ptr mine;
+  try {
+    int64_t b, e;
+    chunk(n, size(), 0, &b, &e);
+    if (b < e) fn(b, e);
+  } catch (...) {
+    mine = std::current_exception();
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  done_.wait(lock, [this] { return pending_ == 0; });
+  job_ = nullptr;
+  if (mine) std::rethrow_exception(mine);
+  if (error_) std::rethrow_exception(error_);
+}
+
+void ThreadPool::worker_loop(int index) {
+  uint64_t seen = 0;
+  for (;;) {
+    const std::function<void(int64_t, int64_t)>* job;
+    int64_t n;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+      job = job_;
+      n = job_n_;
+    }
+    std::exception_ptr err;
+    try {
+      int64_t b, e;
+      chunk(n, size(), index, &b, &e);
+      if (b < e) (*job)(b, e);
+    } catch (...) {
+      err = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (err && !error_) error_ = err;
+      if (--pending_ == 0) done_.notify_all();
+    }
+  }
+}
+
+ThreadPool& ThreadPool::global() {
+  static ThreadPool pool([] {
+    const char* env = std::getenv("RN_NUM_THREADS");
+    return env ? std::atoi(env) : 0;
+  }());
+  return pool;
+}
+
+}  // namespace rn

@@ -1,0 +1,408 @@
+#include "model/plan.h"
+
+#include <cstring>
+
+namespace rn {
+
+namespace {
+template <typename K>
+K* keep(std::vector<std::unique_ptr<K>>& owner, std::unique_ptr<K> k) {
+  owner.push_back(std::move(k));
+  return owner.back().get();
+}
+}  // namespace
+
+Plan::Plan(Model& model, Backend* backend, const PlanOptions& options)
+    : model_(model), backend_(backend), options_(options) {
+  RN_CHECK(options.batch > 0) << "plan: batch must be positive, got " << options.batch;
+  for (DType t : {options.dtype, options.activation_dtype}) {
+    RN_CHECK(t == DType::f32 || t == DType::bf16 || t == DType::f16)
+        << "plan: compute dtypes must be fp32, bf16 or fp16, got " << dtype_name(t);
+    std::string why;
+    if (backend_ && !backend_->supports_dtype(t, &why))
+      RN_UNSUPPORTED() << "backend '" << backend_->name() << "' cannot compute in " << dtype_name(t) << ": " << why;
+  }
+  const size_t n = model.graph().nodes().size();
+  act_.assign(n, -1);
+  grad_.assign(n, -1);
+  saved0_.assign(n, -1);
+  saved1_.assign(n, -1);
+  x_in_.assign(n, -1);
+  kernels_.assign(n, {});
+
+  build_forward();
+  if (options_.mode == PlanMode::train) build_backward();
+
+  arena_bytes_ = plan_memory(buffers_, options_.memory, num_steps());
+  validate_plan(buffers_, arena_bytes_, num_steps());
+  if (!backend_) return;
+
+  arena_ = Arena(arena_bytes_);
+  views_.resize(buffers_.size());
+  for (size_t i = 0; i < buffers_.size(); ++i)
+    views_[i] = arena_.view(buffers_[i].offset, meta_[i].shape, meta_[i].dtype, meta_[i].layout);
+  if (options_.dtype != DType::f32)
+    half_weights_ = HostBuffer(static_cast<size_t>(model_.params().total) * dtype_size(options_.dtype));
+}
+
+Plan::~Plan() = default;
+
+int Plan::add_buffer(const std::string& name, Shape shape, DType dtype, Layout layout, BufferRole role,
+                     bool persistent) {
+  BufferSpec b;
+  b.name = name;
+  b.bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
+  b.persistent = persistent;
+  buffers_.push_back(b);
+  meta_.push_back({shape, dtype, layout, role});
+  return static_cast<int>(buffers_.size()) - 1;
+}
+
+void Plan::add_step(std::string name, std::initializer_list<int> reads, std::initializer_list<int> writes,
+                    std::function<void()> run) {
+  const int index = static_cast<int>(steps_.size());
+  for (int r : reads) {
+    BufferSpec& b = buffers_[static_cast<size_t>(r)];
+    RN_CHECK(b.persistent || b.first >= 0) << "plan: step '" << name << "' reads '" << b.name << "' before it is written";
+    b.last = std::max(b.last, index);
+  }
+  for (int w : writes) {
+    BufferSpec& b = buffers_[static_cast<size_t>(w)];
+    if (b.first < 0) b.first = index;
+    b.last = std::max(b.last, index);
+  }
+  steps_.push_back({std::move(name), std::move(run)});
+}
+
+Tensor Plan::weight(int param_index) const {
+  // Convolution and linear weights in options().dtype: the master or its half copy.
+  Tensor master = model_.param(param_index);
+  if (options_.dtype == DType::f32) return master;
+  const ParamView& v = model_.params().params[static_cast<size_t>(param_index)];
+  Tensor t = master;
+  t.dtype = options_.dtype;
+  t.data = static_cast<char*>(half_weights_.data()) + static_cast<size_t>(v.offset) * dtype_size(options_.dtype);
+  return t;
+}
+
+void Plan::build_forward() {
+  const Graph& g = model_.graph();
+  const int64_t N = options_.batch;
+  if (options_.dtype != DType::f32) {
+    // One cast of all master weights into the half copy per step.
+    CastKernel* cast = nullptr;
+    if (backend_)
+      cast = keep(casts_, backend_->make_cast({model_.params().total, DType::f32, options_.dtype}));
+    add_step("cast weights", {}, {}, [this, cast] {
+      const int64_t total = model_.params().total;
+      Tensor src{model_.param_data(), {total}, DType::f32};
+      Tensor dst{half_weights_.data(), {total}, options_.dtype};
+      cast->forward(dst, src);
+    });
+  }
+  for (int id = 0; id < static_cast<int>(g.nodes().size()); ++id) emit_forward(id);
+
+  // Logits to fp32 for the loss, then the loss itself.
+  const int out = g.output();
+  const int64_t K = g.node(out).shape[0];
+  logits_ = value_as(out, DType::f32);
+  buffers_[static_cast<size_t>(logits_)].persistent = true;
+  labels_ = add_buffer("labels", {N}, DType::i32, Layout::nchw, BufferRole::io, true);
+  loss_ = add_buffer("loss", {1}, DType::f32, Layout::nchw, BufferRole::io, true);
+  probs_ = add_buffer("probs", {N, K}, DType::f32, Layout::nchw, BufferRole::saved, true);
+  SoftmaxCrossEntropyDesc ld{N, K, options_.label_smoothing};
+  ld.validate();
+  if (backend_) loss_kernel_ = backend_->make_softmax_cross_entropy(ld);
+  add_step("fwd loss", {logits_, labels_}, {loss_, probs_},
+           [this] { loss_kernel_->forward(view(loss_), view(probs_), view(logits_), view(labels_)); });
+  forward_steps_ = num_steps();
+}
+
+void Plan::emit_forward(int id) {
+  const Graph& g = model_.graph();
+  const Node& n = g.node(id);
+  const int64_t N = options_.batch;
+  const DType dt = node_dtype(id);
+  const Layout L = options_.layout;
+  const Model::NodeSlots& s = model_.slots(id);
+  const bool train = options_.mode == PlanMode::train;
+  auto act_shape = [&](const Shape& per_sample) {
+    return per_sample.rank() == 3 ? Shape{N, per_sample[0], per_sample[1], per_sample[2]} : Shape{N, per_sample[0]};
+  };
+  auto in = [&](int i) { return value_as(n.inputs[static_cast<size_t>(i)], dt); };
+  int& y = act_[static_cast<size_t>(id)];
+
+  if (attrs_if<InputAttrs>(n)) {
+    y = input_ = add_buffer("input", act_shape(n.shape), dt, L, BufferRole::io, true);
+    return;
+  }
+  y = add_buffer(n.name + ":y", act_shape(n.shape), dt, L, BufferRole::activation);
+  const int x = x_in_[static_cast<size_t>(id)] = in(0);
+  const Shape xs = meta_[static_cast<size_t>(x)].shape;
+
+  if (const auto* c = attrs_if<ConvAttrs>(n)) {
+    Conv2dDesc d{c->p, N, xs[2], xs[3], dt, L};
+    Conv2dKernel* k = kernels_[static_cast<size_t>(id)].conv = backend_ ? keep(convs_, backend_->make_conv2d(d)) : nullptr;
+    add_step("fwd " + n.name, {x}, {y}, [this, k, x, y, s] {
+      Tensor b = s.bias >= 0 ? model_.param(s.bias) : Tensor{};
+      k->forward(view(y), view(x), weight(s.weight), s.bias >= 0 ? &b : nullptr);
+    });
+  } else if (const auto* b = attrs_if<BatchNormAttrs>(n)) {
+    BatchNormDesc d{N, xs[1], xs[2], xs[3], b->eps, b->momentum, b->fuse, dt, L};
+    BatchNormKernel* k = kernels_[static_cast<size_t>(id)].bn = backend_ ? keep(bns_, backend_->make_batch_norm(d)) : nullptr;
+    const int r = b->fuse == BnFuse::add_relu ? in(1) : -1;
+    if (train) {
+      const int sm = saved0_[static_cast<size_t>(id)] =
+          add_buffer(n.name + ":saved_mean", {xs[1]}, DType::f32, Layout::nchw, BufferRole::saved);
+      const int si = saved1_[static_cast<size_t>(id)] =
+          add_buffer(n.name + ":saved_invstd", {xs[1]}, DType::f32, Layout::nchw, BufferRole::saved);
+      auto run = [this, k, x, y, r, sm, si, s] {
+        Tensor rt = r >= 0 ? view(r) : Tensor{};
+        k->forward_training(view(y), view(sm), view(si), view(x), r >= 0 ? &rt : nullptr, model_.param(s.weight),
+                            model_.param(s.bias), model_.state(s.running_mean), model_.state(s.running_var));
+      };
+      if (r >= 0)
+        add_step("fwd " + n.name, {x, r}, {y, sm, si}, run);
+      else
+        add_step("fwd " + n.name, {x}, {y, sm, si}, run);
+    } else {
+      auto run = [this, k, x, y, r, s] {
+        Tensor rt = r >= 0 ? view(r) : Tensor{};
+        k->forward_inference(view(y), view(x), r >= 0 ? &rt : nullptr, model_.param(s.weight), model_.param(s.bias),
+                             model_.state(s.running_mean), model_.state(s.running_var));
+      };
+      if (r >= 0)
+        add_step("fwd " + n.name, {x, r}, {y}, run);
+      else
+        add_step("fwd " + n.name, {x}, {y}, run);
+    }
+  } else if (attrs_if<ReluAttrs>(n)) {
+    ReluKernel* k = kernels_[static_cast<size_t>(id)].relu =
+        backend_ ? keep(relus_, backend_->make_relu({xs.numel(), dt})) : nullptr;
+    add_step("fwd " + n.name, {x}, {y}, [this, k, x, y] { k->forward(view(y), view(x)); });
+  } else if (const auto* p = attrs_if<MaxPoolAttrs>(n)) {
+    MaxPoolDesc d{N, xs[1], xs[2], xs[3], p->kernel, p->stride, p->pad, dt, L};
+    MaxPoolKernel* k = kernels_[static_cast<size_t>(id)].pool = backend_ ? keep(pools_, backend_->make_max_pool(d)) : nullptr;
+    // A dry plan does not know the backend's workspace; int32 per output is an upper bound.
+    const size_t ws_bytes = k ? k->workspace_bytes() : static_cast<size_t>(d.y_shape().numel()) * 4;
+    const int ws = saved0_[static_cast<size_t>(id)] =
+        add_buffer(n.name + ":workspace", {static_cast<int64_t>(ws_bytes)}, DType::u8, Layout::nchw,
+                   BufferRole::saved);
+    add_step("fwd " + n.name, {x}, {y, ws}, [this, k, x, y, ws] { k->forward(view(y), view(ws), view(x)); });
+  } else if (attrs_if<GlobalAvgPoolAttrs>(n)) {
+    GlobalAvgPoolKernel* k = kernels_[static_cast<size_t>(id)].gap =
+        backend_ ? keep(gaps_, backend_->make_global_avg_pool({N, xs[1], xs[2], xs[3], dt, L})) : nullptr;
+    add_step("fwd " + n.name, {x}, {y}, [this, k, x, y] { k->forward(view(y), view(x)); });
+  } else if (const auto* l = attrs_if<LinearAttrs>(n)) {
+    LinearDesc d{N, l->in_features, l->out_features, l->bias, dt};
+    LinearKernel* k = kernels_[static_cast<size_t>(id)].linear = backend_ ? keep(linears_, backend_->make_linear(d)) : nullptr;
+    add_step("fwd " + n.name, {x}, {y}, [this, k, x, y, s] {
+      Tensor b = s.bias >= 0 ? model_.param(s.bias) : Tensor{};
+      k->forward(view(y), view(x), weight(s.weight), s.bias >= 0 ? &b : nullptr);
+    });
+  } else {
+    RN_FAIL() << "plan: node '" << n.name << "' has a kind the executor does not run";
+  }
+}
+
+DType Plan::node_dtype(int id) const {
+  const NodeAttrs& a = model_.graph().node(id).attrs;
+  if (std::holds_alternative<ConvAttrs>(a) || std::holds_alternative<LinearAttrs>(a)) return options_.dtype;
+  return options_.activation_dtype;
+}
+
+int Plan::value_as(int v, DType dtype) {
+  const int home = act_[static_cast<size_t>(v)];
+  const BufferMeta m = meta_[static_cast<size_t>(home)];
+  if (m.dtype == dtype) return home;
+  const int64_t key = static_cast<int64_t>(v) * 8 + static_cast<int64_t>(dtype);
+  if (auto it = casts_of_.find(key); it != casts_of_.end()) return it->second;
+  const std::string name = buffers_[static_cast<size_t>(home)].name + ":" + std::string(dtype_name(dtype));
+  const int out = add_buffer(name, m.shape, dtype, m.layout, BufferRole::activation);
+  CastKernel* cast = backend_ ? keep(casts_, backend_->make_cast({m.shape.numel(), m.dtype, dtype})) : nullptr;
+  add_step("cast " + name, {home}, {out}, [this, cast, home, out] { cast->forward(view(out), view(home)); });
+  casts_of_[key] = out;
+  return out;
+}
+
+int Plan::grad_target(int value, DType dtype) {
+  int& g = grad_[static_cast<size_t>(value)];
+  const BufferMeta m = meta_[static_cast<size_t>(act_[static_cast<size_t>(value)])];
+  const std::string name = "d" + model_.graph().node(value).name;
+  if (g < 0 && dtype == m.dtype) {
+    g = add_buffer(name, m.shape, m.dtype, m.layout, BufferRole::gradient);
+    return g;
+  }
+  // A second consumer, or one computing in another dtype: write a partial gradient that
+  // finish_contribution() casts and adds in.
+  return add_buffer(name + ":partial" + std::to_string(partials_++), m.shape, dtype, m.layout, BufferRole::gradient);
+}
+
+void Plan::finish_contribution(int value, int target) {
+  int& g = grad_[static_cast<size_t>(value)];
+  if (target == g) return;
+  const BufferMeta home = meta_[static_cast<size_t>(act_[static_cast<size_t>(value)])];
+  const BufferMeta part = meta_[static_cast<size_t>(target)];
+  int src = target;
+  if (part.dtype != home.dtype) {
+    const std::string name = "d" + model_.graph().node(value).name;
+    const bool first = g < 0;
+    const int dst = first ? (g = add_buffer(name, home.shape, home.dtype, home.layout, BufferRole::gradient))
+                          : add_buffer(name + ":partial" + std::to_string(partials_++), home.shape, home.dtype,
+                                       home.layout, BufferRole::gradient);
+    CastKernel* cast = backend_ ? keep(casts_, backend_->make_cast({home.shape.numel(), part.dtype, home.dtype})) : nullptr;
+    add_step("bwd cast " + buffers_[static_cast<size_t>(target)].name, {target}, {dst},
+             [this, cast, target, dst] { cast->forward(view(dst), view(target)); });
+    if (first) return;
+    src = dst;
+  }
+  AddKernel* k = backend_ ? keep(adds_, backend_->make_add({home.shape.numel(), home.dtype})) : nullptr;
+  add_step("bwd sum " + buffers_[static_cast<size_t>(g)].name, {g, src}, {g},
+           [this, k, g, src] { k->forward(view(g), view(g), view(src)); });
+}
+
+void Plan::build_backward() {
+  const Graph& g = model_.graph();
+  const int out = g.output();
+  const int64_t N = options_.batch, K = g.node(out).shape[0];
+  const int dlogits = add_buffer("dlogits", {N, K}, DType::f32, Layout::nchw, BufferRole::gradient);
+  add_step("bwd loss", {probs_, labels_}, {dlogits},
+           [this, dlogits] { loss_kernel_->backward(view(dlogits), view(probs_), view(labels_), loss_scale_); });
+  if (meta_[static_cast<size_t>(act_[static_cast<size_t>(out)])].dtype == DType::f32) {
+    grad_[static_cast<size_t>(out)] = dlogits;
+  } else {
+    finish_contribution(out, dlogits);  // casts dlogits into the classifier's dtype
+  }
+  for (int id = out; id >= 1; --id) emit_backward(id);
+}
+
+void Plan::emit_backward(int id) {
+  const Graph& g = model_.graph();
+  const Node& n = g.node(id);
+  const int dy = grad_[static_cast<size_t>(id)];
+  if (dy < 0) return;  // nothing downstream needs this value
+  const Model::NodeSlots s = model_.slots(id);
+  const NodeKernels& k = kernels_[static_cast<size_t>(id)];
+  const int xv = n.inputs[0];
+  const int x = x_in_[static_cast<size_t>(id)];
+  const bool need_dx = xv != 0;  // the input batch needs no gradient
+  const int y = act_[static_cast<size_t>(id)];
+  const DType dt = node_dtype(id);
+
+  if (attrs_if<ConvAttrs>(n)) {
+    Conv2dKernel* conv = k.conv;
+    // Weight gradients first: they are what the all-reduce waits for.
+    add_step("bwd_weights " + n.name, {dy, x}, {}, [this, conv, dy, x, s] {
+      Tensor db = s.bias >= 0 ? model_.grad(s.bias) : Tensor{};
+      conv->backward_weights(model_.grad(s.weight), s.bias >= 0 ? &db : nullptr, view(dy), view(x));
+    });
+    if (need_dx) {
+      const int dx = grad_target(xv, dt);
+      add_step("bwd_data " + n.name, {dy}, {dx},
+               [this, conv, dx, dy, s] { conv->backward_data(view(dx), view(dy), weight(s.weight)); });
+      finish_contribution(xv, dx);
+    }
+  } else if (attrs_if<LinearAttrs>(n)) {
+    LinearKernel* lin = k.linear;
+    add_step("bwd_weights " + n.name, {dy, x}, {}, [this, lin, dy, x, s] {
+      Tensor db = s.bias >= 0 ? model_.grad(s.bias) : Tensor{};
+      lin->backward_weights(model_.grad(s.weight), s.bias >= 0 ? &db : nullptr, view(dy), view(x));
+    });
+    if (need_dx) {
+      const int dx = grad_target(xv, dt);
+      add_step("bwd_data " + n.name, {dy}, {dx},
+               [this, lin, dx, dy, s] { lin->backward_data(view(dx), view(dy), weight(s.weight)); });
+      finish_contribution(xv, dx);
+    }
+  } else if (const auto* b = attrs_if<BatchNormAttrs>(n)) {
+    BatchNormKernel* bn = k.bn;
+    const int sm = saved0_[static_cast<size_t>(id)], si = saved1_[static_cast<size_t>(id)];
+    const int rv = b->fuse == BnFuse::add_relu ? n.inputs[1] : -1;
+    RN_CHECK(rv != xv) << "plan: batch_norm '" << n.name << "' uses one value as input and residual";
+    const int dx = need_dx ? grad_target(xv, dt) : -1;
+    const int dr = rv >= 0 && rv != 0 ? grad_target(rv, dt) : -1;
+    RN_CHECK(dx >= 0) << "plan: batch_norm '" << n.name << "' directly on the input is not supported";
+    RN_CHECK(rv < 0 || dr >= 0) << "plan: residual of '" << n.name << "' is the input batch";
+    auto run = [this, bn, dx, dr, dy, x, y, sm, si, s] {
+      Tensor drt = dr >= 0 ? view(dr) : Tensor{};
+      bn->backward(view(dx), dr >= 0 ? &drt : nullptr, model_.grad(s.weight), model_.grad(s.bias), view(dy),
+                   view(x), view(y), model_.param(s.weight), view(sm), view(si));
+    };
+    if (dr >= 0)
+      add_step("bwd " + n.name, {dy, x, y, sm, si}, {dx, dr}, run);
+    else
+      add_step("bwd " + n.name, {dy, x, y, sm, si}, {dx}, run);
+    finish_contribution(xv, dx);
+    if (dr >= 0) finish_contribution(rv, dr);
+  } else if (attrs_if<ReluAttrs>(n)) {
+    if (!need_dx) return;
+    ReluKernel* relu = k.relu;
+    const int dx = grad_target(xv, dt);
+    add_step("bwd " + n.name, {dy, y}, {dx}, [this, relu, dx, dy, y] { relu->backward(view(dx), view(dy), view(y)); });
+    finish_contribution(xv, dx);
+  } else if (attrs_if<MaxPoolAttrs>(n)) {
+    if (!need_dx) return;
+    MaxPoolKernel* pool = k.pool;
+    const int ws = saved0_[static_cast<size_t>(id)];
+    const int dx = grad_target(xv, dt);
+    add_step("bwd " + n.name, {dy, ws}, {dx}, [this, pool, dx, dy, ws] { pool->backward(view(dx), view(dy), view(ws)); });
+    finish_contribution(xv, dx);
+  } else if (attrs_if<GlobalAvgPoolAttrs>(n)) {
+    if (!need_dx) return;
+    GlobalAvgPoolKernel* gap = k.gap;
+    const int dx = grad_target(xv, dt);
+    add_step("bwd " + n.name, {dy}, {dx}, [this, gap, dx, dy] { gap->backward(view(dx), view(dy)); });
+    finish_contribution(xv, dx);
+  } else {
+    RN_FAIL() << "plan: no backward for node '" << n.name << "'";
+  }
+}
+
+void Plan::forward() {
+  RN_CHECK(backend_) << "plan: a dry plan (no backend) cannot run";
+  for (int i = 0; i < forward_steps_; ++i) steps_[static_cast<size_t>(i)].run();
+}
+
+void Plan::backward(float loss_scale) {
+  RN_CHECK(backend_) << "plan: a dry plan (no backend) cannot run";
+  RN_CHECK(options_.mode == PlanMode::train) << "plan: backward() on an evaluation plan";
+  loss_scale_ = loss_scale;
+  for (size_t i = static_cast<size_t>(forward_steps_); i < steps_.size(); ++i) steps_[i].run();
+}
+
+Tensor Plan::input() const { return view(input_); }
+Tensor Plan::labels() const { return view(labels_); }
+Tensor Plan::logits() const { return view(logits_); }
+Tensor Plan::probs() const { return view(probs_); }
+
+float Plan::loss() const {
+  float v = 0.0f;
+  std::memcpy(&v, view(loss_).data, sizeof(float));
+  return v;
+}
+
+Tensor Plan::activation(int node) const { return view(act_.at(static_cast<size_t>(node))); }
+
+Tensor Plan::activation_grad(int node) const {
+  const int g = grad_.at(static_cast<size_t>(node));
+  RN_CHECK(g >= 0) << "plan: node " << node << " has no gradient buffer";
+  return view(g);
+}
+
+MemoryReport Plan::memory() const {
+  MemoryReport r;
+  r.arena_bytes = arena_bytes_;
+  r.buffers = static_cast<int>(buffers_.size());
+  for (size_t i = 0; i < buffers_.size(); ++i) r.by_role[static_cast<int>(meta_[i].role)] += buffers_[i].bytes;
+  if (options_.dtype != DType::f32)
+    r.half_weight_bytes = static_cast<size_t>(model_.params().total) * dtype_size(options_.dtype);
+  return r;
+}
+
+std::vector<std::string> Plan::step_names() const {
+  std::vector<std::string> names;
+  for (const auto& s : steps_) names.push_back(s.name);
+  return names;
+}
+
+}  // namespace rn

@@ -1,0 +1,155 @@
+// An executable plan: a model set up for one backend, batch size, dtype, layout, mode
+// and memory level. Construction creates every kernel (oneDNN primitive, ...) and
+// assigns every activation, saved tensor and gradient an offset in one arena; running
+// the plan allocates nothing.
+//
+// Training step:  plan.input() / plan.labels() filled by the caller;
+//                 model.zero_grads(); plan.forward(); plan.backward(loss_scale);
+// Parameter gradients (fp32, in the model's flat gradient buffer) accumulate; with a
+// loss scale s they hold s * dL/dw.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "model/memory_planner.h"
+#include "model/model.h"
+#include "ops/backend.h"
+
+namespace rn {
+
+enum class PlanMode : uint8_t { train, eval };
+
+struct PlanOptions {
+  int64_t batch = 1;
+  DType dtype = DType::f32;             // convolutions and linear layers (and their weights)
+  DType activation_dtype = DType::f32;  // the input batch, BN, ReLU and pooling outputs
+  // BN parameters and statistics, the loss and all parameter gradients are always fp32.
+  // Where a node reads a value of another dtype the plan inserts a cast (precision O1).
+  Layout layout = Layout::nhwc;
+  PlanMode mode = PlanMode::train;
+  MemoryLevel memory = MemoryLevel::O1;
+  float label_smoothing = 0.0f;
+};
+
+enum class BufferRole : uint8_t { io, activation, saved, gradient };
+
+struct MemoryReport {
+  size_t arena_bytes = 0;    // planned peak of the arena
+  size_t by_role[4] = {};    // sum of buffer sizes per BufferRole (without reuse)
+  size_t half_weight_bytes = 0;  // the half-precision copy of the weights (dtype != fp32)
+  size_t workspace_bytes = 0;    // scratch held by the backend's kernels (0 when not known)
+  int buffers = 0;
+};
+
+class Plan {
+ public:
+  // backend == nullptr makes a dry plan: buffers and memory only, nothing runs.
+  Plan(Model& model, Backend* backend, const PlanOptions& options);
+  ~Plan();
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+
+  const PlanOptions& options() const { return options_; }
+  Model& model() const { return model_; }
+
+  Tensor input() const;   // [N, C, H, W] in options().activation_dtype and layout
+  Tensor labels() const;  // int32 [N]
+  Tensor logits() const;  // fp32 [N, K], valid after forward()
+  Tensor probs() const;   // fp32 [N, K] softmax, valid after forward()
+  float loss() const;     // mean loss of the batch, valid after forward()
+
+  void forward();
+  void backward(float loss_scale = 1.0f);
+
+  // Gradient of the input batch is never computed. Gradients of activations are
+  // available for tests: the gradient buffer of node `id`'s output (valid right after
+  // backward() only at MemoryLevel::O0, where nothing is reused).
+  Tensor activation(int node) const;
+  Tensor activation_grad(int node) const;
+
+  MemoryReport memory() const;
+  const std::vector<BufferSpec>& buffers() const { return buffers_; }
+  int num_steps() const { return static_cast<int>(steps_.size()); }
+  // Step names in program order ("fwd layer1.0.conv1", "bwd_data fc", ...).
+  std::vector<std::string> step_names() const;
+
+ private:
+  struct BufferMeta {
+    Shape shape;
+    DType dtype;
+    Layout layout;
+    BufferRole role;
+  };
+  struct Step {
+    std::string name;
+    std::function<void()> run;
+  };
+
+  int add_buffer(const std::string& name, Shape shape, DType dtype, Layout layout, BufferRole role,
+                 bool persistent = false);
+  void add_step(std::string name, std::initializer_list<int> reads, std::initializer_list<int> writes,
+                std::function<void()> run);
+  const Tensor& view(int buffer) const { return views_[static_cast<size_t>(buffer)]; }
+  Tensor weight(int param_index) const;  // the weight in the compute dtype
+  // The buffer holding value `v` in `dtype` for a reader: v's own buffer, or a cast of it
+  // (made once per value and dtype).
+  int value_as(int v, DType dtype);
+  // The buffer a backward step writes its gradient contribution for value `v` into, in the
+  // step's `dtype`; finish_contribution() casts and sums it into v's gradient.
+  int grad_target(int value, DType dtype);
+  void finish_contribution(int value, int target);
+  DType node_dtype(int id) const;
+
+  void build_forward();
+  void build_backward();
+  void emit_forward(int id);
+  void emit_backward(int id);
+
+  Model& model_;
+  Backend* backend_;
+  PlanOptions options_;
+  std::vector<BufferSpec> buffers_;
+  std::vector<BufferMeta> meta_;
+  std::vector<Tensor> views_;
+  std::vector<Step> steps_;
+  int forward_steps_ = 0;
+  size_t arena_bytes_ = 0;
+  Arena arena_;
+  HostBuffer half_weights_;
+
+  std::vector<int> act_;      // node -> output buffer
+  std::vector<int> grad_;     // node -> gradient buffer (final)
+  std::vector<int> saved0_, saved1_;  // node -> BN saved mean/invstd, max-pool workspace
+  std::vector<int> x_in_;             // node -> the buffer its first input was read from
+  std::unordered_map<int64_t, int> casts_of_;  // value * 8 + dtype -> cast buffer
+  int input_ = -1, labels_ = -1, logits_ = -1, probs_ = -1, loss_ = -1;
+  float loss_scale_ = 1.0f;
+  int partials_ = 0;
+
+  // Kernels, created once; owned here, referenced by the steps.
+  std::vector<std::unique_ptr<Conv2dKernel>> convs_;
+  std::vector<std::unique_ptr<BatchNormKernel>> bns_;
+  std::vector<std::unique_ptr<ReluKernel>> relus_;
+  std::vector<std::unique_ptr<AddKernel>> adds_;
+  std::vector<std::unique_ptr<CastKernel>> casts_;
+  std::vector<std::unique_ptr<MaxPoolKernel>> pools_;
+  std::vector<std::unique_ptr<GlobalAvgPoolKernel>> gaps_;
+  std::vector<std::unique_ptr<LinearKernel>> linears_;
+  std::unique_ptr<SoftmaxCrossEntropyKernel> loss_kernel_;
+  // The kernel each node's forward and backward steps use (only one member is set).
+  struct NodeKernels {
+    Conv2dKernel* conv = nullptr;
+    BatchNormKernel* bn = nullptr;
+    ReluKernel* relu = nullptr;
+    MaxPoolKernel* pool = nullptr;
+    GlobalAvgPoolKernel* gap = nullptr;
+    LinearKernel* linear = nullptr;
+  };
+  std::vector<NodeKernels> kernels_;
+};
+
+}  // namespace rn

@@ -1,0 +1,50 @@
+// A backend implements every op family's kernels. Kernels are created once per
+// descriptor (shape, dtype, layout, parameters) at plan time and then only executed.
+// A backend that cannot run a descriptor throws rn::Unsupported from the factory with
+// a message saying what and why; it never falls back silently.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ops/batch_norm.h"
+#include "ops/conv2d.h"
+#include "ops/elementwise.h"
+#include "ops/linear.h"
+#include "ops/loss.h"
+#include "ops/pool.h"
+
+namespace rn {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual Device device() const = 0;
+  // The activation layout this backend runs fastest with.
+  virtual Layout preferred_layout() const = 0;
+  // Whether the backend can compute in `dtype` at all on this machine (a factory may
+  // still refuse a particular descriptor).
+  virtual bool supports_dtype(DType dtype, std::string* why_not) const = 0;
+
+  virtual std::unique_ptr<Conv2dKernel> make_conv2d(const Conv2dDesc& d) = 0;
+  virtual std::unique_ptr<BatchNormKernel> make_batch_norm(const BatchNormDesc& d) = 0;
+  virtual std::unique_ptr<ReluKernel> make_relu(const EltwiseDesc& d) = 0;
+  virtual std::unique_ptr<AddKernel> make_add(const EltwiseDesc& d) = 0;
+  virtual std::unique_ptr<CastKernel> make_cast(const CastDesc& d) = 0;
+  virtual std::unique_ptr<MaxPoolKernel> make_max_pool(const MaxPoolDesc& d) = 0;
+  virtual std::unique_ptr<GlobalAvgPoolKernel> make_global_avg_pool(const GlobalAvgPoolDesc& d) = 0;
+  virtual std::unique_ptr<LinearKernel> make_linear(const LinearDesc& d) = 0;
+  virtual std::unique_ptr<SoftmaxCrossEntropyKernel> make_softmax_cross_entropy(const SoftmaxCrossEntropyDesc& d) = 0;
+
+  // Waits for all queued work (no-op on synchronous backends).
+  virtual void synchronize() {}
+};
+
+// "ref", "cpu" (oneDNN), "cuda" (when built). An unknown or unavailable name is an error
+// that lists the available backends.
+std::unique_ptr<Backend> make_backend(const std::string& name);
+std::vector<std::string> available_backends();
+
+}  // namespace rn

@@ -1,0 +1,87 @@
+#include "ops/batch_norm.h"
+
+#include <sstream>
+
+#include "ops/check_tensor.h"
+
+namespace rn {
+
+std::string_view bn_fuse_name(BnFuse f) {
+  switch (f) {
+    case BnFuse::none: return "none";
+    case BnFuse::relu: return "relu";
+    case BnFuse::add_relu: return "add_relu";
+  }
+  return "?";
+}
+
+void BatchNormDesc::validate() const {
+  RN_CHECK(batch > 0 && channels > 0 && h > 0 && w > 0) << "batch_norm: empty input in " << str();
+  RN_CHECK(eps > 0.0f) << "batch_norm: eps must be positive in " << str();
+  RN_CHECK(momentum >= 0.0f && momentum <= 1.0f) << "batch_norm: momentum must be in [0, 1] in " << str();
+  RN_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16)
+      << "batch_norm: dtype must be floating in " << str();
+}
+
+std::string BatchNormDesc::str() const {
+  std::ostringstream s;
+  s << "batch_norm(" << dtype_name(dtype) << " " << layout_name(layout) << " N=" << batch << " C=" << channels
+    << " H=" << h << " W=" << w << " eps=" << eps << " momentum=" << momentum << " fuse=" << bn_fuse_name(fuse)
+    << ")";
+  return s.str();
+}
+
+void BatchNormKernel::forward_training(const Tensor& y, const Tensor& saved_mean, const Tensor& saved_invstd,
+                                       const Tensor& x, const Tensor* residual, const Tensor& gamma,
+                                       const Tensor& beta, const Tensor& running_mean, const Tensor& running_var) {
+  const auto op = desc_.str();
+  const Shape xs = desc_.x_shape(), cs = {desc_.channels};
+  check_tensor(y, xs, desc_.dtype, desc_.layout, "y", op);
+  check_tensor(x, xs, desc_.dtype, desc_.layout, "x", op);
+  RN_CHECK((residual != nullptr) == (desc_.fuse == BnFuse::add_relu)) << op << ": residual given iff add_relu";
+  if (residual) check_tensor(*residual, xs, desc_.dtype, desc_.layout, "residual", op);
+  check_tensor(saved_mean, cs, DType::f32, "saved_mean", op);
+  check_tensor(saved_invstd, cs, DType::f32, "saved_invstd", op);
+  check_tensor(gamma, cs, DType::f32, "gamma", op);
+  check_tensor(beta, cs, DType::f32, "beta", op);
+  check_tensor(running_mean, cs, DType::f32, "running_mean", op);
+  check_tensor(running_var, cs, DType::f32, "running_var", op);
+  do_forward_training(y, saved_mean, saved_invstd, x, residual, gamma, beta, running_mean, running_var);
+}
+
+void BatchNormKernel::forward_inference(const Tensor& y, const Tensor& x, const Tensor* residual,
+                                        const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                                        const Tensor& running_var) {
+  const auto op = desc_.str();
+  const Shape xs = desc_.x_shape(), cs = {desc_.channels};
+  check_tensor(y, xs, desc_.dtype, desc_.layout, "y", op);
+  check_tensor(x, xs, desc_.dtype, desc_.layout, "x", op);
+  RN_CHECK((residual != nullptr) == (desc_.fuse == BnFuse::add_relu)) << op << ": residual given iff add_relu";
+  if (residual) check_tensor(*residual, xs, desc_.dtype, desc_.layout, "residual", op);
+  check_tensor(gamma, cs, DType::f32, "gamma", op);
+  check_tensor(beta, cs, DType::f32, "beta", op);
+  check_tensor(running_mean, cs, DType::f32, "running_mean", op);
+  check_tensor(running_var, cs, DType::f32, "running_var", op);
+  do_forward_inference(y, x, residual, gamma, beta, running_mean, running_var);
+}
+
+void BatchNormKernel::backward(const Tensor& dx, const Tensor* dresidual, const Tensor& dgamma, const Tensor& dbeta,
+                               const Tensor& dy, const Tensor& x, const Tensor& y, const Tensor& gamma,
+                               const Tensor& saved_mean, const Tensor& saved_invstd) {
+  const auto op = desc_.str();
+  const Shape xs = desc_.x_shape(), cs = {desc_.channels};
+  check_tensor(dx, xs, desc_.dtype, desc_.layout, "dx", op);
+  RN_CHECK((dresidual != nullptr) == (desc_.fuse == BnFuse::add_relu)) << op << ": dresidual given iff add_relu";
+  if (dresidual) check_tensor(*dresidual, xs, desc_.dtype, desc_.layout, "dresidual", op);
+  check_tensor(dgamma, cs, DType::f32, "dgamma", op);
+  check_tensor(dbeta, cs, DType::f32, "dbeta", op);
+  check_tensor(dy, xs, desc_.dtype, desc_.layout, "dy", op);
+  check_tensor(x, xs, desc_.dtype, desc_.layout, "x", op);
+  check_tensor(y, xs, desc_.dtype, desc_.layout, "y", op);
+  check_tensor(gamma, cs, DType::f32, "gamma", op);
+  check_tensor(saved_mean, cs, DType::f32, "saved_mean", op);
+  check_tensor(saved_invstd, cs, DType::f32, "saved_invstd", op);
+  do_backward(dx, dresidual, dgamma, dbeta, dy, x, y, gamma, saved_mean, saved_invstd);
+}
+
+}  // namespace rn

@@ -1,0 +1,723 @@
+#include "train/config.h"
+
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <set>
+#include <span>
+#include <type_traits>
+#include <utility>
+
+#include "core/check.h"
+#include "train/checkpoint_file.h"
+
+namespace rn {
+namespace {
+
+// ---------------------------------------------------------------------------------------
+// Enum names
+
+template <class E>
+struct EnumItem {
+  E value;
+  std::string_view name;
+};
+
+constexpr EnumItem<DatasetKind> kDatasetKinds[] = {{DatasetKind::fashion_mnist, "fashion_mnist"},
+                                                   {DatasetKind::synthetic, "synthetic"},
+                                                   {DatasetKind::imagefolder, "imagefolder"}};
+constexpr EnumItem<OptimizerKind> kOptimizerKinds[] = {{OptimizerKind::sgd, "sgd"}, {OptimizerKind::lars, "lars"}};
+constexpr EnumItem<ScheduleKind> kScheduleKinds[] = {{ScheduleKind::cosine, "cosine"},
+                                                     {ScheduleKind::step, "step"},
+                                                     {ScheduleKind::poly, "poly"},
+                                                     {ScheduleKind::constant, "constant"}};
+constexpr EnumItem<PrecisionLevel> kPrecisionLevels[] = {
+    {PrecisionLevel::O0, "O0"}, {PrecisionLevel::O1, "O1"}, {PrecisionLevel::O2, "O2"}, {PrecisionLevel::O3, "O3"}};
+constexpr EnumItem<LossScalePolicy> kLossScalePolicies[] = {
+    {LossScalePolicy::none, "none"}, {LossScalePolicy::static_scale, "static"}, {LossScalePolicy::dynamic, "dynamic"}};
+constexpr EnumItem<DeviceChoice> kDeviceChoices[] = {{DeviceChoice::auto_select, "auto"},
+                                                     {DeviceChoice::cpu, "cpu"},
+                                                     {DeviceChoice::ref, "ref"},
+                                                     {DeviceChoice::cuda, "cuda"}};
+constexpr EnumItem<MemoryLevel> kMemoryLevels[] = {
+    {MemoryLevel::O0, "O0"}, {MemoryLevel::O1, "O1"}, {MemoryLevel::O2, "O2"}};
+// Only the half types are valid for precision.half_dtype.
+constexpr EnumItem<DType> kHalfTypes[] = {{DType::bf16, "bf16"}, {DType::f16, "fp16"}};
+
+std::span<const EnumItem<DatasetKind>> enum_items(DatasetKind) { return kDatasetKinds; }
+std::span<const EnumItem<OptimizerKind>> enum_items(OptimizerKind) { return kOptimizerKinds; }
+std::span<const EnumItem<ScheduleKind>> enum_items(ScheduleKind) { return kScheduleKinds; }
+std::span<const EnumItem<PrecisionLevel>> enum_items(PrecisionLevel) { return kPrecisionLevels; }
+std::span<const EnumItem<LossScalePolicy>> enum_items(LossScalePolicy) { return kLossScalePolicies; }
+std::span<const EnumItem<DeviceChoice>> enum_items(DeviceChoice) { return kDeviceChoices; }
+std::span<const EnumItem<MemoryLevel>> enum_items(MemoryLevel) { return kMemoryLevels; }
+std::span<const EnumItem<DType>> enum_items(DType) { return kHalfTypes; }
+
+template <class E>
+std::string_view name_of(E v) {
+  for (const auto& item : enum_items(E{}))
+    if (item.value == v) return item.name;
+  return "unknown";
+}
+
+// ---------------------------------------------------------------------------------------
+// Helpers
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string_view leaf_of(std::string_view key) {
+  size_t dot = key.rfind('.');
+  return dot == std::string_view::npos ? key : key.substr(dot + 1);
+}
+
+// The candidate closest to `wrong`. A candidate with the same last component counts as
+// close even in another section ("run.epochs" -> "schedule.epochs").
+std::string closest(const std::string& wrong, const std::vector<std::string>& candidates, size_t* distance) {
+  std::string best;
+  size_t best_d = std::numeric_limits<size_t>::max();
+  for (const std::string& c : candidates) {
+    size_t d = std::min(edit_distance(wrong, c), edit_distance(leaf_of(wrong), leaf_of(c)) + 2);
+    if (d < best_d) best_d = d, best = c;
+  }
+  if (distance) *distance = best_d;
+  return best;
+}
+
+std::string yaml_inline(const YAML::Node& node) {
+  YAML::Emitter out;
+  out.SetSeqFormat(YAML::Flow);
+  out.SetMapFormat(YAML::Flow);
+  out << node;
+  return out.c_str();
+}
+
+std::string shown(const YAML::Node& node) {
+  if (!node.IsDefined() || node.IsNull()) return "null";
+  if (node.IsScalar()) return node.Scalar();
+  return yaml_inline(node);
+}
+
+std::string format_number(double v) { return fmt::format("{}", v); }
+
+// ---------------------------------------------------------------------------------------
+// Ranges of numeric values
+
+struct Range {
+  double lo = -std::numeric_limits<double>::infinity();
+  double hi = std::numeric_limits<double>::infinity();
+  bool lo_open = false, hi_open = false;
+
+  bool bounded() const { return std::isfinite(lo) || std::isfinite(hi); }
+  bool contains(double v) const {
+    // Written so that NaN is never contained.
+    bool above = lo_open ? v > lo : v >= lo;
+    bool below = hi_open ? v < hi : v <= hi;
+    return above && below && !std::isnan(v);
+  }
+  std::string str() const {
+    if (!bounded()) return "";
+    if (!std::isfinite(hi)) return fmt::format("value {} {}", lo_open ? ">" : ">=", format_number(lo));
+    if (!std::isfinite(lo)) return fmt::format("value {} {}", hi_open ? "<" : "<=", format_number(hi));
+    return fmt::format("{} {} value {} {}", format_number(lo),
+                       lo_open ? "<" : "<=", hi_open ? "<" : "<=", format_number(hi));
+  }
+};
+
+Range at_least(double lo) { return Range{lo, std::numeric_limits<double>::infinity(), false, false}; }
+Range above(double lo) { return Range{lo, std::numeric_limits<double>::infinity(), true, false}; }
+Range closed(double lo, double hi) { return Range{lo, hi, false, false}; }
+Range half_open(double lo, double hi) { return Range{lo, hi, false, true}; }    // [lo, hi)
+Range open_closed(double lo, double hi) { return Range{lo, hi, true, false}; }  // (lo, hi]
+
+// ---------------------------------------------------------------------------------------
+// Codecs: YAML <-> typed value, one per value type. decode() returns false on a type
+// mismatch; the caller reports it with the key and the value.
+
+template <class T>
+struct Codec;
+
+template <>
+struct Codec<bool> {
+  static std::string type() { return "bool"; }
+  static bool decode(const YAML::Node& n, bool& out) { return n.IsScalar() && YAML::convert<bool>::decode(n, out); }
+  static YAML::Node encode(bool v) { return YAML::Node(v ? "true" : "false"); }
+};
+
+template <>
+struct Codec<int64_t> {
+  static std::string type() { return "int"; }
+  static bool decode(const YAML::Node& n, int64_t& out) {
+    return n.IsScalar() && YAML::convert<int64_t>::decode(n, out);
+  }
+  static YAML::Node encode(int64_t v) { return YAML::Node(std::to_string(v)); }
+};
+
+template <>
+struct Codec<double> {
+  static std::string type() { return "float"; }
+  static bool decode(const YAML::Node& n, double& out) { return n.IsScalar() && YAML::convert<double>::decode(n, out); }
+  static YAML::Node encode(double v) { return YAML::Node(format_number(v)); }
+};
+
+template <>
+struct Codec<std::string> {
+  static std::string type() { return "string"; }
+  static bool decode(const YAML::Node& n, std::string& out) {
+    if (n.IsNull()) {
+      out.clear();
+      return true;
+    }
+    if (!n.IsScalar()) return false;
+    out = n.Scalar();
+    return true;
+  }
+  static YAML::Node encode(const std::string& v) { return YAML::Node(v); }
+};
+
+template <class E>
+requires std::is_enum_v<E>
+struct Codec<E> {
+  static std::string type() {
+    std::string t;
+    for (const auto& item : enum_items(E{})) t += (t.empty() ? "" : " | ") + std::string(item.name);
+    return t;
+  }
+  static bool decode(const YAML::Node& n, E& out) {
+    if (!n.IsScalar()) return false;
+    for (const auto& item : enum_items(E{}))
+      if (n.Scalar() == item.name) {
+        out = item.value;
+        return true;
+      }
+    return false;
+  }
+  static YAML::Node encode(E v) { return YAML::Node(std::string(name_of(v))); }
+};
+
+// A list of floats; a single scalar is read as a one-element list.
+template <>
+struct Codec<std::vector<double>> {
+  static std::string type() { return "list of float"; }
+  static bool decode(const YAML::Node& n, std::vector<double>& out) {
+    std::vector<double> v;
+    if (n.IsScalar()) {
+      double x;
+      if (!Codec<double>::decode(n, x)) return false;
+      v.push_back(x);
+    } else if (n.IsSequence()) {
+      for (const YAML::Node& item : n) {
+        double x;
+        if (!Codec<double>::decode(item, x)) return false;
+        v.push_back(x);
+      }
+    } else {
+      return false;
+    }
+    out = std::move(v);
+    return true;
+  }
+  static YAML::Node encode(const std::vector<double>& v) {
+    YAML::Node n(YAML::NodeType::Sequence);
+    for (double x : v) n.push_back(Codec<double>::encode(x));
+    n.SetStyle(YAML::EmitterStyle::Flow);
+    return n;
+  }
+};
+
+// {h, w}; a single int means a square.
+template <>
+struct Codec<std::array<int64_t, 2>> {
+  static std::string type() { return "[int, int] or int"; }
+  static bool decode(const YAML::Node& n, std::array<int64_t, 2>& out) {
+    int64_t a, b;
+    if (n.IsScalar()) {
+      if (!Codec<int64_t>::decode(n, a)) return false;
+      out = {a, a};
+      return true;
+    }
+    if (!n.IsSequence() || n.size() != 2) return false;
+    if (!Codec<int64_t>::decode(n[0], a) || !Codec<int64_t>::decode(n[1], b)) return false;
+    out = {a, b};
+    return true;
+  }
+  static YAML::Node encode(const std::array<int64_t, 2>& v) {
+    YAML::Node n(YAML::NodeType::Sequence);
+    n.push_back(Codec<int64_t>::encode(v[0]));
+    n.push_back(Codec<int64_t>::encode(v[1]));
+    n.SetStyle(YAML::EmitterStyle::Flow);
+    return n;
+  }
+};
+
+// The numbers inside a value, for range checks.
+std::vector<double> numbers_in(bool) { return {}; }
+std::vector<double> numbers_in(int64_t v) { return {static_cast<double>(v)}; }
+std::vector<double> numbers_in(double v) { return {v}; }
+std::vector<double> numbers_in(const std::string&) { return {}; }
+template <class E>
+requires std::is_enum_v<E> std::vector<double> numbers_in(E) { return {}; }
+std::vector<double> numbers_in(const std::vector<double>& v) { return v; }
+std::vector<double> numbers_in(const std::array<int64_t, 2>& v) {
+  return {static_cast<double>(v[0]), static_cast<double>(v[1])};
+}
+
+// ---------------------------------------------------------------------------------------
+// The field table
+
+struct Field {
+  std::string key;
+  std::string type;
+  std::string doc;
+  Range range;
+  std::vector<std::string> choices;  // for strings with a fixed set of values
+  bool is_string = false;            // overrides pass the text verbatim
+  std::function<void(Config&, const YAML::Node&, const std::string& where)> set;
+  std::function<YAML::Node(const Config&)> get;
+  std::function<void(const Config&, const std::string& where)> check;
+};
+
+template <class T>
+void check_value(const Field& f, const T& value, const std::string& where) {
+  if (f.range.bounded()) {
+    for (double x : numbers_in(value)) {
+      RN_CHECK(f.range.contains(x)) << where << "key '" << f.key << "' = " << shown(Codec<T>::encode(value))
+                                    << " is out of range: expected " << f.range.str();
+    }
+  }
+  if constexpr (std::is_same_v<T, std::string>) {
+    if (!f.choices.empty() && std::find(f.choices.begin(), f.choices.end(), value) == f.choices.end()) {
+      std::string list;
+      for (const auto& c : f.choices) list += (list.empty() ? "" : ", ") + c;
+      RN_FAIL() << where << "key '" << f.key << "' = '" << value << "' is not one of " << list << "; did you mean '"
+                << closest(value, f.choices, nullptr) << "'?";
+    }
+  }
+}
+
+// "a float", "an int", "one of sgd | lars".
+std::string article(const Field& f, bool is_enum) {
+  if (is_enum || !f.choices.empty()) return "one of ";
+  return std::string_view("aeiou").find(f.type[0]) != std::string_view::npos ? "an " : "a ";
+}
+
+template <class Access>
+Field make_field(std::string key, Access access, std::string doc, Range range = {},
+                 std::vector<std::string> choices = {}) {
+  using T = std::remove_cvref_t<decltype(access(std::declval<Config&>()))>;
+  Field f;
+  f.key = std::move(key);
+  f.type = Codec<T>::type();
+  f.doc = std::move(doc);
+  f.range = range;
+  f.choices = std::move(choices);
+  f.is_string = std::is_same_v<T, std::string>;
+  if (!f.choices.empty()) {
+    f.type.clear();
+    for (const auto& c : f.choices) f.type += (f.type.empty() ? "" : " | ") + c;
+  }
+  // The lambdas copy what they need rather than pointing into a Field that may move.
+  Field meta = f;
+  f.set = [access, meta](Config& c, const YAML::Node& n, const std::string& where) {
+    T value{};
+    RN_CHECK(Codec<T>::decode(n, value)) << where << "key '" << meta.key << "' expects "
+                                         << article(meta, std::is_enum_v<T>) << meta.type << ", got '" << shown(n)
+                                         << "'";
+    check_value(meta, value, where);
+    access(c) = std::move(value);
+  };
+  f.get = [access](const Config& c) { return Codec<T>::encode(access(c)); };
+  f.check = [access, meta](const Config& c, const std::string& where) { check_value(meta, access(c), where); };
+  return f;
+}
+
+// The key is the member path, so a key and its member cannot disagree.
+// clang-format off
+#define RN_CONFIG_FIELD(path, ...) make_field(#path, [](auto& c) -> auto& { return c.path; }, __VA_ARGS__)
+// clang-format on
+
+std::vector<Field> build_fields() {
+  const std::vector<std::string> models = {"resnet18", "resnet34", "resnet50", "resnet101", "resnet152",   "resnet20",
+                                           "resnet32", "resnet44", "resnet56", "resnet110", "resnet50_gdw"};
+  std::vector<Field> f;
+  // model
+  f.push_back(RN_CONFIG_FIELD(model.name,
+                              "network from the zoo; resnet20..110 are the CIFAR-style ResNets for "
+                              "small images, resnet50_gdw the hardware-adapted ResNet-50",
+                              {}, models));
+  f.push_back(RN_CONFIG_FIELD(model.num_classes, "outputs of the classifier", at_least(1)));
+  f.push_back(RN_CONFIG_FIELD(model.in_channels, "input image channels (1 for Fashion-MNIST, 3 for RGB)", at_least(1)));
+  f.push_back(RN_CONFIG_FIELD(model.image_size, "[h, w] of the images the network sees, after cropping", at_least(1)));
+  f.push_back(RN_CONFIG_FIELD(model.zero_init_residual, "start the last BN gamma of every residual branch at 0"));
+  // data
+  f.push_back(RN_CONFIG_FIELD(data.dataset, "dataset format"));
+  f.push_back(RN_CONFIG_FIELD(data.root, "dataset folder"));
+  f.push_back(RN_CONFIG_FIELD(data.train_subset, "use only the first N training samples; 0: all", at_least(0)));
+  f.push_back(RN_CONFIG_FIELD(data.val_subset, "use only the first N validation samples; 0: all", at_least(0)));
+  f.push_back(
+      RN_CONFIG_FIELD(data.batch_size, "batch per rank; the global batch is batch_size x world size", at_least(1)));
+  f.push_back(RN_CONFIG_FIELD(data.workers, "threads decoding and augmenting samples", at_least(0)));
+  f.push_back(RN_CONFIG_FIELD(data.prefetch, "batches prepared ahead of the training step", at_least(0)));
+  f.push_back(RN_CONFIG_FIELD(data.drop_last, "drop the last incomplete training batch of an epoch"));
+  f.push_back(RN_CONFIG_FIELD(data.augment.random_crop_padding,
+                              "pad by this many pixels then crop image_size at a random place; 0: no crop",
+                              at_least(0)));
+  f.push_back(RN_CONFIG_FIELD(data.augment.flip, "random horizontal flip"));
+  f.push_back(RN_CONFIG_FIELD(data.mean, "per-channel mean subtracted, on the [0, 1] pixel scale"));
+  f.push_back(
+      RN_CONFIG_FIELD(data.std, "per-channel standard deviation divided by, on the [0, 1] pixel scale", above(0)));
+  // optimizer
+  f.push_back(RN_CONFIG_FIELD(optimizer.name,
+                              "sgd: momentum SGD (PyTorch semantics); lars: layer-wise adaptive "
+                              "rate scaling (MLPerf form)"));
+  f.push_back(RN_CONFIG_FIELD(optimizer.momentum, "momentum coefficient", half_open(0, 1)));
+  f.push_back(RN_CONFIG_FIELD(optimizer.nesterov, "Nesterov momentum"));
+  f.push_back(RN_CONFIG_FIELD(optimizer.weight_decay, "L2 weight decay added to the gradient", at_least(0)));
+  f.push_back(RN_CONFIG_FIELD(optimizer.decay_bn_and_bias, "apply weight decay to BN gamma/beta and biases too"));
+  f.push_back(RN_CONFIG_FIELD(optimizer.lars_eta, "LARS trust coefficient", above(0)));
+  f.push_back(RN_CONFIG_FIELD(optimizer.lars_eps, "LARS guard added to the trust-ratio denominator", at_least(0)));
+  f.push_back(RN_CONFIG_FIELD(optimizer.base_lr, "peak learning rate for a global batch of lr_scale_batch", above(0)));
+  f.push_back(RN_CONFIG_FIELD(optimizer.lr_scale_batch,
+                              "peak lr = base_lr x global_batch / lr_scale_batch; 0: peak lr = base_lr", at_least(0)));
+  // schedule
+  f.push_back(RN_CONFIG_FIELD(schedule.name,
+                              "decay after warmup: cosine to min_lr, step (x step_gamma at each "
+                              "milestone), poly ((1 - t)^poly_power to min_lr), constant"));
+  f.push_back(RN_CONFIG_FIELD(schedule.epochs, "training length in epochs", at_least(1)));
+  f.push_back(
+      RN_CONFIG_FIELD(schedule.warmup_epochs, "linear warmup length in epochs (may be fractional)", at_least(0)));
+  f.push_back(RN_CONFIG_FIELD(schedule.warmup_steps, "linear warmup length in steps; wins over warmup_epochs if > 0",
+                              at_least(0)));
+  f.push_back(
+      RN_CONFIG_FIELD(schedule.warmup_start_factor, "warmup starts at this fraction of the peak lr", closed(0, 1)));
+  f.push_back(RN_CONFIG_FIELD(schedule.min_lr, "final learning rate of cosine and poly decay", at_least(0)));
+  f.push_back(RN_CONFIG_FIELD(schedule.step_milestones,
+                              "epochs at which the step schedule multiplies the lr by "
+                              "step_gamma (increasing)",
+                              above(0)));
+  f.push_back(RN_CONFIG_FIELD(schedule.step_gamma, "factor applied at each milestone", open_closed(0, 1)));
+  f.push_back(RN_CONFIG_FIELD(schedule.poly_power, "exponent of the poly decay", above(0)));
+  // loss
+  f.push_back(RN_CONFIG_FIELD(loss.label_smoothing, "label smoothing of the cross-entropy target", half_open(0, 1)));
+  // precision
+  f.push_back(RN_CONFIG_FIELD(precision.level,
+                              "O0 fp32; O1 half convs/matmuls, the rest fp32; O2 half model with "
+                              "fp32 BN and master weights; O3 pure half"));
+  f.push_back(RN_CONFIG_FIELD(precision.half_dtype, "the half type of O1-O3"));
+  f.push_back(RN_CONFIG_FIELD(precision.loss_scale.policy,
+                              "dynamic: back off on overflow, grow after growth_interval clean steps; static: fixed "
+                              "at initial; none: scale 1. Overflowing steps are skipped under every policy"));
+  f.push_back(RN_CONFIG_FIELD(precision.loss_scale.initial, "initial (or static) loss scale", above(0)));
+  f.push_back(
+      RN_CONFIG_FIELD(precision.loss_scale.growth_factor, "multiplier after growth_interval clean steps", at_least(1)));
+  f.push_back(RN_CONFIG_FIELD(precision.loss_scale.backoff_factor, "multiplier on overflow", Range{0, 1, true, true}));
+  f.push_back(RN_CONFIG_FIELD(precision.loss_scale.growth_interval, "clean steps before the scale grows", at_least(1)));
+  // run
+  f.push_back(RN_CONFIG_FIELD(run.device,
+                              "where to train; auto: CUDA if present, else cpu (oneDNN); ref: the "
+                              "naive reference backend"));
+  f.push_back(RN_CONFIG_FIELD(run.threads, "host threads; 0: all cores", at_least(0)));
+  f.push_back(RN_CONFIG_FIELD(run.seed, "seed of weights init, data order and augmentation", at_least(0)));
+  f.push_back(RN_CONFIG_FIELD(run.deterministic, "bitwise reproducible kernels (possibly slower)"));
+  f.push_back(RN_CONFIG_FIELD(run.out_dir, "run folder: train.log, metrics.jsonl, config.yaml, checkpoints"));
+  f.push_back(RN_CONFIG_FIELD(run.log_interval_steps, "steps between progress lines", at_least(1)));
+  f.push_back(
+      RN_CONFIG_FIELD(run.eval_interval_epochs, "epochs between evaluations; 0: only after the last", at_least(0)));
+  f.push_back(RN_CONFIG_FIELD(run.checkpoint.every_steps, "also checkpoint every N steps; 0: off", at_least(0)));
+  f.push_back(RN_CONFIG_FIELD(run.checkpoint.every_epoch, "checkpoint at the end of every epoch"));
+  f.push_back(RN_CONFIG_FIELD(run.checkpoint.keep_last, "periodic checkpoints kept; 0: all", at_least(0)));
+  f.push_back(RN_CONFIG_FIELD(run.checkpoint.keep_best, "also keep the checkpoint with the best validation top-1"));
+  // memory
+  f.push_back(RN_CONFIG_FIELD(memory.level,
+                              "O0 no buffer reuse; O1 reuse by liveness; O2 also recompute BN and "
+                              "ReLU outputs in backward"));
+  return f;
+}
+
+#undef RN_CONFIG_FIELD
+
+const std::vector<Field>& fields() {
+  static const std::vector<Field> table = build_fields();
+  return table;
+}
+
+std::vector<std::string> section_of(const std::string& key) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  for (size_t dot; (dot = key.find('.', start)) != std::string::npos; start = dot + 1)
+    parts.push_back(key.substr(0, dot));
+  return parts;  // "a.b.c" -> {"a", "a.b"}
+}
+
+const Field* find_field(const std::string& key) {
+  for (const Field& f : fields())
+    if (f.key == key) return &f;
+  return nullptr;
+}
+
+bool is_section(const std::string& key) {
+  for (const Field& f : fields())
+    if (f.key.size() > key.size() && f.key.compare(0, key.size(), key) == 0 && f.key[key.size()] == '.') return true;
+  return false;
+}
+
+// Every key and section name, the candidates for a suggestion.
+std::vector<std::string> all_names() {
+  std::vector<std::string> names;
+  for (const Field& f : fields()) {
+    for (auto& s : section_of(f.key))
+      if (std::find(names.begin(), names.end(), s) == names.end()) names.push_back(s);
+    names.push_back(f.key);
+  }
+  return names;
+}
+
+[[noreturn]] void fail_unknown_key(const std::string& key, const std::string& where) {
+  size_t d;
+  std::string suggestion = closest(key, all_names(), &d);
+  if (d <= std::max<size_t>(2, key.size() / 2))
+    RN_FAIL() << where << "unknown key '" << key << "'; did you mean '" << suggestion << "'?";
+  // Nothing close: list the keys of the deepest known enclosing section.
+  std::string section;
+  for (auto& s : section_of(key))
+    if (is_section(s)) section = s;
+  std::string list;
+  for (const std::string& name : all_names()) {
+    bool in_section =
+        section.empty() ? name.find('.') == std::string::npos
+                        : name.rfind(section + ".", 0) == 0 && name.find('.', section.size() + 1) == std::string::npos;
+    if (in_section) list += (list.empty() ? "" : ", ") + name;
+  }
+  RN_FAIL() << where << "unknown key '" << key << "'; valid keys here: " << list;
+}
+
+std::string where_in(const std::string& source, const YAML::Node& node) {
+  int line = node.Mark().line;
+  return line >= 0 ? fmt::format("{}:{}: ", source, line + 1) : source + ": ";
+}
+
+void apply_mapping(Config& cfg, const YAML::Node& map, const std::string& prefix, const std::string& source) {
+  std::set<std::string> seen;
+  for (auto it = map.begin(); it != map.end(); ++it) {
+    std::string where = where_in(source, it->first);
+    RN_CHECK(it->first.IsScalar()) << where << "keys must be plain names, got " << shown(it->first);
+    std::string key = prefix.empty() ? it->first.Scalar() : prefix + "." + it->first.Scalar();
+    RN_CHECK(seen.insert(key).second) << where << "key '" << key << "' appears twice";
+    if (const Field* f = find_field(key)) {
+      f->set(cfg, it->second, where);
+    } else if (is_section(key)) {
+      if (it->second.IsNull()) continue;  // an empty section keeps its defaults
+      RN_CHECK(it->second.IsMap()) << where << "'" << key << "' is a section and needs a mapping of keys, got '"
+                                   << shown(it->second) << "'";
+      apply_mapping(cfg, it->second, key, source);
+    } else {
+      fail_unknown_key(key, where);
+    }
+  }
+}
+
+std::string trim(std::string s) {
+  auto blank = [](unsigned char c) { return std::isspace(c) != 0; };
+  while (!s.empty() && blank(s.back())) s.pop_back();
+  size_t i = 0;
+  while (i < s.size() && blank(s[i])) ++i;
+  return s.substr(i);
+}
+
+YAML::Node parse_yaml(const std::string& text, const std::string& source) {
+  try {
+    return YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    RN_FAIL() << source << ":" << e.mark.line + 1 << ": YAML syntax error: " << e.msg;
+  }
+}
+
+void apply_document(Config& cfg, const std::string& text, const std::string& source) {
+  YAML::Node root = parse_yaml(text, source);
+  if (root.IsNull()) return;
+  RN_CHECK(root.IsMap()) << source << ": a config is a mapping of sections (model, data, optimizer, ...), got '"
+                         << shown(root) << "'";
+  apply_mapping(cfg, root, "", source);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// Public API
+
+std::string_view enum_name(DatasetKind v) { return name_of(v); }
+std::string_view enum_name(OptimizerKind v) { return name_of(v); }
+std::string_view enum_name(ScheduleKind v) { return name_of(v); }
+std::string_view enum_name(PrecisionLevel v) { return name_of(v); }
+std::string_view enum_name(LossScalePolicy v) { return name_of(v); }
+std::string_view enum_name(DeviceChoice v) { return name_of(v); }
+std::string_view enum_name(MemoryLevel v) { return name_of(v); }
+
+double scaled_peak_lr(const OptimizerConfig& cfg, int64_t global_batch) {
+  if (cfg.lr_scale_batch == 0) return cfg.base_lr;
+  return cfg.base_lr * static_cast<double>(global_batch) / static_cast<double>(cfg.lr_scale_batch);
+}
+
+void Config::validate() const {
+  const std::string where = "config: ";
+  for (const Field& f : fields()) f.check(*this, where);
+  const auto channels = static_cast<size_t>(model.in_channels);
+  RN_CHECK(data.mean.size() == channels) << where << "key 'data.mean' has " << data.mean.size()
+                                         << " values but model.in_channels is " << model.in_channels;
+  RN_CHECK(data.std.size() == channels) << where << "key 'data.std' has " << data.std.size()
+                                        << " values but model.in_channels is " << model.in_channels;
+  if (data.dataset == DatasetKind::fashion_mnist) {
+    RN_CHECK(model.in_channels == 1) << where << "key 'model.in_channels' = " << model.in_channels
+                                     << " but Fashion-MNIST images have 1 channel";
+  }
+  if (schedule.warmup_steps == 0) {
+    RN_CHECK(schedule.warmup_epochs <= static_cast<double>(schedule.epochs))
+        << where << "key 'schedule.warmup_epochs' = " << schedule.warmup_epochs
+        << " is longer than schedule.epochs = " << schedule.epochs;
+  }
+  for (size_t i = 1; i < schedule.step_milestones.size(); ++i) {
+    RN_CHECK(schedule.step_milestones[i] > schedule.step_milestones[i - 1])
+        << where << "key 'schedule.step_milestones' must be increasing, got "
+        << shown(Codec<std::vector<double>>::encode(schedule.step_milestones));
+  }
+  RN_CHECK(!optimizer.nesterov || optimizer.momentum > 0)
+      << where << "key 'optimizer.nesterov' = true needs optimizer.momentum > 0";
+}
+
+std::string Config::to_yaml() const {
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  // Fields of a section are contiguous in the table, so the open sections form a stack.
+  std::vector<std::string> open;
+  for (const Field& f : fields()) {
+    std::vector<std::string> sections = section_of(f.key);
+    while (!open.empty() && (open.size() > sections.size() || open.back() != sections[open.size() - 1])) {
+      out << YAML::EndMap;
+      open.pop_back();
+    }
+    while (open.size() < sections.size()) {
+      const std::string& s = sections[open.size()];
+      out << YAML::Key << std::string(leaf_of(s)) << YAML::Value << YAML::BeginMap;
+      open.push_back(s);
+    }
+    out << YAML::Key << std::string(leaf_of(f.key)) << YAML::Value << f.get(*this);
+  }
+  for (; !open.empty(); open.pop_back()) out << YAML::EndMap;
+  out << YAML::EndMap;
+  RN_CHECK(out.good()) << "to_yaml: " << out.GetLastError();
+  return std::string("# resnet.cpp training configuration, every key resolved\n") + out.c_str() + "\n";
+}
+
+void apply_config_override(Config& cfg, const std::string& assignment) {
+  const std::string where = "--set " + assignment + ": ";
+  size_t eq = assignment.find('=');
+  RN_CHECK(eq != std::string::npos) << where << "an override is key.sub=value";
+  std::string key = trim(assignment.substr(0, eq));
+  std::string value = trim(assignment.substr(eq + 1));
+  const Field* f = find_field(key);
+  if (f == nullptr) {
+    if (is_section(key)) {
+      std::string first;
+      for (const Field& g : fields())
+        if (g.key.rfind(key + ".", 0) == 0) {
+          first = g.key;
+          break;
+        }
+      RN_FAIL() << where << "'" << key << "' is a section; set one of its keys, e.g. " << first << "=...";
+    }
+    fail_unknown_key(key, where);
+  }
+  // Strings take the text as written (a path may contain ':' or start with '['); other
+  // values are YAML so that lists and every number format work as in a file.
+  YAML::Node node;
+  if (f->is_string) {
+    node = YAML::Node(value);
+  } else {
+    try {
+      node = YAML::Load(value);
+    } catch (const YAML::Exception& e) {
+      RN_FAIL() << where << "key '" << key << "' expects " << f->type << ", got '" << value << "' (" << e.msg << ")";
+    }
+  }
+  f->set(cfg, node, where);
+}
+
+Config load_config_from_string(const std::string& yaml, const std::vector<std::string>& overrides,
+                               const std::string& source) {
+  Config cfg;
+  apply_document(cfg, yaml, source);
+  for (const std::string& o : overrides) apply_config_override(cfg, o);
+  cfg.validate();
+  return cfg;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::string text = path.empty() ? std::string() : read_text_file(path);
+  return load_config_from_string(text, overrides, path.empty() ? "<defaults>" : path);
+}
+
+std::vector<ConfigKeyInfo> config_keys() {
+  const Config defaults;
+  std::vector<ConfigKeyInfo> keys;
+  for (const Field& f : fields()) keys.push_back({f.key, f.type, yaml_inline(f.get(defaults)), f.range.str(), f.doc});
+  return keys;
+}
+
+std::string config_reference_markdown() {
+  std::string md =
+      "# Configuration reference\n"
+      "\n"
+      "<!-- Generated from the field table in src/train/config.cpp by config_reference_markdown(); "
+      "do not edit by hand. Regenerate with: RN_UPDATE_DOCS=1 build/tests/test_train "
+      "--gtest_filter=ConfigDocs.* -->\n"
+      "\n"
+      "`resnet train --config FILE.yaml --set key.sub=value ...` starts from the defaults below (resnet20 on\n"
+      "Fashion-MNIST), applies the YAML file, then each `--set` in order. A `--set` value is read as YAML\n"
+      "(`0.1`, `true`, `[32, 32]`), except for string keys, which take the text as written. The resolved\n"
+      "configuration is written to the run folder as `config.yaml`.\n"
+      "\n"
+      "Every key is checked: an unknown key is an error that suggests the closest valid one, a value of the\n"
+      "wrong type or out of range is an error naming the key and the value. Some keys are also checked\n"
+      "against each other: `data.mean` and `data.std` need one value per `model.in_channels`,\n"
+      "`schedule.warmup_epochs` may not exceed `schedule.epochs`, `schedule.step_milestones` must increase,\n"
+      "and Nesterov needs a momentum above 0.\n"
+      "\n"
+      "The peak learning rate is `optimizer.base_lr * global_batch / optimizer.lr_scale_batch`. The\n"
+      "schedule ramps linearly from `warmup_start_factor * peak` to the peak over the warmup, then decays;\n"
+      "it is a pure function of the step, so a resumed run continues on the same curve.\n";
+  std::string section;
+  for (const ConfigKeyInfo& k : config_keys()) {
+    std::string top = k.key.substr(0, k.key.find('.'));
+    if (top != section) {
+      section = top;
+      md += "\n## " + section + "\n\n| key | type | default | range | meaning |\n| --- | --- | --- | --- | --- |\n";
+    }
+    auto cell = [](std::string s) {
+      std::string escaped;
+      for (char c : s) escaped += c == '|' ? std::string("\\|") : std::string(1, c);
+      return escaped;
+    };
+    md += fmt::format("| `{}` | {} | `{}` | {} | {} |\n", k.key, cell(k.type), k.default_value, cell(k.range),
+                      cell(k.doc));
+  }
+  return md;
+}
+
+}  // namespace rn

@@ -1,0 +1,188 @@
+// The typed training configuration: one struct per YAML section, defaults that train
+// resnet20 on Fashion-MNIST, loaded from a YAML file plus `--set key.sub=value` overrides.
+//
+// Every key is described once, in the field table in config.cpp; loading, overriding,
+// range checks, to_yaml() and docs/config.md (config_reference_markdown()) all read that
+// table, so they cannot drift apart. An unknown key at any depth is an error that names
+// the full key and suggests the closest valid one; a value of the wrong type or out of
+// range is an error naming the key, the expected type or range, and the value.
+//
+// The section structs double as the parameter structs of the pieces they configure
+// (LrSchedule takes a ScheduleConfig, Optimizer an OptimizerConfig, LossScaler a
+// LossScaleConfig), so this header has no YAML in it.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/dtype.h"
+
+namespace rn {
+
+enum class DatasetKind : uint8_t { fashion_mnist, synthetic, imagefolder };
+enum class OptimizerKind : uint8_t { sgd, lars };
+enum class ScheduleKind : uint8_t { cosine, step, poly, constant };
+enum class PrecisionLevel : uint8_t { O0, O1, O2, O3 };
+enum class LossScalePolicy : uint8_t { none, static_scale, dynamic };  // YAML: none | static | dynamic
+enum class DeviceChoice : uint8_t { auto_select, cpu, ref, cuda };     // YAML: auto | cpu | ref | cuda
+enum class MemoryLevel : uint8_t { O0, O1, O2 };
+
+// The names used in YAML and in logs.
+std::string_view enum_name(DatasetKind v);
+std::string_view enum_name(OptimizerKind v);
+std::string_view enum_name(ScheduleKind v);
+std::string_view enum_name(PrecisionLevel v);
+std::string_view enum_name(LossScalePolicy v);
+std::string_view enum_name(DeviceChoice v);
+std::string_view enum_name(MemoryLevel v);
+
+struct ModelConfig {
+  std::string name = "resnet20";  // resnet18/34/50/101/152, resnet20/32/44/56/110, resnet50_gdw
+  int64_t num_classes = 10;
+  int64_t in_channels = 1;
+  std::array<int64_t, 2> image_size = {28, 28};  // {h, w} the network sees (after cropping)
+  bool zero_init_residual = false;               // last BN gamma of each residual branch starts at 0
+  bool operator==(const ModelConfig&) const = default;
+};
+
+struct AugmentConfig {
+  int64_t random_crop_padding = 2;  // pad by this many pixels, then crop image_size at random; 0: off
+  bool flip = true;                 // random horizontal flip
+  bool operator==(const AugmentConfig&) const = default;
+};
+
+struct DataConfig {
+  DatasetKind dataset = DatasetKind::fashion_mnist;
+  std::string root = "/usr/share/datasets/fashion-mnist";
+  int64_t train_subset = 0;  // use the first N training samples; 0: all
+  int64_t val_subset = 0;    // use the first N validation samples; 0: all
+  int64_t batch_size = 128;  // per rank; the global batch is batch_size * world size
+  int64_t workers = 2;       // decode/augment threads
+  int64_t prefetch = 2;      // batches prepared ahead of the step
+  bool drop_last = true;     // drop the last incomplete training batch
+  AugmentConfig augment;
+  std::vector<double> mean = {0.2860};  // per channel, on the [0, 1] pixel scale
+  std::vector<double> std = {0.3530};   // per channel, on the [0, 1] pixel scale
+  bool operator==(const DataConfig&) const = default;
+};
+
+struct OptimizerConfig {
+  OptimizerKind name = OptimizerKind::sgd;
+  double momentum = 0.9;
+  bool nesterov = false;
+  double weight_decay = 5e-4;
+  bool decay_bn_and_bias = false;  // also decay BN gamma/beta and biases
+  double lars_eta = 0.001;         // LARS trust coefficient
+  double lars_eps = 1e-9;          // LARS denominator guard
+  double base_lr = 0.2;            // peak lr for a global batch of lr_scale_batch
+  int64_t lr_scale_batch = 256;    // peak lr = base_lr * global_batch / lr_scale_batch; 0: no scaling
+  bool operator==(const OptimizerConfig&) const = default;
+};
+
+// The peak learning rate for a global batch: base_lr * global_batch / lr_scale_batch, or
+// base_lr when lr_scale_batch is 0.
+double scaled_peak_lr(const OptimizerConfig& cfg, int64_t global_batch);
+
+struct ScheduleConfig {
+  ScheduleKind name = ScheduleKind::cosine;
+  int64_t epochs = 4;
+  double warmup_epochs = 1;                            // linear warmup length in epochs ...
+  int64_t warmup_steps = 0;                            // ... or in steps; steps win if > 0
+  double warmup_start_factor = 0.1;                    // warmup starts at this fraction of the peak lr
+  double min_lr = 0;                                   // final lr of cosine and poly decay
+  std::vector<double> step_milestones = {30, 60, 80};  // epochs at which `step` multiplies by step_gamma
+  double step_gamma = 0.1;
+  double poly_power = 2;
+  bool operator==(const ScheduleConfig&) const = default;
+};
+
+struct LossConfig {
+  double label_smoothing = 0;
+  bool operator==(const LossConfig&) const = default;
+};
+
+struct LossScaleConfig {
+  LossScalePolicy policy = LossScalePolicy::dynamic;
+  double initial = 128;
+  double growth_factor = 2;
+  double backoff_factor = 0.5;
+  int64_t growth_interval = 2000;  // steps without overflow before the scale grows
+  bool operator==(const LossScaleConfig&) const = default;
+};
+
+struct PrecisionConfig {
+  PrecisionLevel level = PrecisionLevel::O0;
+  DType half_dtype = DType::bf16;  // DType::bf16 or DType::f16 (YAML: bf16 | fp16)
+  LossScaleConfig loss_scale;
+  bool operator==(const PrecisionConfig&) const = default;
+};
+
+struct CheckpointConfig {
+  int64_t every_steps = 0;  // also checkpoint every N steps; 0: off
+  bool every_epoch = true;
+  int64_t keep_last = 2;  // periodic checkpoints kept; 0: keep all
+  bool keep_best = true;  // keep the checkpoint with the best validation top-1 as well
+  bool operator==(const CheckpointConfig&) const = default;
+};
+
+struct RunConfig {
+  DeviceChoice device = DeviceChoice::auto_select;
+  int64_t threads = 0;  // host threads; 0: all cores
+  int64_t seed = 42;
+  bool deterministic = false;  // bitwise reproducible kernels and data order, possibly slower
+  std::string out_dir = "runs/default";
+  int64_t log_interval_steps = 50;
+  int64_t eval_interval_epochs = 1;  // 0: evaluate only after the last epoch
+  CheckpointConfig checkpoint;
+  bool operator==(const RunConfig&) const = default;
+};
+
+struct MemoryConfig {
+  MemoryLevel level = MemoryLevel::O1;
+  bool operator==(const MemoryConfig&) const = default;
+};
+
+struct Config {
+  ModelConfig model;
+  DataConfig data;
+  OptimizerConfig optimizer;
+  ScheduleConfig schedule;
+  LossConfig loss;
+  PrecisionConfig precision;
+  RunConfig run;
+  MemoryConfig memory;
+
+  // Throws rn::Error naming the first key that is out of range or inconsistent with another.
+  void validate() const;
+  // The resolved configuration as YAML, every key written; load_config() reads it back to
+  // an equal Config.
+  std::string to_yaml() const;
+  bool operator==(const Config&) const = default;
+};
+
+// Defaults, then the YAML file at `path` (skipped when empty), then each override
+// "key.sub=value" in order (the value is parsed as YAML: 0.1, true, [32, 32], text);
+// then validate(). Errors name the file and line or the override.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// The same from YAML text; `source` names it in errors.
+Config load_config_from_string(const std::string& yaml, const std::vector<std::string>& overrides = {},
+                               const std::string& source = "<string>");
+// Applies one "key.sub=value" override (no validate()).
+void apply_config_override(Config& cfg, const std::string& assignment);
+
+// The documented keys, in table order.
+struct ConfigKeyInfo {
+  std::string key;            // "optimizer.momentum"
+  std::string type;           // "float", "int", "bool", "string", "sgd | lars", "list of float", ...
+  std::string default_value;  // as YAML
+  std::string range;          // "0 <= value < 1", or empty
+  std::string doc;
+};
+std::vector<ConfigKeyInfo> config_keys();
+// docs/config.md, generated from the field table (a test keeps the file in sync).
+std::string config_reference_markdown();
+
+}  // namespace rn

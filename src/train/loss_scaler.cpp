@@ -1,0 +1,96 @@
+#include "train/loss_scaler.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+
+#include "core/check.h"
+#include "core/log.h"
+#include "core/thread_pool.h"
+
+namespace rn {
+
+bool any_inf_or_nan(const float* x, int64_t n) {
+  // Blocks of fixed size; a block ORs its exponent tests without branching, so the loop
+  // vectorises. An all-ones exponent is inf or NaN.
+  constexpr int64_t kBlock = 1 << 16;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  std::atomic<bool> found{false};
+  ThreadPool::global().parallel_for(blocks, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1 && !found.load(std::memory_order_relaxed); ++b) {
+      const int64_t begin = b * kBlock, end = std::min(n, begin + kBlock);
+      uint32_t bad = 0;
+      for (int64_t i = begin; i < end; ++i) {
+        uint32_t bits;
+        std::memcpy(&bits, &x[i], 4);
+        bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+      }
+      if (bad) found.store(true, std::memory_order_relaxed);
+    }
+  });
+  return found.load();
+}
+
+LossScaler::LossScaler(const LossScaleConfig& cfg) : cfg_(cfg) {
+  switch (cfg.policy) {
+    case LossScalePolicy::none:
+      state_.scale = 1;
+      break;
+    case LossScalePolicy::static_scale:
+      state_.scale = cfg.initial;
+      break;
+    case LossScalePolicy::dynamic:
+      state_.scale = cfg.initial;
+      break;
+  }
+  RN_CHECK(state_.scale > 0) << "LossScaler: initial loss scale " << cfg.initial;
+  RN_CHECK(cfg.policy != LossScalePolicy::dynamic ||
+           (cfg.backoff_factor > 0 && cfg.backoff_factor < 1 && cfg.growth_factor >= 1 && cfg.growth_interval >= 1))
+      << "LossScaler: backoff_factor " << cfg.backoff_factor << ", growth_factor " << cfg.growth_factor
+      << ", growth_interval " << cfg.growth_interval;
+  RN_LOG_INFO("loss scale {} (policy {}, initial)", state_.scale, enum_name(cfg.policy));
+}
+
+bool LossScaler::check_overflow(const float* grads, int64_t n) const { return any_inf_or_nan(grads, n); }
+
+void LossScaler::change_scale(double next, const std::string& reason) {
+  if (next == state_.scale) return;
+  RN_LOG_INFO("loss scale {} -> {} at step {} ({})", state_.scale, next, state_.step, reason);
+  state_.scale = next;
+}
+
+bool LossScaler::update(bool overflow) {
+  if (overflow) {
+    ++state_.skipped_steps;
+    ++state_.consecutive_skips;
+    state_.clean_steps = 0;
+    if (cfg_.policy == LossScalePolicy::dynamic)
+      change_scale(std::max(std::min(kMinScale, cfg_.initial), state_.scale * cfg_.backoff_factor),
+                   fmt::format("overflow, {} skipped in a row", state_.consecutive_skips));
+    else
+      RN_LOG_WARN("step {} skipped: inf/NaN gradients (loss scale {} is {})", state_.step, state_.scale,
+                  enum_name(cfg_.policy));
+  } else {
+    state_.consecutive_skips = 0;
+    ++state_.clean_steps;
+    if (cfg_.policy == LossScalePolicy::dynamic && state_.clean_steps >= cfg_.growth_interval) {
+      change_scale(std::min(std::max(kMaxScale, cfg_.initial), state_.scale * cfg_.growth_factor),
+                   fmt::format("{} steps without overflow", state_.clean_steps));
+      state_.clean_steps = 0;
+    }
+  }
+  ++state_.step;
+  return !overflow;
+}
+
+void LossScaler::set_state(const State& s) {
+  RN_CHECK(s.scale > 0 && s.step >= 0 && s.clean_steps >= 0 && s.skipped_steps >= 0)
+      << "LossScaler: invalid restored state (scale " << s.scale << ", step " << s.step << ")";
+  if (s.scale != state_.scale)
+    RN_LOG_INFO("loss scale {} -> {} at step {} (restored from checkpoint)", state_.scale, s.scale, s.step);
+  state_ = s;
+}
+
+}  // namespace rn

@@ -1,0 +1,264 @@
+#include "train/config.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <set>
+
+#include "core/check.h"
+#include "test_dir.h"
+#include "train/checkpoint_file.h"
+
+namespace rn {
+namespace {
+
+// The message of the rn::Error that `fn` throws.
+template <class Fn>
+std::string error_of(Fn fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected an rn::Error";
+  return "";
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+TEST(Config, DefaultsLoadAndValidate) {
+  Config cfg = load_config("");
+  EXPECT_EQ(cfg, Config{});
+  EXPECT_EQ(cfg.model.name, "resnet20");
+  EXPECT_EQ(cfg.data.dataset, DatasetKind::fashion_mnist);
+  EXPECT_EQ(cfg.optimizer.lr_scale_batch, 256);
+  EXPECT_EQ(cfg.precision.loss_scale.initial, 128);
+  EXPECT_EQ(cfg.precision.loss_scale.growth_interval, 2000);
+  EXPECT_EQ(cfg.precision.half_dtype, DType::bf16);
+  EXPECT_EQ(cfg.memory.level, MemoryLevel::O1);
+  cfg.validate();
+}
+
+TEST(Config, LoadsYamlFile) {
+  TestDir dir;
+  const std::string path = dir.file("rn50.yaml");
+  write_file_atomic(path, std::string_view(R"(
+model:
+  name: resnet50
+  num_classes: 1000
+  in_channels: 3
+  image_size: 224
+data:
+  dataset: imagefolder
+  root: /data/imagenet
+  batch_size: 256
+  augment: {random_crop_padding: 0, flip: true}
+  mean: [0.485, 0.456, 0.406]
+  std: [0.229, 0.224, 0.225]
+optimizer:
+  name: lars
+  nesterov: no
+  base_lr: 2.5e-1
+schedule:
+  name: poly
+  epochs: 35
+  warmup_steps: 500
+  step_milestones: [10, 20.5]
+precision:
+  level: O2
+  half_dtype: fp16
+  loss_scale:
+    policy: static
+    initial: 1024
+run:
+  device: cuda
+  checkpoint:
+    keep_last: 5
+memory:
+)"));
+  Config cfg = load_config(path);
+  EXPECT_EQ(cfg.model.name, "resnet50");
+  EXPECT_EQ(cfg.model.num_classes, 1000);
+  EXPECT_EQ(cfg.model.image_size, (std::array<int64_t, 2>{224, 224}));
+  EXPECT_EQ(cfg.data.dataset, DatasetKind::imagefolder);
+  EXPECT_EQ(cfg.data.root, "/data/imagenet");
+  EXPECT_EQ(cfg.data.augment.random_crop_padding, 0);
+  EXPECT_EQ(cfg.data.mean, (std::vector<double>{0.485, 0.456, 0.406}));
+  EXPECT_EQ(cfg.optimizer.name, OptimizerKind::lars);
+  EXPECT_FALSE(cfg.optimizer.nesterov);
+  EXPECT_DOUBLE_EQ(cfg.optimizer.base_lr, 0.25);
+  EXPECT_EQ(cfg.optimizer.momentum, 0.9);  // untouched keys keep their defaults
+  EXPECT_EQ(cfg.schedule.name, ScheduleKind::poly);
+  EXPECT_EQ(cfg.schedule.warmup_steps, 500);
+  EXPECT_EQ(cfg.schedule.step_milestones, (std::vector<double>{10, 20.5}));
+  EXPECT_EQ(cfg.precision.level, PrecisionLevel::O2);
+  EXPECT_EQ(cfg.precision.half_dtype, DType::f16);
+  EXPECT_EQ(cfg.precision.loss_scale.policy, LossScalePolicy::static_scale);
+  EXPECT_EQ(cfg.precision.loss_scale.initial, 1024);
+  EXPECT_EQ(cfg.run.device, DeviceChoice::cuda);
+  EXPECT_EQ(cfg.run.checkpoint.keep_last, 5);
+  EXPECT_TRUE(cfg.run.checkpoint.every_epoch);
+}
+
+TEST(Config, OverridesNestedKeys) {
+  Config cfg = load_config("", {"precision.loss_scale.initial=4096", "data.augment.flip=false", "optimizer.name=lars",
+                                "model.image_size=[32, 24]", "run.out_dir=runs/a: b",
+                                "schedule.step_milestones=[30, 60]", " optimizer.momentum = 0.875 "});
+  EXPECT_EQ(cfg.precision.loss_scale.initial, 4096);
+  EXPECT_FALSE(cfg.data.augment.flip);
+  EXPECT_EQ(cfg.optimizer.name, OptimizerKind::lars);
+  EXPECT_EQ(cfg.model.image_size, (std::array<int64_t, 2>{32, 24}));
+  EXPECT_EQ(cfg.run.out_dir, "runs/a: b");  // strings are taken verbatim
+  EXPECT_EQ(cfg.schedule.step_milestones, (std::vector<double>{30, 60}));
+  EXPECT_EQ(cfg.optimizer.momentum, 0.875);
+}
+
+TEST(Config, OverridesApplyAfterFile) {
+  Config cfg = load_config_from_string("optimizer: {momentum: 0.5}\n", {"optimizer.momentum=0.7"});
+  EXPECT_EQ(cfg.optimizer.momentum, 0.7);
+}
+
+TEST(Config, UnknownKeySuggestsClosest) {
+  std::string e = error_of([] { load_config_from_string("optimizer:\n  momentun: 0.8\n", {}, "my.yaml"); });
+  EXPECT_TRUE(contains(e, "my.yaml:2: unknown key 'optimizer.momentun'; did you mean 'optimizer.momentum'?")) << e;
+
+  e = error_of([] { load_config("", {"optimizer.momentun=0.8"}); });
+  EXPECT_TRUE(contains(e, "unknown key 'optimizer.momentun'; did you mean 'optimizer.momentum'?")) << e;
+  EXPECT_TRUE(contains(e, "--set optimizer.momentun=0.8")) << e;
+
+  e = error_of([] { load_config("", {"run.epochs=3"}); });  // the key lives in another section
+  EXPECT_TRUE(contains(e, "did you mean 'schedule.epochs'?")) << e;
+
+  e = error_of([] { load_config_from_string("optimiser:\n  momentum: 0.8\n"); });
+  EXPECT_TRUE(contains(e, "unknown key 'optimiser'; did you mean 'optimizer'?")) << e;
+
+  e = error_of([] { load_config_from_string("precision:\n  loss_scale:\n    inital: 64\n"); });
+  EXPECT_TRUE(contains(e, "did you mean 'precision.loss_scale.initial'?")) << e;
+
+  e = error_of([] { load_config("", {"data.augment.zzzzzzzzzzzzzzzzzz=1"}); });  // nothing close: list the section
+  EXPECT_TRUE(contains(e, "valid keys here: data.augment.random_crop_padding, data.augment.flip")) << e;
+
+  e = error_of([] { load_config("", {"optimizer=sgd"}); });
+  EXPECT_TRUE(contains(e, "'optimizer' is a section")) << e;
+}
+
+TEST(Config, WrongTypeNamesKeyTypeAndValue) {
+  std::string e = error_of([] { load_config_from_string("optimizer:\n  base_lr: abc\n", {}, "x.yaml"); });
+  EXPECT_TRUE(contains(e, "x.yaml:2: key 'optimizer.base_lr' expects a float, got 'abc'")) << e;
+
+  e = error_of([] { load_config("", {"data.batch_size=12.5"}); });
+  EXPECT_TRUE(contains(e, "key 'data.batch_size' expects an int, got '12.5'")) << e;
+
+  e = error_of([] { load_config("", {"optimizer.name=adam"}); });
+  EXPECT_TRUE(contains(e, "key 'optimizer.name' expects one of sgd | lars, got 'adam'")) << e;
+
+  e = error_of([] { load_config("", {"data.flip=yes"}); });
+  EXPECT_TRUE(contains(e, "did you mean 'data.augment.flip'?")) << e;
+
+  e = error_of([] { load_config("", {"data.drop_last=maybe"}); });
+  EXPECT_TRUE(contains(e, "key 'data.drop_last' expects a bool, got 'maybe'")) << e;
+
+  e = error_of([] { load_config("", {"model.name=resnet21"}); });
+  EXPECT_TRUE(contains(e, "key 'model.name' = 'resnet21' is not one of")) << e;
+  EXPECT_TRUE(contains(e, "did you mean 'resnet20'?")) << e;
+
+  e = error_of([] { load_config_from_string("optimizer: 3\n"); });
+  EXPECT_TRUE(contains(e, "'optimizer' is a section")) << e;
+
+  e = error_of([] { load_config_from_string("run:\n  seed: 1\n  seed: 2\n", {}, "twice.yaml"); });
+  EXPECT_TRUE(contains(e, "twice.yaml:3: key 'run.seed' appears twice")) << e;
+
+  e = error_of([] { load_config_from_string("model: [1, 2\n", {}, "broken.yaml"); });
+  EXPECT_TRUE(contains(e, "broken.yaml")) << e;
+  EXPECT_TRUE(contains(e, "YAML syntax error")) << e;
+}
+
+TEST(Config, OutOfRangeNamesKeyAndValue) {
+  std::string e = error_of([] { load_config("", {"optimizer.momentum=1.5"}); });
+  EXPECT_TRUE(contains(e, "key 'optimizer.momentum' = 1.5 is out of range: expected 0 <= value < 1")) << e;
+
+  e = error_of([] { load_config_from_string("data:\n  batch_size: 0\n", {}, "b.yaml"); });
+  EXPECT_TRUE(contains(e, "b.yaml:2: key 'data.batch_size' = 0 is out of range: expected value >= 1")) << e;
+
+  e = error_of([] { load_config("", {"data.std=[-1]"}); });
+  EXPECT_TRUE(contains(e, "key 'data.std' = [-1] is out of range: expected value > 0")) << e;
+
+  e = error_of([] { load_config("", {"precision.loss_scale.backoff_factor=1"}); });
+  EXPECT_TRUE(contains(e, "precision.loss_scale.backoff_factor")) << e;
+
+  e = error_of([] { load_config("", {"optimizer.weight_decay=.nan"}); });
+  EXPECT_TRUE(contains(e, "optimizer.weight_decay")) << e;
+}
+
+TEST(Config, CrossFieldChecks) {
+  std::string e = error_of([] { load_config("", {"data.mean=[0.5, 0.5, 0.5]"}); });
+  EXPECT_TRUE(contains(e, "key 'data.mean' has 3 values but model.in_channels is 1")) << e;
+
+  e = error_of([] { load_config("", {"schedule.epochs=2", "schedule.warmup_epochs=3"}); });
+  EXPECT_TRUE(contains(e, "schedule.warmup_epochs")) << e;
+  load_config("", {"schedule.epochs=2", "schedule.warmup_epochs=3", "schedule.warmup_steps=10"});
+
+  e = error_of([] { load_config("", {"schedule.step_milestones=[60, 30]"}); });
+  EXPECT_TRUE(contains(e, "must be increasing")) << e;
+
+  e = error_of([] { load_config("", {"optimizer.nesterov=true", "optimizer.momentum=0"}); });
+  EXPECT_TRUE(contains(e, "optimizer.nesterov")) << e;
+
+  Config cfg;
+  cfg.optimizer.momentum = -1;  // validate() catches values set in code too
+  EXPECT_THROW(cfg.validate(), Error);
+}
+
+TEST(Config, ToYamlRoundTrips) {
+  Config cfg = load_config(
+      "", {"model.name=resnet50_gdw", "model.in_channels=3", "data.mean=[0.1, 0.2, 0.3]", "data.std=[0.4, 0.5, 0.6]",
+           "data.dataset=synthetic", "optimizer.lars_eps=1e-9", "optimizer.weight_decay=3.0517578125e-05",
+           "precision.half_dtype=fp16", "precision.loss_scale.policy=none", "run.device=auto",
+           "run.out_dir=", "schedule.step_milestones=[]", "memory.level=O2", "model.image_size=[7, 9]"});
+  const std::string yaml = cfg.to_yaml();
+  EXPECT_TRUE(contains(yaml, "optimizer:")) << yaml;
+  EXPECT_TRUE(contains(yaml, "  loss_scale:\n    policy: none")) << yaml;
+  Config again = load_config_from_string(yaml, {}, "resolved");
+  EXPECT_EQ(again, cfg) << yaml;
+  EXPECT_EQ(load_config_from_string(Config{}.to_yaml()), Config{});
+  // Strings that YAML would read as something else survive the round trip.
+  for (const char* text : {"~", "null", "true", "12", "a: b", "[x]", "#c", " lead", "'q'"}) {
+    Config c;
+    c.run.out_dir = text;
+    EXPECT_EQ(load_config_from_string(c.to_yaml()).run.out_dir, text) << c.to_yaml();
+  }
+}
+
+TEST(Config, KeyTableIsComplete) {
+  std::vector<ConfigKeyInfo> keys = config_keys();
+  std::set<std::string> names;
+  for (const auto& k : keys) {
+    EXPECT_TRUE(names.insert(k.key).second) << "duplicate " << k.key;
+    EXPECT_FALSE(k.doc.empty()) << k.key;
+  }
+  for (const char* k : {"model.zero_init_residual", "data.augment.random_crop_padding", "optimizer.lr_scale_batch",
+                        "schedule.poly_power", "loss.label_smoothing", "precision.loss_scale.growth_interval",
+                        "run.checkpoint.keep_best", "memory.level"})
+    EXPECT_TRUE(names.count(k)) << k;
+  EXPECT_EQ(enum_name(LossScalePolicy::static_scale), "static");
+  EXPECT_EQ(enum_name(DeviceChoice::auto_select), "auto");
+}
+
+// docs/config.md is generated from the table; regenerate with RN_UPDATE_DOCS=1.
+TEST(ConfigDocs, UpToDate) {
+  const std::string path = std::string(RN_SOURCE_DIR) + "/docs/config.md";
+  const std::string generated = config_reference_markdown();
+  if (const char* update = std::getenv("RN_UPDATE_DOCS"); update && std::string(update) == "1") {
+    write_file_atomic(path, generated);
+  }
+  std::string current;
+  try {
+    current = read_text_file(path);
+  } catch (const Error&) {
+  }
+  EXPECT_EQ(current, generated) << path
+                                << " is out of date: run RN_UPDATE_DOCS=1 test_train --gtest_filter=ConfigDocs.*";
+}
+
+}  // namespace
+}  // namespace rn
