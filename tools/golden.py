@@ -147,6 +147,16 @@ def main():
                 m.bias.uniform_(-0.2, 0.2)
                 m.running_mean.uniform_(-0.1, 0.1)
                 m.running_var.uniform_(0.5, 1.5)
+        # The last BN of each residual branch gets a small gamma (a mild zero_init_residual).
+        # With gamma ~ 1 everywhere the residual stream of a random ResNet-50 grows block by
+        # block and one fp32 step is ill-conditioned: torch's own fp32 gradients then differ
+        # from its float64 ones by 1.4e-4, so no fp32 implementation could meet 1e-4. With
+        # this, torch fp32 is within 1e-5 of float64, and the bound tests our code.
+        for m in model.modules():
+            last = getattr(m, "bn3", None) if isinstance(m, torchvision.models.resnet.Bottleneck) else (
+                getattr(m, "bn2", None) if isinstance(m, torchvision.models.resnet.BasicBlock) else None)
+            if last is not None:
+                last.weight.uniform_(0.1, 0.3)
     x = torch.randn(a.batch, a.channels, a.size, a.size)
     labels = torch.randint(0, a.classes, (a.batch,), dtype=torch.int64)
     model = model.double()

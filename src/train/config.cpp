@@ -45,7 +45,7 @@ constexpr EnumItem<DeviceChoice> kDeviceChoices[] = {{DeviceChoice::auto_select,
                                                      {DeviceChoice::ref, "ref"},
                                                      {DeviceChoice::cuda, "cuda"}};
 constexpr EnumItem<MemoryLevel> kMemoryLevels[] = {
-    {MemoryLevel::O0, "O0"}, {MemoryLevel::O1, "O1"}, {MemoryLevel::O2, "O2"}};
+    {MemoryLevel::O0, "O0"}, {MemoryLevel::O1, "O1"}};
 // Only the half types are valid for precision.half_dtype.
 constexpr EnumItem<DType> kHalfTypes[] = {{DType::bf16, "bf16"}, {DType::f16, "fp16"}};
 
@@ -445,9 +445,7 @@ std::vector<Field> build_fields() {
   f.push_back(RN_CONFIG_FIELD(run.checkpoint.keep_last, "periodic checkpoints kept; 0: all", at_least(0)));
   f.push_back(RN_CONFIG_FIELD(run.checkpoint.keep_best, "also keep the checkpoint with the best validation top-1"));
   // memory
-  f.push_back(RN_CONFIG_FIELD(memory.level,
-                              "O0 no buffer reuse; O1 reuse by liveness; O2 also recompute BN and "
-                              "ReLU outputs in backward"));
+  f.push_back(RN_CONFIG_FIELD(memory.level, "O0 no buffer reuse; O1 reuse by liveness"));
   return f;
 }
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "model/memory_planner.h"  // MemoryLevel
 
 namespace rn {
 
@@ -28,7 +29,6 @@ enum class ScheduleKind : uint8_t { cosine, step, poly, constant };
 enum class PrecisionLevel : uint8_t { O0, O1, O2, O3 };
 enum class LossScalePolicy : uint8_t { none, static_scale, dynamic };  // YAML: none | static | dynamic
 enum class DeviceChoice : uint8_t { auto_select, cpu, ref, cuda };     // YAML: auto | cpu | ref | cuda
-enum class MemoryLevel : uint8_t { O0, O1, O2 };
 
 // The names used in YAML and in logs.
 std::string_view enum_name(DatasetKind v);

@@ -214,7 +214,7 @@ TEST(Config, ToYamlRoundTrips) {
       "", {"model.name=resnet50_gdw", "model.in_channels=3", "data.mean=[0.1, 0.2, 0.3]", "data.std=[0.4, 0.5, 0.6]",
            "data.dataset=synthetic", "optimizer.lars_eps=1e-9", "optimizer.weight_decay=3.0517578125e-05",
            "precision.half_dtype=fp16", "precision.loss_scale.policy=none", "run.device=auto",
-           "run.out_dir=", "schedule.step_milestones=[]", "memory.level=O2", "model.image_size=[7, 9]"});
+           "run.out_dir=", "schedule.step_milestones=[]", "memory.level=O0", "model.image_size=[7, 9]"});
   const std::string yaml = cfg.to_yaml();
   EXPECT_TRUE(contains(yaml, "optimizer:")) << yaml;
   EXPECT_TRUE(contains(yaml, "  loss_scale:\n    policy: none")) << yaml;

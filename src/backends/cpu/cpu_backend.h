@@ -12,6 +12,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "ops/backend.h"
 
@@ -19,4 +20,4 @@ namespace rn {
 std::unique_ptr<Backend> make_cpu_backend();
 // True when this CPU runs bf16 natively; otherwise *why says what is missing.
 bool cpu_has_native_bf16(std::string* why);
-}
+}  // namespace rn

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <initializer_list>
 #include <memory>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <string>
