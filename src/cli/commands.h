@@ -10,5 +10,9 @@ namespace rn::cli {
 using Runner = std::function<int()>;
 
 Runner add_info_command(CLI::App& app);
+Runner add_bench_command(CLI::App& app);
+Runner add_train_command(CLI::App& app);
+Runner add_eval_command(CLI::App& app);
+Runner add_export_command(CLI::App& app);
 
 }  // namespace rn::cli

@@ -2,6 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <cstdio>
+
+#include "core/check.h"
+
 namespace rn::cli {
 
 std::string with_commas(int64_t v) {
@@ -21,6 +25,17 @@ std::string human_bytes(double b) {
     ++u;
   }
   return u == 0 ? fmt::format("{:.0f} B", b) : fmt::format("{:.1f} {}", b, units[u]);
+}
+
+void parse_input_shape(const std::string& s, int64_t* c, int64_t* h, int64_t* w) {
+  long cc = 0, hh = 0, ww = 0;
+  char x1 = 0, x2 = 0, extra = 0;
+  RN_CHECK(std::sscanf(s.c_str(), "%ld%c%ld%c%ld%c", &cc, &x1, &hh, &x2, &ww, &extra) == 5 && x1 == 'x' &&
+           x2 == 'x' && cc > 0 && hh > 0 && ww > 0)
+      << "input shape '" << s << "' must look like CxHxW with positive sizes, for example 3x224x224";
+  *c = cc;
+  *h = hh;
+  *w = ww;
 }
 
 }  // namespace rn::cli

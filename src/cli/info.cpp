@@ -23,20 +23,9 @@ struct InfoArgs {
   std::string dtype = "fp32";
 };
 
-void parse_input(const std::string& s, ModelOptions& o) {
-  int64_t c = 0, h = 0, w = 0;
-  char x1 = 0, x2 = 0;
-  char extra = 0;
-  RN_CHECK(std::sscanf(s.c_str(), "%ld%c%ld%c%ld%c", &c, &x1, &h, &x2, &w, &extra) == 5 && x1 == 'x' && x2 == 'x')
-      << "--input '" << s << "' must look like CxHxW, for example 3x224x224";
-  o.in_channels = c;
-  o.height = h;
-  o.width = w;
-}
-
 int run_info(const InfoArgs& a) {
   ModelOptions o;
-  parse_input(a.input, o);
+  parse_input_shape(a.input, &o.in_channels, &o.height, &o.width);
   o.num_classes = a.classes;
   Model model(build_model(a.model, o));
   const ModelStats st = model_stats(model.graph());

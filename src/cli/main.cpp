@@ -12,7 +12,11 @@ int main(int argc, char** argv) {
   CLI::App app{"resnet.cpp: train ResNet image classifiers fast on CPUs and NVIDIA GPUs"};
   app.require_subcommand(1);
   std::vector<rn::cli::Runner> runners;
+  runners.push_back(rn::cli::add_train_command(app));
+  runners.push_back(rn::cli::add_eval_command(app));
   runners.push_back(rn::cli::add_info_command(app));
+  runners.push_back(rn::cli::add_bench_command(app));
+  runners.push_back(rn::cli::add_export_command(app));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,5 +1,10 @@
 #include "core/thread_pool.h"
 
+#include "core/log.h"
+
+#include <omp.h>
+
+#include <atomic>
 #include <cstdlib>
 
 namespace rn {
@@ -86,12 +91,29 @@ void ThreadPool::worker_loop(int index) {
   }
 }
 
+namespace {
+std::atomic<int> g_requested_threads{0};
+std::atomic<bool> g_global_created{false};
+}  // namespace
+
 ThreadPool& ThreadPool::global() {
   static ThreadPool pool([] {
+    g_global_created = true;
+    if (g_requested_threads > 0) return g_requested_threads.load();
     const char* env = std::getenv("RN_NUM_THREADS");
     return env ? std::atoi(env) : 0;
   }());
   return pool;
 }
+
+void set_host_threads(int n) {
+  if (n <= 0) return;
+  if (g_global_created && ThreadPool::global().size() != n)
+    RN_LOG_WARN("host thread count set to {} after the pool started with {}", n, ThreadPool::global().size());
+  g_requested_threads = n;
+  omp_set_num_threads(n);
+}
+
+int host_threads() { return ThreadPool::global().size(); }
 
 }  // namespace rn

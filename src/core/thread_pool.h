@@ -24,7 +24,8 @@ class ThreadPool {
   // all are done. The first exception thrown by fn is rethrown here.
   void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn);
 
-  // The process-wide pool used by host kernels (size from RN_NUM_THREADS or cores).
+  // The process-wide pool used by host kernels (size from set_host_threads(), else
+  // RN_NUM_THREADS, else the number of cores).
   static ThreadPool& global();
 
  private:
@@ -40,5 +41,10 @@ class ThreadPool {
   bool stop_ = false;
   std::exception_ptr error_;
 };
+
+// Sets the host thread count for the project's pool and for oneDNN (OpenMP). Call it
+// before the first use of ThreadPool::global(); n <= 0 keeps the defaults.
+void set_host_threads(int n);
+int host_threads();
 
 }  // namespace rn

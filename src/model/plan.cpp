@@ -1,5 +1,6 @@
 #include "model/plan.h"
 
+#include <chrono>
 #include <cstring>
 
 namespace rn {
@@ -358,16 +359,34 @@ void Plan::emit_backward(int id) {
   }
 }
 
+void Plan::run_steps(size_t begin, size_t end) {
+  if (!profiling_) {
+    for (size_t i = begin; i < end; ++i) steps_[i].run();
+    return;
+  }
+  for (size_t i = begin; i < end; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    steps_[i].run();
+    backend_->synchronize();
+    step_seconds_[i] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+}
+
+void Plan::set_profiling(bool on) {
+  profiling_ = on;
+  step_seconds_.assign(steps_.size(), 0.0);
+}
+
 void Plan::forward() {
   RN_CHECK(backend_) << "plan: a dry plan (no backend) cannot run";
-  for (int i = 0; i < forward_steps_; ++i) steps_[static_cast<size_t>(i)].run();
+  run_steps(0, static_cast<size_t>(forward_steps_));
 }
 
 void Plan::backward(float loss_scale) {
   RN_CHECK(backend_) << "plan: a dry plan (no backend) cannot run";
   RN_CHECK(options_.mode == PlanMode::train) << "plan: backward() on an evaluation plan";
   loss_scale_ = loss_scale;
-  for (size_t i = static_cast<size_t>(forward_steps_); i < steps_.size(); ++i) steps_[i].run();
+  run_steps(static_cast<size_t>(forward_steps_), steps_.size());
 }
 
 Tensor Plan::input() const { return view(input_); }

@@ -77,6 +77,10 @@ class Plan {
   // Step names in program order ("fwd layer1.0.conv1", "bwd_data fc", ...).
   std::vector<std::string> step_names() const;
 
+  // Per-step wall time, accumulated over runs while profiling is on (seconds, program order).
+  void set_profiling(bool on);
+  const std::vector<double>& step_seconds() const { return step_seconds_; }
+
  private:
   struct BufferMeta {
     Shape shape;
@@ -128,6 +132,9 @@ class Plan {
   std::unordered_map<int64_t, int> casts_of_;  // value * 8 + dtype -> cast buffer
   int input_ = -1, labels_ = -1, logits_ = -1, probs_ = -1, loss_ = -1;
   float loss_scale_ = 1.0f;
+  bool profiling_ = false;
+  std::vector<double> step_seconds_;
+  void run_steps(size_t begin, size_t end);
   int partials_ = 0;
 
   // Kernels, created once; owned here, referenced by the steps.

@@ -1,0 +1,187 @@
+// `resnet train`, `resnet eval` and `resnet export`.
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "cli/commands.h"
+#include "core/log.h"
+#include "core/thread_pool.h"
+#include "data/idx_dataset.h"
+#include "data/loader.h"
+#include "data/transform.h"
+#include "model/model.h"
+#include "model/safetensors.h"
+#include "model/zoo.h"
+#include "train/checkpoint.h"
+#include "train/config.h"
+#include "train/device.h"
+#include "train/evaluate.h"
+#include "train/precision.h"
+#include "train/trainer.h"
+
+namespace rn::cli {
+
+namespace {
+
+struct TrainArgs {
+  std::string config;
+  std::vector<std::string> sets;
+  std::string resume;
+  int64_t max_steps = 0;
+};
+
+int run_train(const TrainArgs& a) {
+  Config cfg = load_config(a.config, a.sets);
+  install_stop_signal_handlers();
+  TrainOptions o;
+  o.resume_dir = a.resume;
+  o.max_steps = a.max_steps;
+  const TrainResult r = train(cfg, o);
+  if (r.final_eval.samples > 0)
+    fmt::print("final: top-1 {:.2f}%, top-5 {:.2f}%, loss {:.4f}; best top-1 {:.2f}%; {} steps in {:.1f} s; run {}\n",
+               100 * r.final_eval.top1, 100 * r.final_eval.top5, r.final_eval.loss, 100 * r.best_top1, r.steps,
+               r.seconds, r.run_dir);
+  else
+    fmt::print("{} after {} steps in {:.1f} s; resume with: resnet train --resume {}\n",
+               r.interrupted ? "interrupted" : "stopped", r.steps, r.seconds, r.run_dir);
+  return r.interrupted ? 130 : 0;
+}
+
+struct EvalArgs {
+  std::string config;
+  std::vector<std::string> sets;
+  std::string weights;
+  std::string data;
+  std::string predictions;
+};
+
+// The config of a checkpoint (recorded in its metadata), else the given one.
+Config config_for_weights(const EvalArgs& a) {
+  if (a.config.empty()) {
+    const SafetensorsFile f = SafetensorsFile::load(a.weights);
+    auto it = f.metadata().find("config_yaml");
+    if (it != f.metadata().end()) return load_config_from_string(it->second, a.sets, a.weights + " (embedded config)");
+  }
+  return load_config(a.config, a.sets);
+}
+
+int run_eval(const EvalArgs& a) {
+  Config cfg = config_for_weights(a);
+  set_host_threads(static_cast<int>(cfg.run.threads));
+  if (!a.data.empty()) cfg.data.root = a.data;
+  RN_CHECK(cfg.data.dataset == DatasetKind::fashion_mnist)
+      << "resnet eval reads MNIST-format data folders for now (data.dataset=fashion_mnist)";
+  auto backend = make_backend_for(cfg.run.device);
+  const PrecisionPolicy policy = make_precision_policy(cfg.precision, *backend);
+  ModelOptions mo;
+  mo.num_classes = cfg.model.num_classes;
+  mo.in_channels = cfg.model.in_channels;
+  mo.height = cfg.model.image_size[0];
+  mo.width = cfg.model.image_size[1];
+  Model model(build_model(cfg.model.name, mo));
+  load_weights(a.weights, model);
+  SubsetSpec subset;
+  if (cfg.data.val_subset > 0) subset.count = cfg.data.val_subset;
+  auto val = fashion_mnist(cfg.data.root, Split::test, subset);
+  DataLoaderOptions lo;
+  lo.batch_size = cfg.data.batch_size;
+  lo.workers = static_cast<int>(cfg.data.workers);
+  lo.shuffle = false;
+  lo.drop_last = false;
+  lo.shard.equal = false;
+  lo.dtype = policy.activation_dtype;
+  lo.layout = backend->preferred_layout();
+  DataLoader loader(val, small_image_eval_transform({cfg.data.mean.begin(), cfg.data.mean.end()},
+                                                    {cfg.data.std.begin(), cfg.data.std.end()}),
+                    lo);
+  PlanOptions po;
+  po.dtype = policy.conv_dtype;
+  po.activation_dtype = policy.activation_dtype;
+  po.layout = lo.layout;
+  Evaluator ev(model, *backend, po);
+  std::vector<Prediction> preds;
+  const EvalResult r = ev.run(loader, 0, a.predictions.empty() ? nullptr : &preds);
+  fmt::print("{} on {} ({} images): loss {:.4f}, top-1 {:.2f}%, top-5 {:.2f}%\n", a.weights, val->name(), r.samples,
+             r.loss, 100 * r.top1, 100 * r.top5);
+  if (!a.predictions.empty()) {
+    std::ofstream out(a.predictions);
+    RN_CHECK(out) << "cannot write predictions to '" << a.predictions << "'";
+    out << "index,label";
+    for (int j = 1; j <= 5; ++j) out << ",class" << j << ",prob" << j;
+    out << "\n";
+    for (const Prediction& p : preds) {
+      out << p.index << "," << p.label;
+      for (int j = 0; j < p.k; ++j) out << "," << p.classes[j] << "," << fmt::format("{:.6f}", p.probs[j]);
+      out << "\n";
+    }
+    RN_CHECK(out.good()) << "error writing '" << a.predictions << "'";
+    fmt::print("wrote {} predictions to {}\n", preds.size(), a.predictions);
+  }
+  return 0;
+}
+
+struct ExportArgs {
+  std::string config;
+  std::vector<std::string> sets;
+  std::string weights;
+  std::string out;
+};
+
+int run_export(const ExportArgs& a) {
+  EvalArgs ea;
+  ea.config = a.config;
+  ea.sets = a.sets;
+  ea.weights = a.weights;
+  const Config cfg = config_for_weights(ea);
+  ModelOptions mo;
+  mo.num_classes = cfg.model.num_classes;
+  mo.in_channels = cfg.model.in_channels;
+  mo.height = cfg.model.image_size[0];
+  mo.width = cfg.model.image_size[1];
+  Model model(build_model(cfg.model.name, mo));
+  load_weights(a.weights, model);
+  save_weights(a.out, model);
+  fmt::print("wrote {} ({} parameters and running stats, torchvision names)\n", a.out, model.names().size());
+  return 0;
+}
+
+void add_config_options(CLI::App* cmd, std::string& config, std::vector<std::string>& sets) {
+  cmd->add_option("--config", config, "YAML config (default: the built-in resnet20 Fashion-MNIST recipe)");
+  cmd->add_option("--set", sets, "Override a config key: --set optimizer.base_lr=0.1 (repeatable)");
+}
+
+}  // namespace
+
+Runner add_train_command(CLI::App& app) {
+  auto a = std::make_shared<TrainArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "train", "Train a model (default: resnet20 on Fashion-MNIST); see docs/config.md for every config key");
+  add_config_options(cmd, a->config, a->sets);
+  cmd->add_option("--resume", a->resume, "Continue the run in this folder from its last checkpoint");
+  cmd->add_option("--max-steps", a->max_steps, "Stop with a checkpoint after this many steps in total");
+  return [cmd, a]() -> int { return cmd->parsed() ? run_train(*a) : -1; };
+}
+
+Runner add_eval_command(CLI::App& app) {
+  auto a = std::make_shared<EvalArgs>();
+  CLI::App* cmd = app.add_subcommand("eval", "Evaluate weights on a test set: loss, top-1, top-5, predictions");
+  add_config_options(cmd, a->config, a->sets);
+  cmd->add_option("--weights", a->weights, "A checkpoint or weights file (.safetensors)")->required();
+  cmd->add_option("--data", a->data, "Data folder (overrides data.root)");
+  cmd->add_option("--predictions", a->predictions, "Write per-image top-5 classes and probabilities to this CSV");
+  return [cmd, a]() -> int { return cmd->parsed() ? run_eval(*a) : -1; };
+}
+
+Runner add_export_command(CLI::App& app) {
+  auto a = std::make_shared<ExportArgs>();
+  CLI::App* cmd = app.add_subcommand("export", "Write a checkpoint's weights as a torchvision-named safetensors file");
+  add_config_options(cmd, a->config, a->sets);
+  cmd->add_option("--weights", a->weights, "A checkpoint or weights file")->required();
+  cmd->add_option("--out", a->out, "Output .safetensors")->required();
+  return [cmd, a]() -> int { return cmd->parsed() ? run_export(*a) : -1; };
+}
+
+}  // namespace rn::cli

@@ -1,0 +1,74 @@
+#include "train/evaluate.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+namespace rn {
+
+void copy_batch(Plan& plan, const Batch& batch) {
+  const Tensor in = plan.input();
+  RN_CHECK(batch.images.dtype == in.dtype && batch.images.layout == in.layout && batch.images.shape == in.shape)
+      << "batch " << batch.images.str() << " does not match the plan's input " << in.str();
+  std::memcpy(in.data, batch.images.data, in.bytes());
+  std::memcpy(plan.labels().data, batch.labels.data, plan.labels().bytes());
+}
+
+Evaluator::Evaluator(Model& model, Backend& backend, const PlanOptions& base)
+    : model_(model), backend_(backend), base_(base) {
+  base_.mode = PlanMode::eval;
+}
+
+Plan& Evaluator::plan_for(int64_t batch) {
+  for (auto& p : plans_)
+    if (p->options().batch == batch) return *p;
+  PlanOptions o = base_;
+  o.batch = batch;
+  plans_.push_back(std::make_unique<Plan>(model_, &backend_, o));
+  return *plans_.back();
+}
+
+EvalResult Evaluator::run(DataLoader& loader, int64_t epoch, std::vector<Prediction>* predictions) {
+  EvalResult r;
+  double loss_sum = 0;
+  int64_t top1 = 0, top5 = 0;
+  loader.start_epoch(epoch);
+  while (const Batch* b = loader.next()) {
+    Plan& plan = plan_for(b->size);
+    copy_batch(plan, *b);
+    plan.forward();
+    loss_sum += static_cast<double>(plan.loss()) * static_cast<double>(b->size);
+    const Tensor probs = plan.probs();
+    const int64_t K = probs.shape[1];
+    std::vector<int32_t> order(static_cast<size_t>(K));
+    for (int64_t n = 0; n < b->size; ++n) {
+      const float* p = probs.ptr<float>() + n * K;
+      std::iota(order.begin(), order.end(), 0);
+      const int k = static_cast<int>(std::min<int64_t>(5, K));
+      std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                        [&](int32_t x, int32_t y) { return p[x] > p[y] || (p[x] == p[y] && x < y); });
+      const int32_t label = b->label_data()[n];
+      if (order[0] == label) ++top1;
+      if (std::find(order.begin(), order.begin() + k, label) != order.begin() + k) ++top5;
+      if (predictions) {
+        Prediction pr;
+        pr.index = b->sample_indices[static_cast<size_t>(n)];
+        pr.label = label;
+        pr.k = k;
+        for (int j = 0; j < k; ++j) {
+          pr.classes[j] = order[static_cast<size_t>(j)];
+          pr.probs[j] = p[order[static_cast<size_t>(j)]];
+        }
+        predictions->push_back(pr);
+      }
+    }
+    r.samples += b->size;
+  }
+  RN_CHECK(r.samples > 0) << "evaluation saw no samples";
+  r.loss = loss_sum / static_cast<double>(r.samples);
+  r.top1 = static_cast<double>(top1) / static_cast<double>(r.samples);
+  r.top5 = static_cast<double>(top5) / static_cast<double>(r.samples);
+  return r;
+}
+
+}  // namespace rn

@@ -1,0 +1,40 @@
+// Evaluation over a data loader: mean loss, top-1 and top-5, optionally the per-image
+// top-5 predictions.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "data/loader.h"
+#include "model/plan.h"
+#include "train/trainer.h"
+
+namespace rn {
+
+struct Prediction {
+  int64_t index = 0;  // dataset index
+  int32_t label = 0;
+  int32_t classes[5] = {};
+  float probs[5] = {};
+  int k = 0;  // how many of classes/probs are valid (min(5, num_classes))
+};
+
+class Evaluator {
+ public:
+  // Eval plans are made for the loader's batch size, and lazily for a partial last batch.
+  Evaluator(Model& model, Backend& backend, const PlanOptions& base);
+  EvalResult run(DataLoader& loader, int64_t epoch, std::vector<Prediction>* predictions = nullptr);
+
+ private:
+  Plan& plan_for(int64_t batch);
+  Model& model_;
+  Backend& backend_;
+  PlanOptions base_;
+  std::vector<std::unique_ptr<Plan>> plans_;
+};
+
+// Copies a loader batch into a plan's input and labels (same dtype and layout).
+void copy_batch(Plan& plan, const Batch& batch);
+
+}  // namespace rn

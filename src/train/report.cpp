@@ -1,0 +1,246 @@
+#include "train/report.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <map>
+
+#include "core/check.h"
+#include "train/checkpoint_file.h"
+#include "train/metrics.h"
+#include "train/svg_plot.h"
+
+namespace rn {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// A record's number, or NaN when the field is missing, null (a non-finite value) or not a number.
+double number(const json& record, const char* key) {
+  auto it = record.find(key);
+  return it != record.end() && it->is_number() ? it->get<double>() : kNaN;
+}
+
+// The records that describe the run as it finally went: what resumed runs rewound over is
+// dropped (see report.h).
+struct History {
+  std::vector<const json*> train, eval;
+  int rewinds = 0;
+};
+
+History build_history(const std::vector<json>& records) {
+  std::vector<const json*> kept;
+  double max_step = -INFINITY;
+  std::map<std::string, double> last_step_of_kind;
+  History h;
+  for (const json& r : records) {
+    const std::string& kind = r["kind"].get_ref<const std::string&>();
+    double step = number(r, "step");
+    if (std::isfinite(step)) {
+      auto last = last_step_of_kind.find(kind);
+      bool back = step < max_step;
+      bool repeat = last != last_step_of_kind.end() && step <= last->second;
+      if (back || repeat) {
+        // Going back is a resume: everything from this step on is superseded. A repeated
+        // step of one kind only replaces that kind's records.
+        h.rewinds += back ? 1 : 0;
+        std::erase_if(kept, [&](const json* k) {
+          return number(*k, "step") >= step && (back || (*k)["kind"].get_ref<const std::string&>() == kind);
+        });
+        max_step = -INFINITY;
+        last_step_of_kind.clear();
+        for (const json* k : kept) {
+          double s = number(*k, "step");
+          if (!std::isfinite(s)) continue;
+          max_step = std::max(max_step, s);
+          last_step_of_kind[(*k)["kind"].get<std::string>()] = s;
+        }
+      }
+      max_step = std::max(max_step, step);
+      last_step_of_kind[kind] = step;
+    }
+    kept.push_back(&r);
+  }
+  for (const json* r : kept) {
+    const std::string& kind = (*r)["kind"].get_ref<const std::string&>();
+    if (kind == "train") h.train.push_back(r);
+    if (kind == "eval") h.eval.push_back(r);
+  }
+  return h;
+}
+
+PlotSeries series_of(const std::vector<const json*>& records, const char* x_key, const char* y_key, std::string label,
+                     double y_factor = 1) {
+  PlotSeries s;
+  s.label = std::move(label);
+  for (const json* r : records) {
+    s.x.push_back(number(*r, x_key));
+    s.y.push_back(number(*r, y_key) * y_factor);
+  }
+  return s;
+}
+
+// The finite values of one field.
+std::vector<double> values_of(const std::vector<const json*>& records, const char* key) {
+  std::vector<double> v;
+  for (const json* r : records) {
+    double x = number(*r, key);
+    if (std::isfinite(x)) v.push_back(x);
+  }
+  return v;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return kNaN;
+  size_t mid = v.size() / 2;
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid), v.end());
+  double upper = v[mid];
+  if (v.size() % 2 == 1) return upper;
+  return (upper + *std::max_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid))) / 2;
+}
+
+// The last finite value of a field, or NaN.
+double last_of(const std::vector<const json*>& records, const char* key) {
+  for (auto it = records.rbegin(); it != records.rend(); ++it) {
+    double v = number(**it, key);
+    if (std::isfinite(v)) return v;
+  }
+  return kNaN;
+}
+
+std::string or_na(double v, const std::string& text) { return std::isfinite(v) ? text : "n/a"; }
+
+std::string percent(double fraction) { return or_na(fraction, fmt::format("{:.2f} %", 100 * fraction)); }
+
+// "76.12 % (epoch 88)" for the record with the highest `key`.
+std::string best_of(const std::vector<const json*>& eval, const char* key) {
+  const json* best = nullptr;
+  for (const json* r : eval) {
+    double v = number(*r, key);
+    if (std::isfinite(v) && (best == nullptr || v > number(*best, key))) best = r;
+  }
+  if (best == nullptr) return "n/a";
+  double epoch = number(*best, "epoch");
+  return percent(number(*best, key)) + (std::isfinite(epoch) ? fmt::format(" (epoch {:g})", epoch) : "");
+}
+
+std::string summary_table(const History& h) {
+  double last_time = kNaN;
+  for (const auto* list : {&h.train, &h.eval}) {
+    double t = last_of(*list, "time");
+    if (std::isfinite(t)) last_time = std::isfinite(last_time) ? std::max(last_time, t) : t;
+  }
+  std::vector<std::pair<std::string, std::string>> rows = {
+      {"final top-1", percent(last_of(h.eval, "top1"))},
+      {"best top-1", best_of(h.eval, "top1")},
+      {"final top-5", percent(last_of(h.eval, "top5"))},
+      {"best top-5", best_of(h.eval, "top5")},
+      {"final training loss", or_na(last_of(h.train, "loss"), fmt::format("{:.4f}", last_of(h.train, "loss")))},
+      {"final validation loss", or_na(last_of(h.eval, "loss"), fmt::format("{:.4f}", last_of(h.eval, "loss")))},
+      {"epochs", or_na(last_of(h.train, "epoch"), fmt::format("{:g}", last_of(h.train, "epoch")))},
+      {"total steps", or_na(last_of(h.train, "step"), fmt::format("{:g}", last_of(h.train, "step")))},
+      {"skipped overflow steps",
+       or_na(last_of(h.train, "skipped_steps"), fmt::format("{:g}", last_of(h.train, "skipped_steps")))},
+      {"median images/s", or_na(median(values_of(h.train, "images_per_sec")),
+                                fmt::format("{:.1f}", median(values_of(h.train, "images_per_sec"))))},
+      {"median data-wait share", percent(median(values_of(h.train, "data_wait_share")))},
+      {"training time", or_na(last_time, format_duration(last_time))},
+      {"records", fmt::format("{} train, {} eval", h.train.size(), h.eval.size())},
+  };
+  if (h.rewinds > 0) rows.emplace_back("resumes (rewound to a checkpoint)", fmt::format("{}", h.rewinds));
+  std::string html = "<table class=\"summary\">\n";
+  for (const auto& [name, value] : rows) {
+    html += fmt::format("<tr><th>{}</th><td>{}</td></tr>\n", html_escape(name), html_escape(value));
+  }
+  return html + "</table>\n";
+}
+
+std::string plots(const History& h) {
+  std::vector<std::string> svgs;
+  {
+    std::vector<PlotSeries> loss = {series_of(h.train, "step", "loss", "training")};
+    if (!h.eval.empty()) loss.push_back(series_of(h.eval, "step", "loss", "validation"));
+    svgs.push_back(svg_line_plot(loss, {.title = "Loss", .x_label = "step", .y_label = "loss"}));
+  }
+  svgs.push_back(svg_line_plot(
+      {series_of(h.eval, "epoch", "top1", "top-1", 100), series_of(h.eval, "epoch", "top5", "top-5", 100)},
+      {.title = "Validation accuracy", .x_label = "epoch", .y_label = "accuracy (%)"}));
+  svgs.push_back(svg_line_plot({series_of(h.train, "step", "lr", "lr")},
+                               {.title = "Learning rate", .x_label = "step", .y_label = "learning rate"}));
+  svgs.push_back(svg_line_plot(
+      {series_of(h.train, "step", "loss_scale", "loss scale")},
+      {.title = "Loss scale", .x_label = "step", .y_label = "loss scale (log)", .y_scale = PlotScale::log2}));
+  svgs.push_back(svg_line_plot({series_of(h.train, "step", "images_per_sec", "images/s")},
+                               {.title = "Throughput", .x_label = "step", .y_label = "images/s", .y_min = 0.0}));
+  svgs.push_back(
+      svg_line_plot({series_of(h.train, "step", "data_wait_share", "data wait", 100)},
+                    {.title = "Data-wait share", .x_label = "step", .y_label = "waiting for data (%)", .y_min = 0.0}));
+  std::string html = "<div class=\"plots\">\n";
+  for (const std::string& svg : svgs) html += "<figure>" + svg + "</figure>\n";
+  return html + "</div>\n";
+}
+
+constexpr const char* kStyle = R"(
+body { font-family: sans-serif; color: #222; margin: 24px auto; max-width: 1180px; padding: 0 16px; }
+h1 { font-size: 22px; margin-bottom: 4px; }
+h2 { font-size: 17px; margin-top: 28px; border-bottom: 1px solid #ddd; padding-bottom: 4px; }
+.sub { color: #666; margin-top: 0; }
+.nodata { color: #a33; font-weight: bold; }
+table.summary { border-collapse: collapse; }
+table.summary th { text-align: left; font-weight: normal; color: #555; padding: 3px 24px 3px 0; }
+table.summary td { font-variant-numeric: tabular-nums; padding: 3px 0; }
+.plots { display: grid; grid-template-columns: repeat(auto-fill, minmax(520px, 1fr)); gap: 16px; }
+figure { margin: 0; border: 1px solid #ddd; border-radius: 4px; overflow: hidden; }
+figure svg { display: block; width: 100%; height: auto; }
+pre { background: #f6f8fa; border: 1px solid #ddd; padding: 12px; overflow: auto; font-size: 12px; }
+)";
+
+std::string run_name(const std::string& run_dir) {
+  fs::path p = fs::absolute(run_dir).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();
+  return p.filename().string();
+}
+
+}  // namespace
+
+std::string render_report_html(const std::vector<json>& records, const std::string& config_yaml,
+                               const std::string& title) {
+  History h = build_history(records);
+  std::string html = "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n";
+  html += fmt::format("<title>{}</title>\n<style>{}</style>\n</head>\n<body>\n", html_escape(title), kStyle);
+  html += fmt::format("<h1>{}</h1>\n<p class=\"sub\">resnet.cpp training report, from metrics.jsonl</p>\n",
+                      html_escape(title));
+  html += "<h2>Summary</h2>\n";
+  if (h.train.empty() && h.eval.empty()) {
+    html +=
+        "<p class=\"nodata\">no data: metrics.jsonl is missing or holds no training or evaluation records yet</p>\n";
+  } else {
+    html += summary_table(h);
+  }
+  html += "<h2>Plots</h2>\n" + plots(h);
+  html += "<h2>Configuration</h2>\n";
+  html += config_yaml.empty() ? "<p>no config.yaml in the run folder</p>\n"
+                              : "<pre>" + html_escape(config_yaml) + "</pre>\n";
+  return html + "</body>\n</html>\n";
+}
+
+void write_report(const std::string& run_dir) {
+  std::error_code ec;
+  RN_CHECK(fs::is_directory(run_dir, ec)) << "run folder '" << run_dir << "' does not exist";
+  const fs::path dir(run_dir);
+  const std::string metrics_path = (dir / MetricsLog::kFileName).string();
+  std::vector<json> records;
+  if (fs::exists(metrics_path, ec)) records = read_metrics(metrics_path);
+  std::string config;
+  if (fs::exists(dir / "config.yaml", ec)) config = read_text_file((dir / "config.yaml").string());
+  write_file_atomic((dir / "report.html").string(),
+                    render_report_html(records, config, "Training report: " + run_name(run_dir)));
+}
+
+}  // namespace rn

@@ -1,0 +1,32 @@
+// The run report: RUN_DIR/report.html, one self-contained page (inline CSS and SVG; no
+// scripts, fonts or network) drawn from RUN_DIR/metrics.jsonl (metrics.h):
+//
+//   summary    final and best validation top-1/top-5, final losses, total steps, skipped
+//              overflow steps, median img/s and data-wait share, training time, resumes
+//   plots      training (and validation) loss vs step; validation top-1/top-5 vs epoch;
+//              learning rate vs step; loss scale vs step (log2 axis); images/s vs step;
+//              data-wait share vs step
+//   config     RUN_DIR/config.yaml verbatim, when present
+//
+// A resumed run appends to metrics.jsonl after rewinding to its checkpoint, so the file may
+// step backwards: a record whose step is below the last one seen starts over from there,
+// and every earlier record at or after that step is dropped (a record repeating a step of
+// its own kind replaces that kind's records only). Missing or empty metrics give a page that
+// says "no data".
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace rn {
+
+// Writes RUN_DIR/report.html atomically. The folder must exist.
+void write_report(const std::string& run_dir);
+
+// The page for these records (read_metrics order) and config text (empty: none); `title`
+// names the run.
+std::string render_report_html(const std::vector<nlohmann::json>& records, const std::string& config_yaml,
+                               const std::string& title);
+
+}  // namespace rn

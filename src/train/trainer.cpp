@@ -1,0 +1,326 @@
+#include "train/trainer.h"
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+
+#include "core/log.h"
+#include "core/rng.h"
+#include "core/thread_pool.h"
+#include "data/idx_dataset.h"
+#include "data/loader.h"
+#include "data/synthetic_dataset.h"
+#include "data/transform.h"
+#include "model/model.h"
+#include "model/plan.h"
+#include "model/zoo.h"
+#include "train/checkpoint.h"
+#include "train/checkpoint_file.h"
+#include "train/device.h"
+#include "train/evaluate.h"
+#include "train/metrics.h"
+#include "train/precision.h"
+#include "train/report.h"
+#include "train/schedule.h"
+#include "train/train_step.h"
+
+namespace rn {
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+
+extern "C" void on_stop_signal(int) { g_stop = true; }
+
+namespace fs = std::filesystem;
+
+struct Datasets {
+  std::shared_ptr<const Dataset> train, val;
+};
+
+SubsetSpec subset_of(int64_t n) {
+  SubsetSpec s;
+  if (n > 0) s.count = n;
+  return s;
+}
+
+Datasets make_datasets(const Config& cfg) {
+  const DataConfig& d = cfg.data;
+  Datasets ds;
+  switch (d.dataset) {
+    case DatasetKind::fashion_mnist:
+      ds.train = fashion_mnist(d.root, Split::train, subset_of(d.train_subset));
+      ds.val = fashion_mnist(d.root, Split::test, subset_of(d.val_subset));
+      break;
+    case DatasetKind::synthetic: {
+      SyntheticOptions o;
+      o.channels = static_cast<int>(cfg.model.in_channels);
+      o.height = static_cast<int>(cfg.model.image_size[0]);
+      o.width = static_cast<int>(cfg.model.image_size[1]);
+      o.num_classes = static_cast<int>(cfg.model.num_classes);
+      o.size = d.train_subset > 0 ? d.train_subset : 10000;
+      o.seed = static_cast<uint64_t>(cfg.run.seed);
+      ds.train = std::make_shared<SyntheticDataset>(o);
+      o.size = d.val_subset > 0 ? d.val_subset : 2000;
+      o.seed = static_cast<uint64_t>(cfg.run.seed) + 1;
+      ds.val = std::make_shared<SyntheticDataset>(o);
+      break;
+    }
+    case DatasetKind::imagefolder:
+      RN_FAIL() << "data.dataset=imagefolder is not available yet in this build (JPEG pipeline pending); use "
+                   "fashion_mnist or synthetic";
+  }
+  for (const auto* set : {ds.train.get(), ds.val.get()}) {
+    RN_CHECK(set->num_classes() <= cfg.model.num_classes)
+        << "dataset " << set->name() << " has " << set->num_classes() << " classes but model.num_classes is "
+        << cfg.model.num_classes;
+    const SampleGeometry g = set->geometry();
+    RN_CHECK(g.channels == cfg.model.in_channels && g.height == cfg.model.image_size[0] &&
+             g.width == cfg.model.image_size[1])
+        << "dataset " << set->name() << " gives " << g.str() << " images but the model expects "
+        << cfg.model.in_channels << "x" << cfg.model.image_size[0] << "x" << cfg.model.image_size[1]
+        << " (model.in_channels, model.image_size)";
+  }
+  return ds;
+}
+
+std::vector<float> to_floats(const std::vector<double>& v) { return {v.begin(), v.end()}; }
+
+// A fresh run never writes into a folder that already holds a run: it takes the first free
+// "<out_dir>-N" instead.
+std::string fresh_run_dir(const std::string& out_dir) {
+  auto used = [](const fs::path& p) { return fs::exists(p / "train.log") || fs::exists(p / "checkpoints"); };
+  fs::path dir = out_dir;
+  for (int n = 2; used(dir); ++n) dir = out_dir + "-" + std::to_string(n);
+  fs::create_directories(dir);
+  return dir.string();
+}
+
+}  // namespace
+
+void install_stop_signal_handlers() {
+  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
+}
+
+void request_stop() { g_stop = true; }
+
+TrainResult train(const Config& config_in, const TrainOptions& options) {
+  Config cfg = config_in;
+  const bool resuming = !options.resume_dir.empty();
+  std::string run_dir;
+  if (resuming) {
+    run_dir = options.resume_dir;
+    const std::string path = run_dir + "/config.yaml";
+    RN_CHECK(fs::exists(path)) << "cannot resume from '" << run_dir << "': it has no config.yaml";
+    cfg = load_config(path, {});
+  } else {
+    run_dir = fresh_run_dir(cfg.run.out_dir);
+    write_file_atomic(run_dir + "/config.yaml", cfg.to_yaml());
+  }
+  cfg.run.out_dir = run_dir;
+  log_to_file(run_dir + "/train.log");
+  set_host_threads(static_cast<int>(cfg.run.threads));
+  g_stop = false;
+
+  RN_LOG_INFO("{} run in {}", resuming ? "resuming" : "starting", run_dir);
+  auto backend = make_backend_for(cfg.run.device);
+  const PrecisionPolicy policy = make_precision_policy(cfg.precision, *backend);
+  RN_LOG_INFO("device {} ({} host threads); {}", backend->name(), host_threads(), policy.describe());
+  if (cfg.run.deterministic)
+    RN_LOG_INFO("deterministic mode: fixed data order and augmentation, kernels with a fixed summation order "
+                "(the same machine and thread count give bit-identical results)");
+
+  ModelOptions mo;
+  mo.num_classes = cfg.model.num_classes;
+  mo.in_channels = cfg.model.in_channels;
+  mo.height = cfg.model.image_size[0];
+  mo.width = cfg.model.image_size[1];
+  mo.zero_init_residual = cfg.model.zero_init_residual;
+  Model model(build_model(cfg.model.name, mo), cfg.optimizer.decay_bn_and_bias);
+  model.init(static_cast<uint64_t>(cfg.run.seed));
+  ParamTable table = model.params();
+  apply_optimizer_param_policy(table, cfg.optimizer);
+  Optimizer optimizer(cfg.optimizer, table);
+  LossScaler scaler(policy.loss_scale);
+  RN_LOG_INFO("model {}: {} parameters", cfg.model.name, model.param_count());
+
+  // Data.
+  const Datasets data = make_datasets(cfg);
+  const Layout layout = backend->preferred_layout();
+  DataLoaderOptions lo;
+  lo.batch_size = cfg.data.batch_size;
+  lo.workers = static_cast<int>(cfg.data.workers);
+  lo.prefetch = static_cast<int>(cfg.data.prefetch);
+  lo.drop_last = cfg.data.drop_last;
+  lo.seed = static_cast<uint64_t>(cfg.run.seed);
+  lo.dtype = policy.activation_dtype;
+  lo.layout = layout;
+  const auto& aug = cfg.data.augment;
+  CropFlipNormalizeOptions to;
+  to.pad = static_cast<int>(aug.random_crop_padding);
+  to.flip_prob = aug.flip ? 0.5f : 0.0f;
+  to.mean = to_floats(cfg.data.mean);
+  to.std = to_floats(cfg.data.std);
+  DataLoader train_loader(data.train, std::make_shared<CropFlipNormalize>(to), lo);
+  DataLoaderOptions vo = lo;
+  vo.shuffle = false;
+  vo.drop_last = false;
+  vo.shard.equal = false;
+  DataLoader val_loader(data.val, small_image_eval_transform(to.mean, to.std), vo);
+  const int64_t steps_per_epoch = train_loader.batches_per_epoch();
+  RN_CHECK(steps_per_epoch > 0) << "the training set (" << data.train->size() << " samples) has no full batch of "
+                                << cfg.data.batch_size;
+
+  // Plans.
+  PlanOptions po;
+  po.batch = cfg.data.batch_size;
+  po.dtype = policy.conv_dtype;
+  po.activation_dtype = policy.activation_dtype;
+  po.layout = layout;
+  po.memory = cfg.memory.level;
+  po.label_smoothing = static_cast<float>(cfg.loss.label_smoothing);
+  Plan plan(model, backend.get(), po);
+  RN_LOG_INFO("training plan: batch {}, memory level {}, arena {:.1f} MiB", po.batch,
+              memory_level_name(po.memory), plan.memory().arena_bytes / 1048576.0);
+  Evaluator evaluator(model, *backend, po);
+  TrainStep step(plan, optimizer, scaler, policy);
+
+  const int64_t global_batch = cfg.data.batch_size;  // one rank for now
+  const LrSchedule schedule(cfg.schedule, scaled_peak_lr(cfg.optimizer, global_batch), steps_per_epoch);
+  RN_LOG_INFO("schedule {}: peak lr {:.6g} (base {:.6g} x {} / {}), {} epochs x {} steps, warmup {} steps",
+              enum_name(cfg.schedule.name), schedule.peak_lr(), cfg.optimizer.base_lr, global_batch,
+              cfg.optimizer.lr_scale_batch, cfg.schedule.epochs, steps_per_epoch, schedule.warmup_steps());
+
+  CheckpointManager checkpoints(run_dir, cfg.run.checkpoint.keep_last, cfg.run.checkpoint.keep_best);
+  TrainState st;
+  Rng rng(static_cast<uint64_t>(cfg.run.seed));
+  if (resuming) {
+    auto loaded = checkpoints.latest_loadable(model, &optimizer);
+    if (loaded) {
+      st = loaded->state;
+      scaler.set_state(st.scaler);
+      rng.set_state(st.rng);
+      RN_LOG_INFO("resumed from {}: epoch {}, step {}, batch {} of the epoch", loaded->path, st.epoch, st.step,
+                  st.batch_in_epoch);
+    } else {
+      RN_LOG_WARN("no checkpoint in {}: starting from the beginning", run_dir);
+    }
+  }
+  st.config_yaml = cfg.to_yaml();
+
+  MetricsLog metrics(run_dir);
+  ProgressPrinter progress;
+  TrainResult result;
+  result.run_dir = run_dir;
+  const auto t_start = std::chrono::steady_clock::now();
+
+  auto save = [&](bool epoch_end, std::optional<double> top1) {
+    st.rng = rng.state();
+    st.scaler = scaler.state();
+    const std::string path = checkpoints.save(model, optimizer, st, epoch_end, top1);
+    RN_LOG_INFO("checkpoint {}", path);
+  };
+
+  const int64_t epochs = cfg.schedule.epochs;
+  bool stop = false;
+  while (st.epoch < epochs && !stop) {
+    train_loader.start_epoch(st.epoch, st.batch_in_epoch);
+    // Interval statistics for the log lines.
+    double interval_loss = 0;
+    int64_t interval_steps = 0, interval_images = 0;
+    double interval_wait0 = train_loader.epoch_wait_seconds();
+    auto interval_t0 = std::chrono::steady_clock::now();
+    while (const Batch* b = train_loader.next()) {
+      RN_CHECK(b->size == po.batch) << "partial training batch of " << b->size << " (data.drop_last=false is not "
+                                    << "supported for training yet)";
+      copy_batch(plan, *b);
+      const double lr = schedule.lr(st.step);
+      step.run(lr);
+      ++st.step;
+      ++st.batch_in_epoch;
+      const float loss = plan.loss();
+      interval_loss += loss;
+      ++interval_steps;
+      interval_images += b->size;
+      RN_CHECK(std::isfinite(loss) || scaler.consecutive_skips() > 0)
+          << "loss is " << loss << " at step " << st.step << "; training diverged (lower optimizer.base_lr?)";
+      const auto now = std::chrono::steady_clock::now();
+      const double dt = std::chrono::duration<double>(now - interval_t0).count();
+      ProgressFields pf;
+      pf.epoch = st.epoch;
+      pf.epochs = epochs;
+      pf.step_in_epoch = st.batch_in_epoch;
+      pf.steps_per_epoch = steps_per_epoch;
+      pf.step = st.step;
+      pf.total_steps = epochs * steps_per_epoch;
+      pf.loss = interval_loss / static_cast<double>(interval_steps);
+      pf.lr = lr;
+      pf.loss_scale = scaler.scale();
+      pf.images_per_sec = dt > 0 ? static_cast<double>(interval_images) / dt : 0;
+      pf.data_wait_share = dt > 0 ? (train_loader.epoch_wait_seconds() - interval_wait0) / dt : 0;
+      progress.update(pf);
+      if (st.step % cfg.run.log_interval_steps == 0) {
+        progress.log_line(pf);
+        TrainMetrics m;
+        m.epoch = st.epoch;
+        m.step = st.step;
+        m.loss = pf.loss;
+        m.lr = lr;
+        m.loss_scale = pf.loss_scale;
+        m.images_per_sec = pf.images_per_sec;
+        m.data_wait_share = pf.data_wait_share;
+        m.skipped_steps = scaler.skipped_steps();
+        metrics.log_train(m);
+        interval_loss = 0;
+        interval_steps = interval_images = 0;
+        interval_wait0 = train_loader.epoch_wait_seconds();
+        interval_t0 = std::chrono::steady_clock::now();
+      }
+      const bool at_limit = options.max_steps > 0 && st.step >= options.max_steps;
+      if (g_stop || at_limit) {
+        RN_LOG_INFO("{} at step {}: saving a checkpoint", g_stop ? "stop requested" : "step limit reached", st.step);
+        save(false, std::nullopt);
+        stop = true;
+        result.interrupted = g_stop;
+        break;
+      }
+      if (cfg.run.checkpoint.every_steps > 0 && st.step % cfg.run.checkpoint.every_steps == 0) save(false, std::nullopt);
+    }
+    if (stop) break;
+    const int64_t done_epoch = st.epoch;
+    ++st.epoch;
+    st.batch_in_epoch = 0;
+    const bool last = st.epoch == epochs;
+    std::optional<double> top1;
+    if (last || (cfg.run.eval_interval_epochs > 0 && st.epoch % cfg.run.eval_interval_epochs == 0)) {
+      const EvalResult ev = evaluator.run(val_loader, done_epoch);
+      result.final_eval = ev;
+      top1 = ev.top1;
+      EvalMetrics em;
+      em.epoch = done_epoch;
+      em.step = st.step;
+      em.loss = ev.loss;
+      em.top1 = ev.top1;
+      em.top5 = ev.top5;
+      metrics.log_eval(em);
+      RN_LOG_INFO("epoch {} evaluation: loss {:.4f}, top-1 {:.2f}%, top-5 {:.2f}% ({} images)", done_epoch + 1, ev.loss,
+                  100 * ev.top1, 100 * ev.top5, ev.samples);
+      st.best_top1 = std::max(st.best_top1, ev.top1);
+    }
+    if (cfg.run.checkpoint.every_epoch || last) save(true, top1);
+    write_report(run_dir);
+  }
+  result.steps = st.step;
+  result.best_top1 = st.best_top1;
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  if (scaler.skipped_steps() > 0)
+    RN_LOG_INFO("{} steps were skipped for inf/NaN gradients", scaler.skipped_steps());
+  write_report(run_dir);
+  RN_LOG_INFO("{} after {} steps in {:.1f} s; report: {}/report.html", stop ? "stopped" : "finished", st.step,
+              result.seconds, run_dir);
+  return result;
+}
+
+}  // namespace rn

@@ -1,0 +1,39 @@
+// The training loop behind `resnet train`: builds the model, data, plans, optimizer,
+// schedule and loss scaler from a Config, trains with evaluation, logging, metrics,
+// checkpoints and a report, and resumes exactly from a run folder.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "train/config.h"
+
+namespace rn {
+
+struct EvalResult {
+  double loss = 0, top1 = 0, top5 = 0;  // top-k as fractions in [0, 1]
+  int64_t samples = 0;
+};
+
+struct TrainResult {
+  std::string run_dir;
+  int64_t steps = 0;
+  double seconds = 0;
+  EvalResult final_eval;
+  double best_top1 = 0;
+  bool interrupted = false;  // stopped by SIGINT/SIGTERM after saving a checkpoint
+};
+
+struct TrainOptions {
+  std::string resume_dir;   // continue the run in this folder (its config.yaml wins)
+  int64_t max_steps = 0;    // stop (with a checkpoint) after this many optimizer steps in total; 0: no limit
+};
+
+TrainResult train(const Config& config, const TrainOptions& options = {});
+
+// SIGINT and SIGTERM make a running train() save a checkpoint at the next step boundary
+// and return with interrupted = true.
+void install_stop_signal_handlers();
+void request_stop();
+
+}  // namespace rn

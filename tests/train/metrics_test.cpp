@@ -1,0 +1,236 @@
+#include "train/metrics.h"
+
+#include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "core/check.h"
+#include "core/log.h"
+#include "test_dir.h"
+#include "train/checkpoint_file.h"
+
+namespace rn {
+namespace {
+
+void append_text(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::app | std::ios::binary);
+  f << text;
+}
+
+TrainMetrics train_at(int64_t epoch, int64_t step, double loss) {
+  TrainMetrics m;
+  m.epoch = epoch;
+  m.step = step;
+  m.loss = loss;
+  m.lr = 0.1;
+  m.loss_scale = 128;
+  m.images_per_sec = 1500.5;
+  m.data_wait_share = 0.125;
+  m.skipped_steps = 3;
+  return m;
+}
+
+TEST(Metrics, RoundTrip) {
+  TestDir dir;
+  {
+    MetricsLog log(dir.path().string());
+    TrainMetrics t = train_at(1, 50, 2.25);
+    t.extra["grad_norm"] = 4.5;
+    log.log_train(t);
+    log.log_eval({.epoch = 1, .step = 100, .loss = 1.5, .top1 = 0.625, .top5 = 0.875, .extra = {}});
+    log.append(MetricsRecord("grad", 1, 100).add("zeros", 7).add("norm", 0.5f));
+    EXPECT_EQ(log.path(), dir.file("metrics.jsonl"));
+  }
+  std::vector<nlohmann::json> r = read_metrics(dir.file("metrics.jsonl"));
+  ASSERT_EQ(r.size(), 3u);
+  EXPECT_EQ(r[0]["kind"], "train");
+  EXPECT_EQ(r[0]["epoch"], 1);
+  EXPECT_EQ(r[0]["step"], 50);
+  EXPECT_DOUBLE_EQ(r[0]["loss"].get<double>(), 2.25);
+  EXPECT_DOUBLE_EQ(r[0]["lr"].get<double>(), 0.1);
+  EXPECT_DOUBLE_EQ(r[0]["loss_scale"].get<double>(), 128);
+  EXPECT_DOUBLE_EQ(r[0]["images_per_sec"].get<double>(), 1500.5);
+  EXPECT_DOUBLE_EQ(r[0]["data_wait_share"].get<double>(), 0.125);
+  EXPECT_EQ(r[0]["skipped_steps"], 3);
+  EXPECT_DOUBLE_EQ(r[0]["grad_norm"].get<double>(), 4.5);
+  EXPECT_TRUE(r[0]["time"].is_number());
+  EXPECT_GE(r[0]["time"].get<double>(), 0);
+  EXPECT_EQ(r[1]["kind"], "eval");
+  EXPECT_DOUBLE_EQ(r[1]["top1"].get<double>(), 0.625);
+  EXPECT_DOUBLE_EQ(r[1]["top5"].get<double>(), 0.875);
+  EXPECT_EQ(r[2]["kind"], "grad");
+  EXPECT_EQ(r[2]["zeros"], 7);
+  EXPECT_TRUE(r[2]["zeros"].is_number_integer());
+
+  // One object per line, "kind" first, for people reading the file.
+  std::string text = read_text_file(dir.file("metrics.jsonl"));
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 3);
+  EXPECT_EQ(text.rfind("{\"kind\":\"train\",\"epoch\":1,\"step\":50,", 0), 0u);
+}
+
+TEST(Metrics, AppendsAcrossRunsAndContinuesTheClock) {
+  TestDir dir;
+  { MetricsLog(dir.path().string()).log_train(train_at(1, 10, 3)); }
+  // A previous run that got to 100 seconds.
+  append_text(dir.file("metrics.jsonl"), "{\"kind\":\"train\",\"epoch\":1,\"step\":20,\"loss\":2,\"time\":100}\n");
+  {
+    MetricsLog log(dir.path().string());
+    EXPECT_GE(log.elapsed_seconds(), 100);
+    log.log_train(train_at(1, 30, 1));
+  }
+  auto r = read_metrics(dir.file("metrics.jsonl"));
+  ASSERT_EQ(r.size(), 3u);
+  EXPECT_EQ(r[2]["step"], 30);
+  EXPECT_GE(r[2]["time"].get<double>(), 100);
+}
+
+TEST(Metrics, NonFiniteValuesAreNull) {
+  TestDir dir;
+  { MetricsLog(dir.path().string()).log_train(train_at(1, 10, std::nan(""))); }
+  auto r = read_metrics(dir.file("metrics.jsonl"));
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_TRUE(r[0]["loss"].is_null());
+}
+
+TEST(Metrics, TornLastLineIsIgnored) {
+  TestDir dir;
+  { MetricsLog(dir.path().string()).log_train(train_at(1, 10, 3)); }
+  append_text(dir.file("metrics.jsonl"), "{\"kind\":\"train\",\"epoch\":1,\"step\":20,\"lo");
+  auto r = read_metrics(dir.file("metrics.jsonl"));
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0]["step"], 10);
+
+  // A resumed run cuts the torn line off before appending, so the file stays readable.
+  { MetricsLog(dir.path().string()).log_train(train_at(1, 20, 2)); }
+  r = read_metrics(dir.file("metrics.jsonl"));
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[1]["step"], 20);
+}
+
+TEST(Metrics, MalformedMiddleLineNamesFileAndLine) {
+  TestDir dir;
+  const std::string path = dir.file("metrics.jsonl");
+  append_text(path, "{\"kind\":\"train\",\"step\":1}\n\n{\"kind\":\"train\",\"st\n{\"kind\":\"train\",\"step\":3}\n");
+  try {
+    read_metrics(path);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(path + ":3:"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Metrics, MalformedCompleteLastLineIsAnError) {
+  TestDir dir;
+  const std::string path = dir.file("metrics.jsonl");
+  append_text(path, "{\"kind\":\"train\",\"step\":1}\n{oops}\n");
+  EXPECT_THROW(read_metrics(path), Error);
+}
+
+TEST(Metrics, RecordWithoutKindIsAnError) {
+  TestDir dir;
+  const std::string path = dir.file("metrics.jsonl");
+  append_text(path, "{\"kind\":\"train\",\"step\":1}\n[1, 2]\n");
+  try {
+    read_metrics(path);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(path + ":2:"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Metrics, RecordRejectsReservedAndRepeatedKeys) {
+  MetricsRecord r("x", 0, 0);
+  r.add("a", 1.0);
+  EXPECT_THROW(r.add("a", 2.0), Error);
+  EXPECT_THROW(r.add("time", 2.0), Error);
+  EXPECT_THROW(r.add("step", 2), Error);
+}
+
+TEST(Metrics, FormatDuration) {
+  EXPECT_EQ(format_duration(42), "42s");
+  EXPECT_EQ(format_duration(312), "5m12s");
+  EXPECT_EQ(format_duration(3720), "1h02m");
+  EXPECT_EQ(format_duration(-1), "?");
+  EXPECT_EQ(format_duration(std::nan("")), "?");
+}
+
+// Captures what the project logger writes while alive.
+class LogCapture {
+ public:
+  LogCapture() : sink_(std::make_shared<spdlog::sinks::ostream_sink_mt>(stream_)) {
+    sink_->set_pattern("%v");
+    logger()->sinks().push_back(sink_);
+  }
+  ~LogCapture() {
+    auto& sinks = logger()->sinks();
+    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
+  }
+  std::string text() const { return stream_.str(); }
+
+ private:
+  std::ostringstream stream_;
+  std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;
+};
+
+ProgressFields fields_at(int64_t step_in_epoch) {
+  return {.epoch = 2,
+          .epochs = 4,
+          .step_in_epoch = step_in_epoch,
+          .steps_per_epoch = 100,
+          .step = 100 + step_in_epoch,
+          .total_steps = 400,
+          .loss = 0.5123,
+          .lr = 0.1,
+          .loss_scale = 128,
+          .images_per_sec = 1234.5,
+          .data_wait_share = 0.032};
+}
+
+TEST(ProgressPrinter, LinesModeLogsOnlyAtLogInterval) {
+  LogCapture capture;
+  {
+    ProgressPrinter p(ProgressPrinter::Mode::lines);
+    EXPECT_FALSE(p.bar_mode());
+    for (int s = 1; s <= 100; ++s) {
+      p.update(fields_at(s));
+      if (s % 50 == 0) p.log_line(fields_at(s));
+    }
+  }
+  std::string text = capture.text();
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 2) << text;
+  EXPECT_EQ(text.find('\r'), std::string::npos);
+  EXPECT_NE(text.find("epoch 2/4 step 50/100 loss 0.5123 lr 0.1 scale 128 img/s 1234.5 data wait 3.2%"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("step 100/100"), std::string::npos) << text;
+  EXPECT_NE(text.find("ETA "), std::string::npos) << text;
+  // The progress line must not pollute `grep "loss scale" train.log`, the scale's history.
+  EXPECT_EQ(text.find("loss scale"), std::string::npos) << text;
+}
+
+TEST(ProgressPrinter, BarRedrawsInPlaceAtMostTenTimesASecond) {
+  TestDir dir;
+  const std::string path = dir.file("bar.txt");
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  {
+    ProgressPrinter p(ProgressPrinter::Mode::bar, f);
+    EXPECT_TRUE(p.bar_mode());
+    for (int s = 1; s <= 99; ++s) p.update(fields_at(s));  // far faster than 10 per second
+    p.update(fields_at(100));                              // the epoch's last step is always drawn
+  }
+  std::fclose(f);
+  std::string text = read_text_file(path);
+  long draws = std::count(text.begin(), text.end(), '\r');
+  EXPECT_GE(draws, 2);
+  EXPECT_LE(draws, 4) << text;
+  EXPECT_NE(text.find("epoch 2/4 ["), std::string::npos) << text;
+  EXPECT_NE(text.find("] 100/100 loss 0.5123"), std::string::npos) << text;
+  EXPECT_EQ(text.back(), '\n');  // finish() leaves the cursor on a fresh line
+}
+
+}  // namespace
+}  // namespace rn

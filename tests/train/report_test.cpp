@@ -1,0 +1,196 @@
+#include "train/report.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include "core/check.h"
+#include "test_dir.h"
+#include "train/checkpoint_file.h"
+#include "train/metrics.h"
+#include "train/svg_plot.h"
+
+namespace rn {
+namespace {
+
+int count_of(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t pos = text.find(what); pos != std::string::npos; pos = text.find(what, pos + what.size())) ++n;
+  return n;
+}
+
+const char* const kPlotTitles[] = {"Loss",       "Validation accuracy", "Learning rate",
+                                   "Loss scale", "Throughput",          "Data-wait share"};
+
+// A small run: 3 epochs of 100 steps, logged every 10 steps, evaluated each epoch, with a
+// loss-scale backoff and a growth.
+void write_run(const std::string& run_dir) {
+  MetricsLog log(run_dir);
+  int64_t skipped = 0;
+  for (int64_t epoch = 1; epoch <= 3; ++epoch) {
+    for (int64_t s = 10; s <= 100; s += 10) {
+      int64_t step = (epoch - 1) * 100 + s;
+      TrainMetrics m;
+      m.epoch = epoch;
+      m.step = step;
+      m.loss = 2.5 * std::exp(-static_cast<double>(step) / 120.0) + 0.3;
+      m.lr = step < 50 ? 0.1 * static_cast<double>(step) / 50 : 0.1 * 0.5 * (1 + std::cos(M_PI * (step - 50) / 250.0));
+      m.loss_scale = step < 120 ? 128 : step < 200 ? 64 : 128;
+      if (step == 120) ++skipped;
+      m.images_per_sec = 1000 + static_cast<double>(step % 70);
+      m.data_wait_share = 0.02 + 0.01 * static_cast<double>(step % 3);
+      m.skipped_steps = skipped;
+      log.log_train(m);
+    }
+    log.log_eval({.epoch = epoch,
+                  .step = epoch * 100,
+                  .loss = 1.2 - 0.2 * static_cast<double>(epoch),
+                  .top1 = 0.5 + 0.1 * static_cast<double>(epoch),
+                  .top5 = 0.8 + 0.05 * static_cast<double>(epoch),
+                  .extra = {}});
+  }
+}
+
+TEST(Report, HasEveryPlotAndTheSummary) {
+  TestDir dir;
+  write_run(dir.path().string());
+  {
+    std::ofstream f(dir.file("config.yaml"));
+    f << "model:\n  arch: resnet20 # <cifar>\n";
+  }
+  write_report(dir.path().string());
+  std::string html = read_text_file(dir.file("report.html"));
+
+  EXPECT_EQ(html.rfind("<!DOCTYPE html>", 0), 0u);
+  EXPECT_EQ(count_of(html, "<svg"), 6);
+  EXPECT_EQ(count_of(html, "</svg>"), 6);
+  for (const char* title : kPlotTitles) {
+    EXPECT_NE(html.find(std::string("font-weight=\"bold\">") + title + "</text>"), std::string::npos) << title;
+  }
+  EXPECT_EQ(html.find("no data"), std::string::npos);
+  // Self-contained: nothing fetched from elsewhere.
+  EXPECT_EQ(html.find("<script"), std::string::npos);
+  EXPECT_EQ(html.find("http://www.w3.org/2000/svg"), html.find("http"));  // the namespace is the only URL
+  EXPECT_EQ(html.find("https:"), std::string::npos);
+  EXPECT_EQ(html.find("@import"), std::string::npos);
+
+  // The summary's numbers.
+  EXPECT_NE(html.find("<th>final top-1</th><td>80.00 %</td>"), std::string::npos);
+  EXPECT_NE(html.find("<th>best top-1</th><td>80.00 % (epoch 3)</td>"), std::string::npos);
+  EXPECT_NE(html.find("<th>final top-5</th><td>95.00 %</td>"), std::string::npos);
+  EXPECT_NE(html.find("<th>total steps</th><td>300</td>"), std::string::npos);
+  EXPECT_NE(html.find("<th>skipped overflow steps</th><td>1</td>"), std::string::npos);
+  EXPECT_NE(html.find("<th>median images/s</th><td>10"), std::string::npos);
+  EXPECT_NE(html.find("<th>epochs</th><td>3</td>"), std::string::npos);
+  // No number went wrong on its way into the page.
+  EXPECT_EQ(html.find("nan"), std::string::npos);
+  EXPECT_EQ(html.find("inf"), std::string::npos);
+  // Path coordinates are plain numbers.
+  std::regex path_data("d=\"M[0-9.,ML ]+\"");
+  EXPECT_TRUE(std::regex_search(html, path_data));
+
+  // The config, verbatim but escaped.
+  EXPECT_NE(html.find("<pre>model:\n  arch: resnet20 # &lt;cifar&gt;\n</pre>"), std::string::npos);
+  // No temporary left behind by the atomic write.
+  int files = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir.path())) ++files;
+  EXPECT_EQ(files, 3);  // metrics.jsonl, config.yaml, report.html
+}
+
+TEST(Report, EmptyMetricsSayNoData) {
+  TestDir dir;
+  { MetricsLog log(dir.path().string()); }  // creates an empty metrics.jsonl
+  write_report(dir.path().string());
+  std::string html = read_text_file(dir.file("report.html"));
+  EXPECT_NE(html.find("<p class=\"nodata\">no data"), std::string::npos);
+  EXPECT_EQ(count_of(html, "<svg"), 6);
+  EXPECT_EQ(count_of(html, ">no data</text>"), 6);
+  EXPECT_NE(html.find("no config.yaml"), std::string::npos);
+}
+
+TEST(Report, MissingMetricsSayNoDataButMissingFolderIsAnError) {
+  TestDir dir;
+  write_report(dir.path().string());
+  EXPECT_NE(read_text_file(dir.file("report.html")).find("no data"), std::string::npos);
+  EXPECT_THROW(write_report(dir.file("absent")), Error);
+}
+
+TEST(Report, SinglePointSeries) {
+  TestDir dir;
+  {
+    MetricsLog log(dir.path().string());
+    TrainMetrics m;
+    m.epoch = 1, m.step = 10, m.loss = 2, m.lr = 0.1, m.loss_scale = 128, m.images_per_sec = 500;
+    log.log_train(m);
+    log.log_eval({.epoch = 1, .step = 10, .loss = 2.1, .top1 = 0.25, .top5 = 0.5, .extra = {}});
+  }
+  write_report(dir.path().string());
+  std::string html = read_text_file(dir.file("report.html"));
+  EXPECT_EQ(count_of(html, "<svg"), 6);
+  EXPECT_EQ(html.find("no data"), std::string::npos);
+  EXPECT_GE(count_of(html, "<circle"), 7);  // each lone point is drawn as a marker
+  EXPECT_EQ(html.find("nan"), std::string::npos);
+  EXPECT_EQ(html.find("inf"), std::string::npos);
+  EXPECT_NE(html.find("<th>final top-1</th><td>25.00 %</td>"), std::string::npos);
+}
+
+TEST(Report, ResumedRunSupersedesWhatItRewoundOver) {
+  auto train = [](int step, double loss) {
+    return nlohmann::json{{"kind", "train"}, {"epoch", 1}, {"step", step}, {"loss", loss}, {"time", step}};
+  };
+  std::vector<nlohmann::json> records = {
+      train(10, 3),  train(20, 2.5), {{"kind", "eval"}, {"epoch", 1}, {"step", 20}, {"top1", 0.1}},
+      train(30, 99), train(20, 2.4), train(30, 2.2)};
+  std::string html = render_report_html(records, "", "resumed");
+  EXPECT_NE(html.find("<th>records</th><td>3 train, 0 eval</td>"), std::string::npos) << html;
+  EXPECT_NE(html.find("<th>resumes (rewound to a checkpoint)</th><td>1</td>"), std::string::npos);
+  EXPECT_NE(html.find("<th>final training loss</th><td>2.2000</td>"), std::string::npos);
+}
+
+TEST(SvgPlot, TicksLabelsAndLogAxis) {
+  PlotSeries s{"scale", {0, 100, 200, 300}, {128, 64, 128, 1024}};
+  std::string svg =
+      svg_line_plot({s}, {.title = "Loss scale", .x_label = "step", .y_label = "scale", .y_scale = PlotScale::log2});
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  EXPECT_NE(svg.find(">128</text>"), std::string::npos) << svg;
+  EXPECT_NE(svg.find(">step</text>"), std::string::npos);
+  EXPECT_NE(svg.find(">300</text>"), std::string::npos);
+
+  PlotSeries lin{"", {0, 1, 2}, {0.001, 0.0025, 0.004}};
+  svg = svg_line_plot({lin}, {.title = "lr"});
+  EXPECT_NE(svg.find(">0.0040</text>"), std::string::npos) << svg;
+  EXPECT_EQ(svg.find("nan"), std::string::npos);
+}
+
+TEST(SvgPlot, GapsAndNoData) {
+  PlotSeries gappy{"", {0, 1, 2, 3}, {1, std::nan(""), 2, 3}};
+  std::string svg = svg_line_plot({gappy}, {.title = "t"});
+  EXPECT_EQ(count_of(svg, "M"), 2) << svg;  // the line breaks at the NaN
+  EXPECT_EQ(svg_line_plot({}, {.title = "t"}).find(">no data</text>") == std::string::npos, false);
+  PlotSeries non_positive{"", {0, 1}, {0, -1}};
+  EXPECT_NE(svg_line_plot({non_positive}, {.title = "t", .y_scale = PlotScale::log10}).find(">no data</text>"),
+            std::string::npos);
+}
+
+TEST(SvgPlot, LongSeriesIsThinned) {
+  PlotSeries s;
+  for (int i = 0; i < 200000; ++i) {
+    s.x.push_back(i);
+    s.y.push_back(std::sin(i * 0.001) + (i == 123456 ? 5 : 0));
+  }
+  std::string svg = svg_line_plot({s}, {.title = "long"});
+  EXPECT_LT(svg.size(), 60000u);
+  EXPECT_NE(svg.find(">5</text>"), std::string::npos) << "the spike still sets the y range";
+}
+
+TEST(SvgPlot, EscapesText) {
+  std::string svg = svg_line_plot({}, {.title = "a<b & \"c\""});
+  EXPECT_NE(svg.find("a&lt;b &amp; &quot;c&quot;"), std::string::npos);
+  EXPECT_EQ(svg.find("a<b"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace rn
