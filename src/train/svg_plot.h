@@ -27,7 +27,7 @@ struct PlotOptions {
   std::string title{};
   std::string x_label{}, y_label{};
   PlotScale y_scale = PlotScale::linear;
-  std::optional<double> y_min{}, y_max{};  // fixed ends of the y axis; default: fitted to the data
+  std::optional<double> y_min{}, y_max{};  // fixed ends of a linear y axis; default: fitted to the data
   int width = 560, height = 320;           // pixels (the viewBox)
 };
 

@@ -249,7 +249,7 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
       const auto now = std::chrono::steady_clock::now();
       const double dt = std::chrono::duration<double>(now - interval_t0).count();
       ProgressFields pf;
-      pf.epoch = st.epoch;
+      pf.epoch = st.epoch + 1;  // 1-based for display
       pf.epochs = epochs;
       pf.step_in_epoch = st.batch_in_epoch;
       pf.steps_per_epoch = steps_per_epoch;
