@@ -88,7 +88,7 @@ double scaled_peak_lr(const OptimizerConfig& cfg, int64_t global_batch);
 
 struct ScheduleConfig {
   ScheduleKind name = ScheduleKind::cosine;
-  int64_t epochs = 4;
+  int64_t epochs = 5;
   double warmup_epochs = 1;                            // linear warmup length in epochs ...
   int64_t warmup_steps = 0;                            // ... or in steps; steps win if > 0
   double warmup_start_factor = 0.1;                    // warmup starts at this fraction of the peak lr

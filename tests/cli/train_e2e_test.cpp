@@ -159,6 +159,45 @@ TEST(TrainE2E, KillAndResumeIsBitExact) {
   expect_same_weights(ref / final_name, run / final_name);
 }
 
+TEST(TrainE2E, SigtermSavesACheckpointThenEvalAndExportWork) {
+  if (!have_data()) GTEST_SKIP() << "Fashion-MNIST not installed at " << kFashionMnistDir;
+  const fs::path dir = fresh_dir("sigterm");
+  const fs::path log = dir.string() + ".log";
+  pid_t pid = spawn(small_run(dir, {"schedule.epochs=50", "run.checkpoint.every_epoch=false"}), log);
+  // Wait for the first progress line in train.log, then ask the run to stop.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (std::chrono::steady_clock::now() < deadline && read_all(dir / "train.log").find("step 16/") == std::string::npos)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ::kill(pid, SIGTERM);
+  EXPECT_EQ(wait_for(pid), 130) << read_all(log);
+  ASSERT_TRUE(fs::exists(dir / "checkpoints")) << read_all(log);
+  std::vector<fs::path> saved;
+  for (const auto& e : fs::directory_iterator(dir / "checkpoints"))
+    if (e.path().filename().string().rfind("step-", 0) == 0) saved.push_back(e.path());
+  ASSERT_EQ(saved.size(), 1u) << "exactly the checkpoint written on SIGTERM";
+
+  // eval with per-image predictions, from the checkpoint's embedded config.
+  const fs::path csv = dir.string() + "_predictions.csv";
+  ASSERT_EQ(wait_for(spawn({"eval", "--weights", saved[0].string(), "--predictions", csv.string()}, log)), 0)
+      << read_all(log);
+  std::ifstream f(csv);
+  std::string header, line;
+  std::getline(f, header);
+  EXPECT_EQ(header, "index,label,class1,prob1,class2,prob2,class3,prob3,class4,prob4,class5,prob5");
+  int rows = 0;
+  while (std::getline(f, line)) ++rows;
+  EXPECT_EQ(rows, 1000) << "one row per image of the evaluated subset";
+
+  // export writes torchvision-named weights that load back.
+  const fs::path weights = dir.string() + "_weights.safetensors";
+  ASSERT_EQ(wait_for(spawn({"export", "--weights", saved[0].string(), "--out", weights.string()}, log)), 0)
+      << read_all(log);
+  const SafetensorsFile w = SafetensorsFile::load(weights.string());
+  EXPECT_NE(w.find("layer1.0.conv1.weight"), nullptr);
+  EXPECT_NE(w.find("bn1.running_var"), nullptr);
+  EXPECT_EQ(w.find("optimizer.momentum.fc.weight"), nullptr);
+}
+
 TEST(TrainE2E, UnknownConfigKeyIsAClearError) {
   const fs::path dir = fresh_dir("bad_key");
   const fs::path log = dir.string() + ".log";
