@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The default recipe (configs/fashion_mnist_resnet20.yaml: resnet20, batch 128, 4 epochs) in
+# The default recipe (configs/fashion_mnist_resnet20.yaml: resnet20, batch 128, 5 epochs) in
 # resnet.cpp and the same recipe in PyTorch (bench/torch_fashion_mnist.py), one after the
 # other on this machine with the same thread count. Prints wall time per epoch, final test
 # accuracy and the time ratio. Usage: bench/fashion_mnist.sh [THREADS=2]
@@ -19,7 +19,7 @@ per = [b - a for a, b in zip([0] + times[:-1], times)]
 print(f"{statistics.median(per):.2f} {ev[-1]['top1']:.4f}")
 PY
 )
-torch_line=$(/usr/bin/python3 bench/torch_fashion_mnist.py --threads "$threads" | tee /dev/stderr | tail -1)
+torch_line=$(/usr/bin/python3 bench/torch_fashion_mnist.py --threads "$threads" --epochs 5 | tee /dev/stderr | tail -1)
 torch_epoch=$(echo "$torch_line" | sed -n 's/.*seconds_per_epoch=\([0-9.]*\).*/\1/p')
 torch_top1=$(echo "$torch_line" | sed -n 's/.*top1=\([0-9.]*\).*/\1/p')
 read -r ours_e ours_top1 <<<"$ours_epoch"

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """PyTorch side of bench/fashion_mnist.sh: the default resnet.cpp recipe, same model (the CIFAR
-ResNet-20 of tools/golden.py, torchvision BasicBlocks), batch 128, 4 epochs, random crop with
+ResNet-20 of tools/golden.py, torchvision BasicBlocks), batch 128, 5 epochs, random crop with
 padding 2 and horizontal flip, normalisation (0.2860, 0.3530), SGD momentum 0.9, weight decay
 5e-4 on conv/linear weights only, peak lr 0.2 x 128 / 256, one epoch of linear warmup from 10%
 then cosine to 0 (per step), channels_last, the given thread count. Augmentation is done on
@@ -35,7 +35,7 @@ def read_idx(path):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--root", default="/usr/share/datasets/fashion-mnist")
-    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=42)
