@@ -5,8 +5,9 @@ padding 2 and horizontal flip, normalisation (0.2860, 0.3530), SGD momentum 0.9,
 5e-4 on conv/linear weights only, peak lr 0.2 x 128 / 256, one epoch of linear warmup from 10%
 then cosine to 0 (per step), channels_last, the given thread count. Augmentation is done on
 whole batches with tensor ops (the fastest way PyTorch offers without extra processes).
-Prints per-epoch wall time and the final test accuracy, and one summary line:
-  torch epochs=4 seconds_per_epoch=<median> total_seconds=<t> top1=<acc>
+Prints per-epoch wall time (training plus test-set evaluation, like resnet.cpp's epochs) and
+the final test accuracy, and one summary line:
+  torch epochs=5 seconds_per_epoch=<median> total_seconds=<t> top1=<acc>
 """
 import argparse
 import gzip
@@ -85,13 +86,13 @@ def main():
             loss.backward()
             opt.step()
             step += 1
-        epoch_times.append(time.perf_counter() - t0)
         model.eval()
         correct = 0
         with torch.no_grad():
             for b in range(0, len(xte), 500):
                 correct += (model(xte[b:b + 500].contiguous(memory_format=torch.channels_last)).argmax(1)
                             == yte[b:b + 500]).sum().item()
+        epoch_times.append(time.perf_counter() - t0)  # training and evaluation, as resnet.cpp's epoch
         print(f"torch epoch {epoch + 1}: {epoch_times[-1]:.1f} s, loss {loss.item():.4f}, test top-1 "
               f"{100 * correct / len(xte):.2f}%", flush=True)
     print(f"torch epochs={a.epochs} seconds_per_epoch={statistics.median(epoch_times):.2f} "
