@@ -76,12 +76,7 @@ int run_eval(const EvalArgs& a) {
       << "resnet eval reads MNIST-format data folders for now (data.dataset=fashion_mnist)";
   auto backend = make_backend_for(cfg.run.device);
   const PrecisionPolicy policy = make_precision_policy(cfg.precision, *backend);
-  ModelOptions mo;
-  mo.num_classes = cfg.model.num_classes;
-  mo.in_channels = cfg.model.in_channels;
-  mo.height = cfg.model.image_size[0];
-  mo.width = cfg.model.image_size[1];
-  Model model(build_model(cfg.model.name, mo));
+  Model model(build_model(cfg.model.name, model_options(cfg.model)));
   load_weights(a.weights, model);
   SubsetSpec subset;
   if (cfg.data.val_subset > 0) subset.count = cfg.data.val_subset;
@@ -136,12 +131,7 @@ int run_export(const ExportArgs& a) {
   ea.sets = a.sets;
   ea.weights = a.weights;
   const Config cfg = config_for_weights(ea);
-  ModelOptions mo;
-  mo.num_classes = cfg.model.num_classes;
-  mo.in_channels = cfg.model.in_channels;
-  mo.height = cfg.model.image_size[0];
-  mo.width = cfg.model.image_size[1];
-  Model model(build_model(cfg.model.name, mo));
+  Model model(build_model(cfg.model.name, model_options(cfg.model)));
   load_weights(a.weights, model);
   save_weights(a.out, model);
   fmt::print("wrote {} ({} parameters and running stats, torchvision names)\n", a.out, model.names().size());

@@ -17,6 +17,7 @@ void copy_batch(Plan& plan, const Batch& batch) {
 Evaluator::Evaluator(Model& model, Backend& backend, const PlanOptions& base)
     : model_(model), backend_(backend), base_(base) {
   base_.mode = PlanMode::eval;
+  base_.label_smoothing = 0.0f;  // the evaluation loss is plain cross-entropy
 }
 
 Plan& Evaluator::plan_for(int64_t batch) {

@@ -1,5 +1,5 @@
-// Evaluation over a data loader: mean loss, top-1 and top-5, optionally the per-image
-// top-5 predictions.
+// Evaluation over a data loader: mean loss (plain cross-entropy, without the training label
+// smoothing), top-1 and top-5, optionally the per-image top-5 predictions.
 #pragma once
 
 #include <functional>

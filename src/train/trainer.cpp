@@ -99,6 +99,16 @@ std::string fresh_run_dir(const std::string& out_dir) {
 
 }  // namespace
 
+ModelOptions model_options(const ModelConfig& m) {
+  ModelOptions o;
+  o.num_classes = m.num_classes;
+  o.in_channels = m.in_channels;
+  o.height = m.image_size[0];
+  o.width = m.image_size[1];
+  o.zero_init_residual = m.zero_init_residual;
+  return o;
+}
+
 void install_stop_signal_handlers() {
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
@@ -132,13 +142,7 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
     RN_LOG_INFO("deterministic mode: fixed data order and augmentation, kernels with a fixed summation order "
                 "(the same machine and thread count give bit-identical results)");
 
-  ModelOptions mo;
-  mo.num_classes = cfg.model.num_classes;
-  mo.in_channels = cfg.model.in_channels;
-  mo.height = cfg.model.image_size[0];
-  mo.width = cfg.model.image_size[1];
-  mo.zero_init_residual = cfg.model.zero_init_residual;
-  Model model(build_model(cfg.model.name, mo), cfg.optimizer.decay_bn_and_bias);
+  Model model(build_model(cfg.model.name, model_options(cfg.model)), cfg.optimizer.decay_bn_and_bias);
   model.init(static_cast<uint64_t>(cfg.run.seed));
   ParamTable table = model.params();
   apply_optimizer_param_policy(table, cfg.optimizer);

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "model/zoo.h"
 #include "train/config.h"
 
 namespace rn {
@@ -30,6 +31,9 @@ struct TrainOptions {
 };
 
 TrainResult train(const Config& config, const TrainOptions& options = {});
+
+// The zoo's options for a configured model.
+ModelOptions model_options(const ModelConfig& model);
 
 // SIGINT and SIGTERM make a running train() save a checkpoint at the next step boundary
 // and return with interrupted = true.
