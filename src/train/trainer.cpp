@@ -303,7 +303,7 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
       result.final_eval = ev;
       top1 = ev.top1;
       EvalMetrics em;
-      em.epoch = done_epoch;
+      em.epoch = st.epoch;  // epochs completed (1-based), as in the log line
       em.step = st.step;
       em.loss = ev.loss;
       em.top1 = ev.top1;
