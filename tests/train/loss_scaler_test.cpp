@@ -11,27 +11,10 @@
 
 #include "core/check.h"
 #include "core/log.h"
+#include "log_capture.h"
 
 namespace rn {
 namespace {
-
-// Captures what the project logger prints while it lives.
-class LogCapture {
- public:
-  LogCapture() : sink_(std::make_shared<spdlog::sinks::ostream_sink_mt>(stream_)) {
-    sink_->set_pattern("%v");
-    logger()->sinks().push_back(sink_);
-  }
-  ~LogCapture() {
-    auto& sinks = logger()->sinks();
-    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
-  }
-  std::string text() const { return stream_.str(); }
-
- private:
-  std::ostringstream stream_;
-  std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;
-};
 
 LossScaleConfig dynamic_config(int64_t growth_interval = 2000) {
   LossScaleConfig c;

@@ -9,6 +9,7 @@
 
 #include "core/check.h"
 #include "core/log.h"
+#include "log_capture.h"
 #include "test_dir.h"
 #include "train/checkpoint_file.h"
 
@@ -156,24 +157,6 @@ TEST(Metrics, FormatDuration) {
   EXPECT_EQ(format_duration(-1), "?");
   EXPECT_EQ(format_duration(std::nan("")), "?");
 }
-
-// Captures what the project logger writes while alive.
-class LogCapture {
- public:
-  LogCapture() : sink_(std::make_shared<spdlog::sinks::ostream_sink_mt>(stream_)) {
-    sink_->set_pattern("%v");
-    logger()->sinks().push_back(sink_);
-  }
-  ~LogCapture() {
-    auto& sinks = logger()->sinks();
-    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
-  }
-  std::string text() const { return stream_.str(); }
-
- private:
-  std::ostringstream stream_;
-  std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;
-};
 
 ProgressFields fields_at(int64_t step_in_epoch) {
   return {.epoch = 2,

@@ -1,0 +1,32 @@
+// Test helper: captures what the project logger prints while it lives.
+#pragma once
+
+#include <spdlog/sinks/ostream_sink.h>
+
+#include <algorithm>
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include "core/log.h"
+
+namespace rn {
+
+class LogCapture {
+ public:
+  LogCapture() : sink_(std::make_shared<spdlog::sinks::ostream_sink_mt>(stream_)) {
+    sink_->set_pattern("%v");
+    logger()->sinks().push_back(sink_);
+  }
+  ~LogCapture() {
+    auto& sinks = logger()->sinks();
+    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
+  }
+  std::string text() const { return stream_.str(); }
+
+ private:
+  std::ostringstream stream_;
+  std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;
+};
+
+}  // namespace rn
