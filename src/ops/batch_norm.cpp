@@ -65,6 +65,22 @@ void BatchNormKernel::forward_inference(const Tensor& y, const Tensor& x, const 
   do_forward_inference(y, x, residual, gamma, beta, running_mean, running_var);
 }
 
+void BatchNormKernel::forward_recompute(const Tensor& y, const Tensor& x, const Tensor* residual,
+                                        const Tensor& gamma, const Tensor& beta, const Tensor& saved_mean,
+                                        const Tensor& saved_invstd) {
+  const auto op = desc_.str();
+  const Shape xs = desc_.x_shape(), cs = {desc_.channels};
+  check_tensor(y, xs, desc_.dtype, desc_.layout, "y", op);
+  check_tensor(x, xs, desc_.dtype, desc_.layout, "x", op);
+  RN_CHECK((residual != nullptr) == (desc_.fuse == BnFuse::add_relu)) << op << ": residual given iff add_relu";
+  if (residual) check_tensor(*residual, xs, desc_.dtype, desc_.layout, "residual", op);
+  check_tensor(gamma, cs, DType::f32, "gamma", op);
+  check_tensor(beta, cs, DType::f32, "beta", op);
+  check_tensor(saved_mean, cs, DType::f32, "saved_mean", op);
+  check_tensor(saved_invstd, cs, DType::f32, "saved_invstd", op);
+  do_forward_recompute(y, x, residual, gamma, beta, saved_mean, saved_invstd);
+}
+
 void BatchNormKernel::backward(const Tensor& dx, const Tensor* dresidual, const Tensor& dgamma, const Tensor& dbeta,
                                const Tensor& dy, const Tensor& x, const Tensor& y, const Tensor& gamma,
                                const Tensor& saved_mean, const Tensor& saved_invstd) {
