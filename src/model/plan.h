@@ -7,6 +7,15 @@
 //                 model.zero_grads(); plan.forward(); plan.backward(loss_scale);
 // Parameter gradients (fp32, in the model's flat gradient buffer) accumulate; with a
 // loss scale s they hold s * dL/dw.
+//
+// Memory levels (memory_planner.h): O0 gives every buffer its own memory; O1 shares memory
+// between buffers that are never live at once; O2 also stops keeping what is cheap to
+// recompute. At O2 the outputs of batch norm (with its fused ReLU / add+ReLU), of ReLU and
+// of casts live only until their last forward reader; backward regenerates each, just
+// before its first backward reader, from what is kept (convolution outputs, BN saved
+// statistics, pooling outputs) with BatchNormKernel::forward_recompute, ReLU or the cast,
+// recursively (a block's output needs the previous block's output as its residual). The
+// recomputed values are bit-identical, so gradients at O2 equal those at O0 and O1.
 #pragma once
 
 #include <functional>
@@ -40,8 +49,14 @@ enum class BufferRole : uint8_t { io, activation, saved, gradient };
 struct MemoryReport {
   size_t arena_bytes = 0;    // planned peak of the arena
   size_t by_role[4] = {};    // sum of buffer sizes per BufferRole (without reuse)
+  // The step at which the most arena bytes are live, and the live bytes per role there:
+  // the planned peak of activations (io + activation + saved) and of gradients.
+  int peak_step = -1;
+  size_t peak_live_bytes = 0;
+  size_t peak_by_role[4] = {};
+  int recomputed_buffers = 0;    // O2: buffers that backward regenerates
   size_t half_weight_bytes = 0;  // the half-precision copy of the weights (dtype != fp32)
-  size_t workspace_bytes = 0;    // scratch held by the backend's kernels (0 when not known)
+  size_t workspace_bytes = 0;    // the backend's shared kernel scratch (0 for a dry plan)
   int buffers = 0;
 };
 
@@ -65,9 +80,9 @@ class Plan {
   void forward();
   void backward(float loss_scale = 1.0f);
 
-  // Gradient of the input batch is never computed. Gradients of activations are
-  // available for tests: the gradient buffer of node `id`'s output (valid right after
-  // backward() only at MemoryLevel::O0, where nothing is reused).
+  // Gradient of the input batch is never computed. Activations and their gradients are
+  // available for tests: the buffers of node `id`'s output and of its gradient (valid
+  // right after forward() / backward() only at MemoryLevel::O0, where nothing is reused).
   Tensor activation(int node) const;
   Tensor activation_grad(int node) const;
 
@@ -108,6 +123,10 @@ class Plan {
   void finish_contribution(int value, int target);
   DType node_dtype(int id) const;
 
+  // The buffer a backward step reads forward buffer `b` from: `b` itself, or at O2, for a
+  // value freed after forward, the buffer it is recomputed into (made on first use).
+  int for_backward(int b);
+
   void build_forward();
   void build_backward();
   void emit_forward(int id);
@@ -130,6 +149,15 @@ class Plan {
   std::vector<int> saved0_, saved1_;  // node -> BN saved mean/invstd, max-pool workspace
   std::vector<int> x_in_;             // node -> the buffer its first input was read from
   std::unordered_map<int64_t, int> casts_of_;  // value * 8 + dtype -> cast buffer
+  // How to regenerate a buffer at O2 from other buffers: BN (kernel bn; src = x, residual,
+  // saved statistics), ReLU or cast (src).
+  struct Recipe {
+    int node = -1;  // BN / ReLU node (its kernel and parameters); -1 for a cast
+    int src = -1, residual = -1, saved_mean = -1, saved_invstd = -1;
+    CastKernel* cast = nullptr;
+  };
+  std::unordered_map<int, Recipe> recipes_;     // forward buffer -> recipe
+  std::unordered_map<int, int> recomputed_;     // forward buffer -> recomputed buffer
   int input_ = -1, labels_ = -1, logits_ = -1, probs_ = -1, loss_ = -1;
   float loss_scale_ = 1.0f;
   bool profiling_ = false;

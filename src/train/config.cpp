@@ -45,7 +45,7 @@ constexpr EnumItem<DeviceChoice> kDeviceChoices[] = {{DeviceChoice::auto_select,
                                                      {DeviceChoice::ref, "ref"},
                                                      {DeviceChoice::cuda, "cuda"}};
 constexpr EnumItem<MemoryLevel> kMemoryLevels[] = {
-    {MemoryLevel::O0, "O0"}, {MemoryLevel::O1, "O1"}};
+    {MemoryLevel::O0, "O0"}, {MemoryLevel::O1, "O1"}, {MemoryLevel::O2, "O2"}};
 // Only the half types are valid for precision.half_dtype.
 constexpr EnumItem<DType> kHalfTypes[] = {{DType::bf16, "bf16"}, {DType::f16, "fp16"}};
 
