@@ -40,6 +40,7 @@ Plan::Plan(Model& model, Backend* backend, const PlanOptions& options)
   if (!backend_) return;
 
   arena_ = Arena(arena_bytes_);
+  release_pages(arena_.base(), arena_.bytes());  // untouched until a step writes it: measurable
   views_.resize(buffers_.size());
   for (size_t i = 0; i < buffers_.size(); ++i)
     views_[i] = arena_.view(buffers_[i].offset, meta_[i].shape, meta_[i].dtype, meta_[i].layout);
@@ -485,6 +486,25 @@ MemoryReport Plan::memory() const {
   if (backend_) r.workspace_bytes = backend_->workspace_bytes();
   return r;
 }
+
+PlannedPeak Plan::planned_peak(int optimizer_copies) const {
+  const MemoryReport r = memory();
+  PlannedPeak p;
+  p.arena = r.arena_bytes;
+  p.activations = r.peak_by_role[static_cast<int>(BufferRole::io)] +
+                  r.peak_by_role[static_cast<int>(BufferRole::activation)] +
+                  r.peak_by_role[static_cast<int>(BufferRole::saved)];
+  p.gradients = r.peak_by_role[static_cast<int>(BufferRole::gradient)];
+  const size_t flat = static_cast<size_t>(model_.params().total) * sizeof(float);
+  p.parameters = flat;
+  p.parameter_grads = flat;
+  p.optimizer_state = flat * static_cast<size_t>(std::max(0, optimizer_copies));
+  p.half_weights = r.half_weight_bytes;
+  p.workspace = r.workspace_bytes;
+  return p;
+}
+
+RangeResidency Plan::arena_residency() const { return resident_range(arena_.base(), arena_.bytes()); }
 
 std::vector<std::string> Plan::step_names() const {
   std::vector<std::string> names;

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "model/memory_planner.h"
+#include "model/memory_usage.h"
 #include "model/model.h"
 #include "ops/backend.h"
 
@@ -60,6 +61,19 @@ struct MemoryReport {
   int buffers = 0;
 };
 
+// A plan's planned training memory: the arena (split at its peak step into activations,
+// counting the input batch and saved statistics, and activation gradients) plus the
+// model's flat fp32 buffers (parameters, their gradients, `optimizer_copies` optimizer
+// states of the same size: 1 for momentum SGD and LARS), the half weight copy and the
+// backend's workspace.
+struct PlannedPeak {
+  size_t arena = 0, activations = 0, gradients = 0;
+  size_t parameters = 0, parameter_grads = 0, optimizer_state = 0, half_weights = 0, workspace = 0;
+  size_t total() const {
+    return arena + parameters + parameter_grads + optimizer_state + half_weights + workspace;
+  }
+};
+
 class Plan {
  public:
   // backend == nullptr makes a dry plan: buffers and memory only, nothing runs.
@@ -87,6 +101,10 @@ class Plan {
   Tensor activation_grad(int node) const;
 
   MemoryReport memory() const;
+  PlannedPeak planned_peak(int optimizer_copies = 1) const;
+  // What the steps run so far have touched of the arena (its pages are released when the
+  // plan is made): the measured high-water mark to hold against arena_bytes.
+  RangeResidency arena_residency() const;
   const std::vector<BufferSpec>& buffers() const { return buffers_; }
   int num_steps() const { return static_cast<int>(steps_.size()); }
   // Step names in program order ("fwd layer1.0.conv1", "bwd_data fc", ...).

@@ -10,6 +10,7 @@
 
 #include "core/rng.h"
 #include "model/memory_planner.h"
+#include "model/memory_usage.h"
 #include "model/model.h"
 #include "model/plan.h"
 #include "model/zoo.h"
@@ -220,6 +221,55 @@ TEST(MemoryLevels, NamesRoundTripAndUnknownIsAnError) {
     FAIL() << "O3 accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("O0, O1 or O2"), std::string::npos) << e.what();
+  }
+}
+
+
+// Planned against measured, on the CPU backend. The arena's touched pages must reach its
+// planned end (the plan is used, no more, no less), and the process's peak resident memory
+// while making and running the plan must be the planned arena plus workspace within a
+// stated margin: 10% plus 8 MiB for what the plan does not own (oneDNN primitives and
+// their JIT code, thread stacks, allocator slack).
+TEST(MemoryMeasured, PlannedPeakWithinMarginOfMeasured) {
+  if (!reset_peak_resident()) GTEST_SKIP() << "/proc/self/clear_refs is not writable here";
+  ModelOptions o;
+  o.in_channels = 1;
+  o.height = o.width = 28;
+  o.num_classes = 10;
+  Model model(build_model("resnet20", o));
+  model.init(1);
+  auto backend = make_backend("cpu");
+  for (MemoryLevel level : kLevels) {
+    const std::string where = "resnet20 batch 64 at " + std::string(memory_level_name(level));
+    ASSERT_TRUE(reset_peak_resident());
+    const size_t base = process_memory().resident;
+    PlannedPeak planned;
+    RangeResidency used;
+    {
+      PlanOptions po;
+      po.batch = 64;
+      po.layout = backend->preferred_layout();
+      po.memory = level;
+      Plan plan(model, backend.get(), po);
+      // Only the partial pages at the ends (shared with the allocator's bookkeeping) count.
+      EXPECT_LT(plan.arena_residency().touched, 2u * 4096u) << where << ": arena touched before any step ran";
+      std::memset(plan.input().data, 0, plan.input().bytes());
+      std::memset(plan.labels().data, 0, plan.labels().bytes());
+      model.zero_grads();
+      plan.forward();
+      plan.backward(1.0f);
+      planned = plan.planned_peak();
+      used = plan.arena_residency();
+    }
+    const size_t measured = process_memory().peak_resident - base;
+    const size_t expect = planned.arena + planned.workspace;
+    std::printf("[memory] %s: planned arena %zu, touched %zu, high-water %zu; workspace %zu; peak RSS growth %zu\n",
+                where.c_str(), planned.arena, used.touched, used.high_water, planned.workspace, measured);
+    EXPECT_GE(used.high_water + 4096, planned.arena) << where;
+    EXPECT_LE(used.high_water, planned.arena) << where;
+    EXPECT_GE(static_cast<double>(used.touched), 0.95 * static_cast<double>(planned.arena)) << where;
+    EXPECT_LE(static_cast<double>(measured), 1.1 * static_cast<double>(expect) + 8.0 * (1 << 20)) << where;
+    EXPECT_GE(static_cast<double>(measured), 0.9 * static_cast<double>(expect) - 8.0 * (1 << 20)) << where;
   }
 }
 
