@@ -34,10 +34,12 @@ struct TrainArgs {
 };
 
 int run_train(const TrainArgs& a) {
-  Config cfg = load_config(a.config, a.sets);
+  // Resuming, the run's own config wins; --set may change only memory.* (checked by train()).
+  Config cfg = load_config(a.resume.empty() ? a.config : "", a.resume.empty() ? a.sets : std::vector<std::string>{});
   install_stop_signal_handlers();
   TrainOptions o;
   o.resume_dir = a.resume;
+  if (!a.resume.empty()) o.resume_overrides = a.sets;
   o.max_steps = a.max_steps;
   const TrainResult r = train(cfg, o);
   if (r.final_eval.samples > 0)
