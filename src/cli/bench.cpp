@@ -61,6 +61,15 @@ void print_step_profile(const Plan& plan, int runs) {
   double total = 0;
   for (double s : secs) total += s;
   fmt::print("plan steps by time (mean over {} runs, total {:.3f} s per step):\n", runs, total / runs);
+  // By kind (the first word of the name: fwd, bwd, bwd_weights, recompute, ...), in first-seen order.
+  std::vector<std::pair<std::string, double>> kinds;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string kind = names[i].substr(0, names[i].find(' '));
+    auto it = std::find_if(kinds.begin(), kinds.end(), [&](const auto& k) { return k.first == kind; });
+    if (it == kinds.end()) it = kinds.insert(kinds.end(), {kind, 0.0});
+    it->second += secs[i];
+  }
+  for (const auto& [kind, t] : kinds) fmt::print("  {:8.3f} ms {:5.1f}%  all {} steps\n", 1e3 * t / runs, 100 * t / total, kind);
   for (size_t k = 0; k < std::min<size_t>(order.size(), 25); ++k)
     fmt::print("  {:8.3f} ms {:5.1f}%  {}\n", 1e3 * secs[order[k]] / runs, 100 * secs[order[k]] / total, names[order[k]]);
 }
