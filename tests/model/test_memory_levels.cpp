@@ -91,6 +91,14 @@ void expect_levels_agree(Model& model, Backend& backend, int64_t batch, const st
   }
 }
 
+ModelOptions fashion_mnist_shape() {
+  ModelOptions o;
+  o.in_channels = 1;
+  o.height = o.width = 28;
+  o.num_classes = 10;
+  return o;
+}
+
 struct ZooCase {
   std::string model;
   int64_t channels, size, batch;
@@ -126,11 +134,7 @@ TEST(MemoryLevels, Bf16ConvolutionsBitIdenticalAtO0O1O2) {
   auto backend = make_backend("cpu");
   std::string why;
   if (!backend->supports_dtype(DType::bf16, &why)) GTEST_SKIP() << why;
-  ModelOptions o;
-  o.in_channels = 1;
-  o.height = o.width = 28;
-  o.num_classes = 10;
-  Model model(build_model("resnet20", o));
+  Model model(build_model("resnet20", fashion_mnist_shape()));
   model.init(5);
   expect_levels_agree(model, *backend, 4, "resnet20 bf16", DType::bf16);
 }
@@ -232,11 +236,7 @@ TEST(MemoryLevels, NamesRoundTripAndUnknownIsAnError) {
 // their JIT code, thread stacks, allocator slack).
 TEST(MemoryMeasured, PlannedPeakWithinMarginOfMeasured) {
   if (!reset_peak_resident()) GTEST_SKIP() << "/proc/self/clear_refs is not writable here";
-  ModelOptions o;
-  o.in_channels = 1;
-  o.height = o.width = 28;
-  o.num_classes = 10;
-  Model model(build_model("resnet20", o));
+  Model model(build_model("resnet20", fashion_mnist_shape()));
   model.init(1);
   auto backend = make_backend("cpu");
   for (MemoryLevel level : kLevels) {
