@@ -2,6 +2,8 @@
 #include <fmt/format.h>
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "cli/commands.h"
 #include "cli/format.h"
@@ -48,6 +50,7 @@ int run_info(const InfoArgs& a) {
   fmt::print("  {:<6} {:>10} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n", "level", "arena",
              "activations", "gradients", "params", "grads", "optimizer", "half w", "workspace", "total");
   auto b = [](size_t v) { return human_bytes(static_cast<double>(v)); };
+  std::vector<std::string> peaks;
   for (MemoryLevel level : {MemoryLevel::O0, MemoryLevel::O1, MemoryLevel::O2}) {
     PlanOptions po;
     po.batch = a.batch;
@@ -56,6 +59,12 @@ int run_info(const InfoArgs& a) {
     if (backend) po.layout = backend->preferred_layout();
     Plan plan(model, backend.get(), po);
     const PlannedPeak p = plan.planned_peak(1);
+    const MemoryReport r = plan.memory();
+    peaks.push_back(fmt::format("  {}: peak at step {} of {}, '{}'{}", memory_level_name(level), r.peak_step + 1,
+                                plan.num_steps(), plan.step_names()[static_cast<size_t>(r.peak_step)],
+                                r.recomputed_buffers > 0
+                                    ? fmt::format(", {} values recomputed in backward", r.recomputed_buffers)
+                                    : std::string()));
     fmt::print("  {:<6} {:>10} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n", memory_level_name(level),
                b(p.arena), b(p.activations), b(p.gradients), b(p.parameters), b(p.parameter_grads),
                b(p.optimizer_state), b(p.half_weights), backend ? b(p.workspace) : "-", b(p.total()));
@@ -63,6 +72,7 @@ int run_info(const InfoArgs& a) {
   fmt::print("  arena: the planned peak of activations and activation gradients with the level's reuse;\n"
              "  activations, gradients: what is live in it at its peak step; O2 recomputes BN/ReLU outputs in "
              "backward\n");
+  for (const std::string& line : peaks) fmt::print("{}\n", line);
   return 0;
 }
 

@@ -159,7 +159,7 @@ void Plan::emit_forward(int id) {
           add_buffer(n.name + ":saved_mean", {xs[1]}, DType::f32, Layout::nchw, BufferRole::saved);
       const int si = saved1_[static_cast<size_t>(id)] =
           add_buffer(n.name + ":saved_invstd", {xs[1]}, DType::f32, Layout::nchw, BufferRole::saved);
-      recipes_[y] = Recipe{id, x, r, sm, si, nullptr};
+      add_recipe(y, Recipe{id, x, r, sm, si, nullptr});
       auto run = [this, k, x, y, r, sm, si, s] {
         Tensor rt = r >= 0 ? view(r) : Tensor{};
         k->forward_training(view(y), view(sm), view(si), view(x), r >= 0 ? &rt : nullptr, model_.param(s.weight),
@@ -183,7 +183,7 @@ void Plan::emit_forward(int id) {
   } else if (attrs_if<ReluAttrs>(n)) {
     ReluKernel* k = kernels_[static_cast<size_t>(id)].relu =
         backend_ ? keep(relus_, backend_->make_relu({xs.numel(), dt})) : nullptr;
-    recipes_[y] = Recipe{id, x, -1, -1, -1, nullptr};
+    add_recipe(y, Recipe{id, x, -1, -1, -1, nullptr});
     add_step("fwd " + n.name, {x}, {y}, [this, k, x, y] { k->forward(view(y), view(x)); });
   } else if (const auto* p = attrs_if<MaxPoolAttrs>(n)) {
     MaxPoolDesc d{N, xs[1], xs[2], xs[3], p->kernel, p->stride, p->pad, dt, L};
@@ -227,7 +227,7 @@ int Plan::value_as(int v, DType dtype) {
   CastKernel* cast = backend_ ? keep(casts_, backend_->make_cast({m.shape.numel(), m.dtype, dtype})) : nullptr;
   add_step("cast " + name, {home}, {out}, [this, cast, home, out] { cast->forward(view(out), view(home)); });
   casts_of_[key] = out;
-  recipes_[out] = Recipe{-1, home, -1, -1, -1, cast};
+  add_recipe(out, Recipe{-1, home, -1, -1, -1, cast});
   return out;
 }
 
@@ -365,6 +365,17 @@ void Plan::emit_backward(int id) {
   } else {
     RN_FAIL() << "plan: no backward for node '" << n.name << "'";
   }
+}
+
+void Plan::add_recipe(int b, const Recipe& r) {
+  auto depth_of = [&](int v) {
+    auto it = chain_depth_.find(v);
+    return v < 0 || it == chain_depth_.end() ? 0 : it->second;
+  };
+  const int depth = 1 + std::max(depth_of(r.src), depth_of(r.residual));
+  if (depth > kMaxRecomputeChain) return;  // kept: it ends the chains of the values computed from it
+  recipes_[b] = r;
+  chain_depth_[b] = depth;
 }
 
 int Plan::for_backward(int b) {

@@ -121,6 +121,7 @@ TEST_P(MemoryLevelsZoo, GradientsBitIdenticalAtO0O1O2) {
 
 const ZooCase kZooCases[] = {
     {"resnet20", 1, 28, 4, "ref"},      {"resnet20", 1, 28, 4, "cpu"}, {"resnet32", 3, 32, 2, "cpu"},
+    {"resnet56", 1, 16, 2, "cpu"},  // stages of 9 blocks: chains cut by kept checkpoints
     {"resnet18", 3, 32, 2, "cpu"},      {"resnet34", 3, 32, 2, "cpu"}, {"resnet50", 3, 32, 2, "cpu"},
     {"resnet50_gdw", 3, 32, 2, "cpu"},
 };
@@ -197,8 +198,8 @@ TEST(MemoryLevels, RandomGraphsValidateAndAgreeBitwise) {
   }
 }
 
-// O2 keeps less alive than O1 on every zoo model, and for ResNet-50 enough to fit at least
-// 1.5x the batch (issue 8): its arena per image is at most 2/3 of O1's.
+// O2 keeps less alive than O1 on every zoo model, and for the ImageNet bottleneck ResNets
+// enough to fit well over 1.5x the batch (issue 8): an arena of at most 60% of O1's.
 TEST(MemoryLevels, O2PlansLessThanO1) {
   for (const std::string& name : model_names()) {
     ModelOptions o;
@@ -213,7 +214,9 @@ TEST(MemoryLevels, O2PlansLessThanO1) {
       arena[static_cast<int>(level)] = Plan(model, nullptr, po).memory().arena_bytes;
     }
     EXPECT_LT(arena[2], arena[1]) << name;
-    if (name == "resnet50") EXPECT_LE(3.0 * static_cast<double>(arena[2]), 2.0 * static_cast<double>(arena[1]));
+    // Deep stages (ResNet-101's 23 blocks) need kept checkpoints to stay below 60%.
+    if (name == "resnet50" || name == "resnet101" || name == "resnet152")
+      EXPECT_LE(static_cast<double>(arena[2]), 0.6 * static_cast<double>(arena[1])) << name;
   }
 }
 
