@@ -32,6 +32,16 @@ ProcessMemory process_memory() {
   return m;
 }
 
+size_t available_memory() {
+  std::ifstream f("/proc/meminfo");
+  std::string line;
+  while (std::getline(f, line)) {
+    unsigned long long kib = 0;
+    if (std::sscanf(line.c_str(), "MemAvailable: %llu kB", &kib) == 1) return static_cast<size_t>(kib) * 1024;
+  }
+  return 0;
+}
+
 bool reset_peak_resident() {
   std::ofstream f("/proc/self/clear_refs");
   if (!f) return false;

@@ -18,6 +18,9 @@ struct ProcessMemory {
 };
 ProcessMemory process_memory();
 bool reset_peak_resident();
+// Memory the system can still give without swapping (MemAvailable of /proc/meminfo), or 0
+// when unknown.
+size_t available_memory();
 
 struct RangeResidency {
   size_t touched = 0;     // bytes of the range on resident pages

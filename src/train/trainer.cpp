@@ -247,6 +247,13 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
                 po.batch, memory_level_name(level), p.arena / 1048576.0, p.total() / 1048576.0,
                 (p.parameters + p.parameter_grads + p.optimizer_state + p.half_weights) / 1048576.0,
                 p.workspace / 1048576.0);
+    // The arena is allocated lazily by the system: a plan that cannot fit would only fail
+    // later, killed mid-epoch. Say so now, with what to do about it.
+    if (const size_t avail = available_memory(); avail > 0 && p.total() > avail)
+      RN_LOG_WARN("the planned peak {:.1f} MiB at memory level {} exceeds the {:.1f} MiB of memory available: "
+                  "lower data.batch_size or use memory.level=O2 (resnet bench --find-max-batch --memory-cap shows "
+                  "what fits)",
+                  p.total() / 1048576.0, memory_level_name(level), avail / 1048576.0);
     memory_logged = false;
   };
 

@@ -276,5 +276,20 @@ TEST(MemoryMeasured, PlannedPeakWithinMarginOfMeasured) {
   }
 }
 
+
+TEST(MemoryMeasured, ProcessFiguresAreSane) {
+  const ProcessMemory m = process_memory();
+  if (m.resident == 0) GTEST_SKIP() << "no /proc/self/status here";
+  EXPECT_GE(m.peak_resident, m.resident);
+  const size_t avail = available_memory();
+  EXPECT_GT(avail, m.resident / 1024) << "MemAvailable not read";
+  // Touching 64 MiB shows up in the resident set.
+  std::vector<char> block(64u << 20);
+  for (size_t i = 0; i < block.size(); i += 4096) block[i] = 1;
+  EXPECT_GE(process_memory().resident, m.resident + (48u << 20));
+  const RangeResidency r = resident_range(block.data(), block.size());
+  EXPECT_GE(r.touched, block.size() - 2 * 4096);
+}
+
 }  // namespace
 }  // namespace rn
