@@ -244,6 +244,17 @@ int Plan::grad_target(int value, DType dtype) {
   return add_buffer(name + ":partial" + std::to_string(partials_++), m.shape, dtype, m.layout, BufferRole::gradient);
 }
 
+int Plan::grad_target_in_place(int value, DType dtype, int reuse) {
+  int& g = grad_[static_cast<size_t>(value)];
+  const BufferMeta home = meta_[static_cast<size_t>(act_[static_cast<size_t>(value)])];
+  const BufferMeta r = meta_[static_cast<size_t>(reuse)];
+  if (options_.memory == MemoryLevel::O0 || g >= 0 || dtype != home.dtype || r.dtype != home.dtype ||
+      r.shape != home.shape || r.layout != home.layout)
+    return grad_target(value, dtype);
+  g = reuse;
+  return g;
+}
+
 void Plan::finish_contribution(int value, int target) {
   int& g = grad_[static_cast<size_t>(value)];
   if (target == g) return;
@@ -328,7 +339,9 @@ void Plan::emit_backward(int id) {
     const int sm = saved0_[static_cast<size_t>(id)], si = saved1_[static_cast<size_t>(id)];
     const int rv = b->fuse == BnFuse::add_relu ? n.inputs[1] : -1;
     RN_CHECK(rv != xv) << "plan: batch_norm '" << n.name << "' uses one value as input and residual";
-    const int dx = need_dx ? grad_target(xv, dt) : -1;
+    // dx overwrites dy in place (dy has no reader after this step) except at O0, where every
+    // gradient keeps its own buffer for inspection.
+    const int dx = need_dx ? grad_target_in_place(xv, dt, dy) : -1;
     const int dr = rv >= 0 && rv != 0 ? grad_target(rv, dt) : -1;
     RN_CHECK(dx >= 0) << "plan: batch_norm '" << n.name << "' directly on the input is not supported";
     RN_CHECK(rv < 0 || dr >= 0) << "plan: residual of '" << n.name << "' is the input batch";

@@ -140,6 +140,9 @@ class Plan {
   // step's `dtype`; finish_contribution() casts and sums it into v's gradient.
   int grad_target(int value, DType dtype);
   void finish_contribution(int value, int target);
+  // grad_target(), but where allowed (not O0; v's first contribution; same dtype, shape and
+  // layout) the gradient is written in place over `reuse`, a gradient nothing reads later.
+  int grad_target_in_place(int value, DType dtype, int reuse);
   DType node_dtype(int id) const;
 
   // The buffer a backward step reads forward buffer `b` from: `b` itself, or at O2, for a

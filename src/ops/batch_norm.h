@@ -9,7 +9,8 @@
 //   running_var  = (1-momentum)*running_var  + momentum*var*n/(n-1)
 // x, y, residual, dx, dy, dresidual have the activation dtype; gamma, beta, saved and
 // running stats and their gradients are fp32. dx, dresidual are overwritten; dgamma,
-// dbeta accumulate. Backward reads y for the ReLU mask (y > 0) when fused.
+// dbeta accumulate. Backward reads y for the ReLU mask (y > 0) when fused; dx may be dy
+// itself (in place).
 // forward_recompute regenerates the y of an earlier forward_training bit for bit (memory
 // level O2 frees y after forward and rebuilds it just before backward needs it).
 #pragma once

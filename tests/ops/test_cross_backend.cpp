@@ -443,6 +443,17 @@ void run(const BatchNormCase& c, DType t, Backends b, Rng& rng, Results& out) {
   if (add) compare(out, "dresidual", dres);
   compare_increment(out, "dgamma", dgamma, dg0);
   compare_increment(out, "dbeta", dbeta, db0);
+
+  // In place (memory levels O1/O2 write dx over dy): the same dx, bit for bit, on each backend.
+  Twin inplace = twin_from_ref(dy.ref, t);
+  std::memcpy(inplace.dut.view().data, dy.dut.view().data, dy.dut.view().bytes());
+  Twin dres2 = nan_twin(xs, t, d.layout);
+  kr->backward(inplace.ref, add ? &dres2.ref.view() : nullptr, dgamma.ref, dbeta.ref, inplace.ref, x.ref, y_in.ref,
+               gamma.ref, mean_in.ref, invstd_in.ref);
+  kd->backward(inplace.dut, add ? &dres2.dut.view() : nullptr, dgamma.dut, dbeta.dut, inplace.dut, x.dut, y_in.dut,
+               gamma.dut, mean_in.dut, invstd_in.dut);
+  EXPECT_EQ(bytes_of(inplace.ref), bytes_of(dx.ref)) << d.str() << ": ref's in-place dx differs";
+  EXPECT_EQ(bytes_of(inplace.dut), bytes_of(dx.dut)) << d.str() << ": " << kBackendUnderTest << "'s in-place dx differs";
 }
 
 void run(const ReluCase& c, DType t, Backends b, Rng& rng, Results& out) {
