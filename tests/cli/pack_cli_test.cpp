@@ -1,0 +1,74 @@
+// `resnet pack` end to end: the real binary on a tiny ImageFolder of synthetic JPEGs.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "data/image_folder.h"
+#include "data/image_folder_files.h"
+#include "data/shard_dataset.h"
+#include "train/test_dir.h"
+
+namespace rn {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+std::string read_all(const fs::path& p) {
+  std::ifstream f(p);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+// Runs `resnet <args>` with stdout and stderr to files; returns the exit status.
+int run_resnet(const std::string& args, const TestDir& dir) {
+  const std::string cmd =
+      std::string(RN_BINARY_DIR) + "/resnet " + args + " > " + dir.file("stdout") + " 2> " + dir.file("stderr");
+  const int status = std::system(cmd.c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+TEST(PackCli, PacksAFolderIntoShardsThatReadBack) {
+  TestDir dir;
+  test::write_image_folder(dir.path() / "src", 2, 5);
+  ASSERT_EQ(run_resnet("pack " + dir.file("src") + " " + dir.file("out") +
+                           " --records-per-shard 4 --workers 2 "
+                           "--max-size 30 --quality 85",
+                       dir),
+            0)
+      << read_all(dir.file("stderr"));
+  EXPECT_THAT(read_all(dir.file("stdout")), HasSubstr("packed 10 records into 3 shards"));
+  EXPECT_THAT(read_all(dir.file("stderr")), HasSubstr("100%"));
+  const ShardDataset shards(dir.file("out"));
+  ASSERT_EQ(shards.size(), 10);
+  EXPECT_EQ(shards.classes(), (std::vector<std::string>{"class_0", "class_1"}));
+  for (int64_t i = 0; i < shards.size(); ++i) {
+    EXPECT_EQ(shards.label(i), i / 5);
+    EXPECT_LE(std::min(shards.stored_width(i), shards.stored_height(i)), 30);
+  }
+  EXPECT_EQ(shards.manifest().max_size, 30);
+  EXPECT_EQ(shards.manifest().quality, 85);
+
+  // A rerun keeps every shard.
+  ASSERT_EQ(run_resnet("pack " + dir.file("src") + " " + dir.file("out") +
+                           " --records-per-shard 4 --max-size 30 "
+                           "--quality 85",
+                       dir),
+            0);
+  EXPECT_THAT(read_all(dir.file("stdout")), HasSubstr("3 kept from an earlier run"));
+}
+
+TEST(PackCli, AMissingSourceIsOneClearError) {
+  TestDir dir;
+  EXPECT_EQ(run_resnet("pack " + dir.file("nowhere") + " " + dir.file("out"), dir), 1);
+  const std::string err = read_all(dir.file("stderr"));
+  EXPECT_THAT(err, HasSubstr("resnet: error:"));
+  EXPECT_THAT(err, HasSubstr("nowhere"));
+}
+
+}  // namespace
+}  // namespace rn
