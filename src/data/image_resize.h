@@ -21,6 +21,7 @@ struct ResizeScratch {
   std::vector<int32_t> coeffs;
   std::vector<int32_t> bounds;
   std::vector<uint8_t> rows;
+  std::vector<int32_t> acc;
 };
 
 struct ImageView {
@@ -32,8 +33,19 @@ struct ImageView {
 };
 
 // Resamples `box` of `src` to dst_width x dst_height pixels of src.channels channels, rows
-// `dst_stride` bytes apart (0: packed), mirrored left-right when `flip`.
+// `dst_stride` bytes apart (0: packed), mirrored left-right when `flip`. Only pixels inside
+// the box (widened to whole pixels) are read, as when PIL resizes an image cropped to it.
 void resize_bilinear_aa(const ImageView& src, const ResizeBox& box, uint8_t* dst, int dst_width, int dst_height,
+                        size_t dst_stride, bool flip, ResizeScratch& scratch);
+
+// The same, computing only a window of the resized image: `box` is resized to
+// full_width x full_height and the window_width x window_height pixels at (window_x,
+// window_y) of that result are written (resize-then-centre-crop in one pass).
+struct ResizeWindow {
+  int full_width = 0, full_height = 0;
+  int x = 0, y = 0, width = 0, height = 0;
+};
+void resize_bilinear_aa(const ImageView& src, const ResizeBox& box, const ResizeWindow& window, uint8_t* dst,
                         size_t dst_stride, bool flip, ResizeScratch& scratch);
 
 }  // namespace rn
