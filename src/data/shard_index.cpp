@@ -72,29 +72,31 @@ T parse_number(std::string_view field, const char* what, const LineReader& lines
   return value;
 }
 
-ImageCodec parse_codec(std::string_view name, const LineReader& lines) {
-  if (name == "jpeg") return ImageCodec::jpeg;
-  if (name == "png") return ImageCodec::png;
-  if (name == "raw") return ImageCodec::raw;
-  RN_FAIL() << lines.where() << "unknown codec '" << printable(name) << "': expected jpeg, png or raw";
+// The codecs a record may hold: its name in the index and its member's extension.
+struct CodecNames {
+  ImageCodec codec;
+  std::string_view index_name;
+  std::string_view extension;
+};
+constexpr CodecNames kCodecs[] = {
+    {ImageCodec::jpeg, "jpeg", "jpg"}, {ImageCodec::png, "png", "png"}, {ImageCodec::raw, "raw", "npy"}};
+
+const CodecNames& codec_names(ImageCodec codec) {
+  for (const auto& c : kCodecs)
+    if (c.codec == codec) return c;
+  RN_FAIL() << "a shard record cannot hold codec " << static_cast<int>(codec);
 }
 
-std::string_view index_codec_name(ImageCodec codec) {
-  switch (codec) {
-    case ImageCodec::jpeg:
-      return "jpeg";
-    case ImageCodec::png:
-      return "png";
-    case ImageCodec::raw:
-      return "raw";
-    default:
-      RN_FAIL() << "a shard record cannot hold codec " << static_cast<int>(codec);
-  }
+ImageCodec parse_codec(std::string_view name, const LineReader& lines) {
+  for (const auto& c : kCodecs)
+    if (c.index_name == name) return c.codec;
+  RN_FAIL() << lines.where() << "unknown codec '" << printable(name) << "': expected jpeg, png or raw";
 }
 
 // "#<name> <rest>": returns rest.
 std::string_view header_field(std::string_view line, std::string_view name, const LineReader& lines) {
-  const std::string prefix = "#" + std::string(name) + " ";
+  std::string prefix(1, '#');
+  prefix.append(name).push_back(' ');
   RN_CHECK(line.substr(0, prefix.size()) == prefix)
       << lines.where() << "expected the header line '" << prefix << "...', got '" << printable(line) << "'";
   return line.substr(prefix.size());
@@ -172,18 +174,7 @@ bool is_valid_shard_key(std::string_view key) {
   return true;
 }
 
-std::string_view shard_member_extension(ImageCodec codec) {
-  switch (codec) {
-    case ImageCodec::jpeg:
-      return "jpg";
-    case ImageCodec::png:
-      return "png";
-    case ImageCodec::raw:
-      return "npy";
-    default:
-      RN_FAIL() << "a shard record cannot hold codec " << static_cast<int>(codec);
-  }
-}
+std::string_view shard_member_extension(ImageCodec codec) { return codec_names(codec).extension; }
 
 ShardIndex parse_shard_index(std::string_view text, const std::string& file) {
   LineReader lines(text, file);
@@ -212,7 +203,7 @@ std::string format_shard_index(const ShardIndex& index) {
                      index.count, index.skipped, index.options);
   for (const auto& r : index.records)
     out += fmt::format("{} {} {} {:08x} {} {} {} {}\n", r.key, r.offset, r.size, r.crc32, r.label, r.width, r.height,
-                       index_codec_name(r.codec));
+                       codec_names(r.codec).index_name);
   return out;
 }
 
