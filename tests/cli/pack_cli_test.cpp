@@ -62,6 +62,23 @@ TEST(PackCli, PacksAFolderIntoShardsThatReadBack) {
   EXPECT_THAT(read_all(dir.file("stdout")), HasSubstr("3 kept from an earlier run"));
 }
 
+TEST(PackCli, PacksAListFileAsRawPixels) {
+  TestDir dir;
+  test::write_image_folder(dir.path() / "src", 1, 3);
+  std::ofstream(dir.file("val.txt")) << "# path label\nclass_0/img_2.jpg 4\nclass_0/img_0.jpg 1\n";
+  ASSERT_EQ(
+      run_resnet("pack " + dir.file("src") + " " + dir.file("out") + " --list " + dir.file("val.txt") + " --raw", dir),
+      0)
+      << read_all(dir.file("stderr"));
+  const ShardDataset shards(dir.file("out"));
+  ASSERT_EQ(shards.size(), 2);
+  EXPECT_EQ(shards.key(0), "class_0/img_2");
+  EXPECT_EQ(shards.label(0), 4);
+  EXPECT_EQ(shards.label(1), 1);
+  EXPECT_EQ(shards.num_classes(), 5);
+  EXPECT_TRUE(shards.manifest().raw);
+}
+
 TEST(PackCli, AMissingSourceIsOneClearError) {
   TestDir dir;
   EXPECT_EQ(run_resnet("pack " + dir.file("nowhere") + " " + dir.file("out"), dir), 1);

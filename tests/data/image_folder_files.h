@@ -2,6 +2,8 @@
 // shard and `resnet pack` tests, so that no image files need to be checked in.
 #pragma once
 
+#include <png.h>
+
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -33,6 +35,22 @@ inline std::vector<uint8_t> synthetic_jpeg(int width, int height, int seed, int 
   std::vector<uint8_t> out;
   const auto px = synthetic_rgb(width, height, seed);
   encode_jpeg(px.data(), width, height, quality, out);
+  return out;
+}
+
+// A PNG of synthetic_rgb pixels, through libpng's simplified API.
+inline std::vector<uint8_t> synthetic_png(int width, int height, int seed) {
+  const auto px = synthetic_rgb(width, height, seed);
+  png_image image{};
+  image.version = PNG_IMAGE_VERSION;
+  image.width = static_cast<png_uint_32>(width);
+  image.height = static_cast<png_uint_32>(height);
+  image.format = PNG_FORMAT_RGB;
+  png_alloc_size_t size = 0;
+  png_image_write_to_memory(&image, nullptr, &size, 0, px.data(), 0, nullptr);
+  std::vector<uint8_t> out(size);
+  if (size == 0 || !png_image_write_to_memory(&image, out.data(), &size, 0, px.data(), 0, nullptr)) out.clear();
+  out.resize(size);
   return out;
 }
 

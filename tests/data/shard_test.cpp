@@ -132,6 +132,31 @@ TEST_F(ShardTest, RawRecordsAreNpyAndDecodeToTheSamePixels) {
   }
 }
 
+TEST_F(ShardTest, PngFilesAreStoredAsPngAndRawPacksDecodeThemTheSame) {
+  const auto png = test::synthetic_png(21, 13, 5);
+  ASSERT_FALSE(png.empty());
+  test::write_bytes(dir_.path() / "src/class_0/zz.png", png);
+  const ImageFolderDataset src((dir_.path() / "src").string());
+  ASSERT_EQ(src.relative_path(4), "class_0/zz.png");
+  pack_shards(src, options("png"));
+  PackOptions raw = options("raw");
+  raw.raw = true;
+  pack_shards(src, raw);
+
+  const ShardDataset shards(dir_.file("png")), raw_shards(dir_.file("raw"));
+  EncodedImage image;
+  EXPECT_EQ(shards.read(4, image), 0);
+  EXPECT_EQ(shards.key(4), "class_0/zz");
+  EXPECT_EQ(image.codec, ImageCodec::png);
+  EXPECT_TRUE(std::equal(image.bytes.begin(), image.bytes.end(), png.begin(), png.end()));
+  Sample a, b;
+  raw_shards.load(4, a);
+  src.load(4, b);
+  EXPECT_EQ(a.width, 21);
+  EXPECT_EQ(a.pixels, b.pixels);
+  EXPECT_EQ(a.pixels, test::synthetic_rgb(21, 13, 5)) << "PNG is lossless";
+}
+
 TEST_F(ShardTest, DownscaledRecordsHaveTheShorterSideAtMostS) {
   PackOptions o = options("small");
   o.max_short_side = 25;  // images are 24x18 .. 42x33: the first two of each class stay as they are
