@@ -18,10 +18,14 @@ namespace rn {
 
 std::string_view codec_name(ImageCodec codec) {
   switch (codec) {
-    case ImageCodec::jpeg: return "jpeg";
-    case ImageCodec::png: return "png";
-    case ImageCodec::raw: return "raw";
-    case ImageCodec::unknown: break;
+    case ImageCodec::jpeg:
+      return "jpeg";
+    case ImageCodec::png:
+      return "png";
+    case ImageCodec::raw:
+      return "raw";
+    case ImageCodec::unknown:
+      break;
   }
   return "unknown";
 }
@@ -234,8 +238,8 @@ DecodeRequest full_region(const DecodeRequest& request, int width, int height) {
   return r;
 }
 
-constexpr int kMaxSide = 1 << 16;           // JPEG's limit; PNGs larger than this are refused too
-constexpr int64_t kMaxPixels = 1ll << 28;   // 268 Mpixel: more is an attack or a mistake, not a photo
+constexpr int kMaxSide = 1 << 16;          // JPEG's limit; PNGs larger than this are refused too
+constexpr int64_t kMaxPixels = 1ll << 28;  // 268 Mpixel: more is an attack or a mistake, not a photo
 
 void check_size(ImageCodec codec, int w, int h) {
   RN_CHECK(w > 0 && h > 0 && w <= kMaxSide && h <= kMaxSide && int64_t{w} * h <= kMaxPixels)
@@ -273,10 +277,10 @@ void decode_jpeg(std::span<const uint8_t> bytes, const DecodeRequest& request, D
   out.height = job.out_h;
   out.region_x0 = static_cast<float>(r.x) * s - static_cast<float>(job.out_x);
   out.region_y0 = static_cast<float>(r.y) * s - static_cast<float>(job.out_y);
-  out.region_x1 = std::min(static_cast<float>(r.x + r.width) * s - static_cast<float>(job.out_x),
-                           static_cast<float>(job.out_w));
-  out.region_y1 = std::min(static_cast<float>(r.y + r.height) * s - static_cast<float>(job.out_y),
-                           static_cast<float>(job.out_h));
+  out.region_x1 =
+      std::min(static_cast<float>(r.x + r.width) * s - static_cast<float>(job.out_x), static_cast<float>(job.out_w));
+  out.region_y1 =
+      std::min(static_cast<float>(r.y + r.height) * s - static_cast<float>(job.out_y), static_cast<float>(job.out_h));
   out.scale_num = job.scale_num;
   out.scale_denom = 8;
   out.full_width = info.width;
@@ -397,14 +401,16 @@ ImageCodec codec_of(const EncodedImage& image) {
 ImageInfo read_image_info(std::span<const uint8_t> bytes) {
   RN_CHECK(!bytes.empty()) << "empty file (0 bytes)";
   switch (sniff_codec(bytes)) {
-    case ImageCodec::jpeg: return jpeg_info(bytes);
+    case ImageCodec::jpeg:
+      return jpeg_info(bytes);
     case ImageCodec::png: {
       png_image image;
       const ImageInfo info = png_begin(bytes, image);
       png_image_free(&image);
       return info;
     }
-    default: break;
+    default:
+      break;
   }
   RN_FAIL() << "not a JPEG or PNG file (first bytes do not match either format)";
 }
@@ -420,15 +426,18 @@ ImageInfo image_info(const EncodedImage& image) {
 
 void decode_image(const EncodedImage& image, const DecodeRequest& request, DecodedImage& out) {
   switch (codec_of(image)) {
-    case ImageCodec::jpeg: return decode_jpeg(image.bytes, request, out);
+    case ImageCodec::jpeg:
+      return decode_jpeg(image.bytes, request, out);
     case ImageCodec::png: {
       thread_local std::vector<uint8_t> scratch;
       decode_png(image.bytes, request, out, scratch);
       if (scratch.capacity() > (64u << 20)) std::vector<uint8_t>().swap(scratch);  // do not pin a huge PNG's memory
       return;
     }
-    case ImageCodec::raw: return decode_raw(image, request, out);
-    case ImageCodec::unknown: break;
+    case ImageCodec::raw:
+      return decode_raw(image, request, out);
+    case ImageCodec::unknown:
+      break;
   }
   RN_FAIL() << "unknown image codec";
 }
@@ -440,8 +449,8 @@ void encode_jpeg(const uint8_t* rgb, int width, int height, int quality, std::ve
   RN_CHECK(handle != nullptr) << "tjInitCompress failed: " << tjGetErrorStr2(nullptr);
   unsigned char* buffer = nullptr;
   unsigned long size = 0;
-  const int rc = tjCompress2(handle, rgb, width, 0, height, TJPF_RGB, &buffer, &size, TJSAMP_420, quality,
-                             TJFLAG_ACCURATEDCT);
+  const int rc =
+      tjCompress2(handle, rgb, width, 0, height, TJPF_RGB, &buffer, &size, TJSAMP_420, quality, TJFLAG_ACCURATEDCT);
   std::string message = rc != 0 ? tjGetErrorStr2(handle) : "";
   if (rc == 0) out.assign(buffer, buffer + size);
   tjFree(buffer);

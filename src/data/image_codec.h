@@ -35,9 +35,9 @@ ImageInfo read_image_info(std::span<const uint8_t> bytes);
 // pointing into a memory-mapped shard) and, for raw pixels, the size the record declares.
 struct EncodedImage {
   std::span<const uint8_t> bytes;
-  std::vector<uint8_t> storage;  // reused between reads; `bytes` may point into it
+  std::vector<uint8_t> storage;            // reused between reads; `bytes` may point into it
   ImageCodec codec = ImageCodec::unknown;  // unknown: sniffed from the bytes
-  int raw_width = 0;   // codec raw: the record's size (3 channels, HWC)
+  int raw_width = 0;                       // codec raw: the record's size (3 channels, HWC)
   int raw_height = 0;
 
   // Points `bytes` at `storage` (after filling storage).

@@ -92,11 +92,11 @@ void resize_bilinear_aa(const ImageView& src, const ResizeBox& box, const Resize
            box.y1 <= src.height + 1e-3f)
       << "resize box (" << box.x0 << ", " << box.y0 << ")-(" << box.x1 << ", " << box.y1 << ") outside the "
       << src.width << "x" << src.height << " image";
-  RN_CHECK(window.full_width > 0 && window.full_height > 0 && window.width > 0 && window.height > 0 &&
-           window.x >= 0 && window.y >= 0 && window.x + window.width <= window.full_width &&
+  RN_CHECK(window.full_width > 0 && window.full_height > 0 && window.width > 0 && window.height > 0 && window.x >= 0 &&
+           window.y >= 0 && window.x + window.width <= window.full_width &&
            window.y + window.height <= window.full_height)
-      << "resize window " << window.width << "x" << window.height << "+" << window.x << "+" << window.y
-      << " outside " << window.full_width << "x" << window.full_height;
+      << "resize window " << window.width << "x" << window.height << "+" << window.x << "+" << window.y << " outside "
+      << window.full_width << "x" << window.full_height;
   const int nc = src.channels;
   const size_t src_stride = src.stride ? src.stride : static_cast<size_t>(src.width) * nc;
   const size_t out_stride = dst_stride ? dst_stride : static_cast<size_t>(window.width) * nc;
