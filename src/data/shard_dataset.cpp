@@ -52,7 +52,8 @@ struct ShardDataset::Mapping {
 
 ShardDataset::ShardDataset(const std::string& dir, ShardDatasetOptions options) : dir_(dir), options_(options) {
   const std::string manifest_path = (std::filesystem::path(dir) / kShardManifestName).string();
-  RN_CHECK(std::filesystem::exists(manifest_path))
+  std::error_code ec;
+  RN_CHECK(std::filesystem::exists(manifest_path, ec))
       << "'" << manifest_path << "' is missing: '" << dir << "' is not a folder packed by `resnet pack` "
       << "(or packing did not finish)";
   manifest_ = parse_shard_manifest(read_text_file(manifest_path), manifest_path);

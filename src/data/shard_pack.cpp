@@ -227,7 +227,8 @@ struct ShardOutcome {
 // way, or nothing (the shard is then packed again).
 std::optional<ShardIndex> reusable_shard(const Plan& plan, int64_t shard) {
   const std::string index_path = plan.path(shard_index_name(shard));
-  if (!fs::exists(index_path)) return std::nullopt;
+  std::error_code missing;
+  if (!fs::exists(index_path, missing)) return std::nullopt;
   try {
     ShardIndex index = parse_shard_index(read_text_file(index_path), index_path);
     const std::string tar_path = plan.path(shard_tar_name(shard));
@@ -395,12 +396,19 @@ PackResult pack_shards(const EncodedDataset& src, const PackOptions& o) {
   RN_CHECK(o.quality >= 1 && o.quality <= 100) << "pack: JPEG quality " << o.quality << " is outside 1..100";
   RN_CHECK(o.max_short_side >= 0) << "pack: negative maximum size " << o.max_short_side;
   RN_CHECK(src.size() > 0) << "pack: " << src.name() << " is empty";
-  fs::create_directories(o.out_dir);
+  std::error_code ec;
+  fs::create_directories(o.out_dir, ec);
+  RN_CHECK(!ec && fs::is_directory(o.out_dir)) << "pack: cannot create the output folder '" << o.out_dir
+                                               << "': " << (ec ? ec.message() : "a file of that name exists");
 
   const std::vector<std::string> keys = pack_keys(src);
   const int64_t rps = choose_records_per_shard(src, o);
   const Plan plan{src, o, keys, rps, (src.size() + rps - 1) / rps, options_fingerprint(o, rps)};
-  clean_output_folder(o, plan.shards);
+  try {
+    clean_output_folder(o, plan.shards);
+  } catch (const fs::filesystem_error& e) {
+    RN_FAIL() << "pack: cannot clean the output folder '" << o.out_dir << "': " << e.what();
+  }
 
   Shared shared;
   std::vector<ShardOutcome> outcomes(static_cast<size_t>(plan.shards));

@@ -85,6 +85,11 @@ TEST(PackCli, AMissingSourceIsOneClearError) {
   const std::string err = read_all(dir.file("stderr"));
   EXPECT_THAT(err, HasSubstr("resnet: error:"));
   EXPECT_THAT(err, HasSubstr("nowhere"));
+
+  test::write_image_folder(dir.path() / "src", 1, 1);
+  std::ofstream(dir.file("a_file")) << "x";
+  EXPECT_EQ(run_resnet("pack " + dir.file("src") + " " + dir.file("a_file"), dir), 1);
+  EXPECT_THAT(read_all(dir.file("stderr")), HasSubstr("cannot create the output folder"));
 }
 
 }  // namespace
