@@ -1,12 +1,18 @@
 // `resnet pack` end to end: the real binary on a tiny ImageFolder of synthetic JPEGs.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "data/image_folder.h"
 #include "data/image_folder_files.h"
@@ -18,6 +24,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::string read_all(const fs::path& p) {
   std::ifstream f(p);
@@ -77,6 +84,51 @@ TEST(PackCli, PacksAListFileAsRawPixels) {
   EXPECT_EQ(shards.label(1), 1);
   EXPECT_EQ(shards.num_classes(), 5);
   EXPECT_TRUE(shards.manifest().raw);
+}
+
+std::map<std::string, std::string> folder_contents(const fs::path& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out[e.path().filename().string()] = read_all(e.path());
+  return out;
+}
+
+// SIGKILL while shards are being written (as soon as the first index appears), then a rerun:
+// the folder must equal a clean pack's, byte for byte.
+TEST(PackCli, APackKilledMidwayIsFinishedByARerun) {
+  TestDir dir;
+  test::write_image_folder(dir.path() / "src", 4, 30);
+  const std::string args = " --records-per-shard 6 --workers 2 --max-size 20";
+  ASSERT_EQ(run_resnet("pack " + dir.file("src") + " " + dir.file("clean") + args, dir), 0);
+
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const std::string binary = std::string(RN_BINARY_DIR) + "/resnet";
+    std::freopen("/dev/null", "w", stderr);
+    std::freopen("/dev/null", "w", stdout);
+    execl(binary.c_str(), binary.c_str(), "pack", dir.file("src").c_str(), dir.file("out").c_str(),
+          "--records-per-shard", "6", "--workers", "2", "--max-size", "20", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!fs::exists(dir.file("out/shard-00000.idx")) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  kill(pid, SIGKILL);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  const bool killed = WIFSIGNALED(status);
+  if (killed) {
+    EXPECT_FALSE(fs::exists(dir.file("out/dataset.json"))) << "written last";
+  } else {
+    std::printf("note: the first pack finished before the kill\n");
+  }
+
+  ASSERT_EQ(run_resnet("pack " + dir.file("src") + " " + dir.file("out") + args, dir), 0)
+      << read_all(dir.file("stderr"));
+  if (killed) {
+    EXPECT_THAT(read_all(dir.file("stdout")), Not(HasSubstr(", 0 kept"))) << "shard 0 was complete";
+  }
+  EXPECT_EQ(folder_contents(dir.file("out")), folder_contents(dir.file("clean")))
+      << (killed ? "killed mid-pack" : "the first pack finished before the kill");
 }
 
 TEST(PackCli, AMissingSourceIsOneClearError) {
