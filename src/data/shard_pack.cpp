@@ -297,7 +297,9 @@ ShardOutcome write_shard(const Plan& plan, int64_t shard, RecordPacker& packer, 
   // and put the new index in place only after the new tar.
   RN_CHECK(::unlink(index_path.c_str()) == 0 || errno == ENOENT)
       << "cannot remove '" << index_path << "': " << std::strerror(errno);
+  // Synced in between so that no file system may make the index's rename durable first.
   tar.rename_to(tar_path);
+  fsync_folder(plan.options.out_dir, tar_path);
   idx.rename_to(index_path);
   fsync_folder(plan.options.out_dir, index_path);
   return out;
