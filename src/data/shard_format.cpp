@@ -3,12 +3,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <charconv>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
-#include "data/shard_index.h"
 
 namespace rn {
 

@@ -1,6 +1,5 @@
 #include "data/shard_pack.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
 #include <unistd.h>
 #include <zlib.h>
