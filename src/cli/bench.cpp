@@ -55,7 +55,8 @@ void print_step_profile(const Plan& plan, int runs) {
   for (double s : secs) total += s;
   fmt::print("plan steps by time (mean over {} runs, total {:.3f} s per step):\n", runs, total / runs);
   for (size_t k = 0; k < std::min<size_t>(order.size(), 25); ++k)
-    fmt::print("  {:8.3f} ms {:5.1f}%  {}\n", 1e3 * secs[order[k]] / runs, 100 * secs[order[k]] / total, names[order[k]]);
+    fmt::print("  {:8.3f} ms {:5.1f}%  {}\n", 1e3 * secs[order[k]] / runs, 100 * secs[order[k]] / total,
+               names[order[k]]);
 }
 
 int run_bench(const BenchArgs& a) {
@@ -107,10 +108,10 @@ int run_bench(const BenchArgs& a) {
   std::sort(times.begin(), times.end());
   const double median = times[times.size() / 2];
   if (a.json) {
-    fmt::print("{{\"system\":\"resnet.cpp\",\"model\":\"{}\",\"precision\":\"{}\",\"half\":\"{}\",\"batch\":{},"
-               "\"device\":\"{}\",\"threads\":{},\"median_step_s\":{:.6f},\"images_per_sec\":{:.3f},\"steps\":{}}}\n",
-               a.model, a.precision, a.half, a.batch, backend->name(), host_threads(), median, a.batch / median,
-               times.size());
+    fmt::print(
+        "{{\"system\":\"resnet.cpp\",\"model\":\"{}\",\"precision\":\"{}\",\"half\":\"{}\",\"batch\":{},"
+        "\"device\":\"{}\",\"threads\":{},\"median_step_s\":{:.6f},\"images_per_sec\":{:.3f},\"steps\":{}}}\n",
+        a.model, a.precision, a.half, a.batch, backend->name(), host_threads(), median, a.batch / median, times.size());
   } else {
     fmt::print("{} | {} | batch {} | {} | {} threads | arena {} | median step {:.3f} s | {:.2f} img/s ({} steps)\n",
                a.model, policy.describe(), a.batch, backend->name(), host_threads(),
@@ -152,7 +153,7 @@ Runner add_bench_command(CLI::App& app) {
     if (!cmd->parsed()) return -1;
     if (d->path.empty()) return run_bench(*a);
     set_host_threads(a->threads);
-    d->batch = a->batch == 16 ? 256 : a->batch;  // --batch applies; the model default (16) is too small here
+    d->batch = cmd->count("--batch") > 0 ? a->batch : 256;  // the model's default batch (16) is too small here
     int64_t c = 0, h = 0, w = 0;
     parse_input_shape(a->input, &c, &h, &w);
     d->height = static_cast<int>(h);
