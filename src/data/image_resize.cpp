@@ -65,10 +65,43 @@ inline uint8_t clip8(int32_t v) {
   return static_cast<uint8_t>(v < 0 ? 0 : (v > 255 ? 255 : v));
 }
 
-template <int C>
+// One row: each output pixel is a short dot product over neighbouring source pixels. The
+// three-channel case keeps the channels' sums together so that every source pixel is read
+// once.
+void horizontal3(const uint8_t* src, uint8_t* dst, int count, const int32_t* coeffs, const int32_t* bounds, int ksize,
+                 bool flip) {
+  for (int i = 0; i < count; ++i) {
+    const int xmin = bounds[2 * i], n = bounds[2 * i + 1];
+    const int32_t* k = coeffs + static_cast<size_t>(i) * ksize;
+    const uint8_t* s = src + static_cast<size_t>(xmin) * 3;
+    int32_t a0 = 1 << (kPrecisionBits - 1), a1 = a0, a2 = a0;
+    for (int x = 0; x < n; ++x, s += 3) {
+      const int32_t w = k[x];
+      a0 += s[0] * w;
+      a1 += s[1] * w;
+      a2 += s[2] * w;
+    }
+    uint8_t* d = dst + static_cast<size_t>(flip ? count - 1 - i : i) * 3;
+    d[0] = clip8(a0);
+    d[1] = clip8(a1);
+    d[2] = clip8(a2);
+  }
+}
+
+// One output row of the vertical pass: a weighted sum of n rows of the intermediate.
+void vertical_row(const uint8_t* rows, size_t stride, int n, const int32_t* k, int32_t* acc, int len,
+                            uint8_t* d) {
+  for (int x = 0; x < len; ++x) acc[x] = 1 << (kPrecisionBits - 1);
+  for (int y = 0; y < n; ++y) {
+    const uint8_t* t = rows + stride * static_cast<size_t>(y);
+    const int32_t w = k[y];
+    for (int x = 0; x < len; ++x) acc[x] += t[x] * w;
+  }
+  for (int x = 0; x < len; ++x) d[x] = clip8(acc[x]);
+}
+
 void horizontal(const uint8_t* src, uint8_t* dst, int count, const int32_t* coeffs, const int32_t* bounds, int ksize,
-                bool flip, int channels) {
-  const int nc = C > 0 ? C : channels;
+                bool flip, int nc) {
   for (int i = 0; i < count; ++i) {
     const int xmin = bounds[2 * i], n = bounds[2 * i + 1];
     const int32_t* k = coeffs + static_cast<size_t>(i) * ksize;
@@ -127,28 +160,18 @@ void resize_bilinear_aa(const ImageView& src, const ResizeBox& box, const Resize
     const uint8_t* s = src.data + src_stride * static_cast<size_t>(y);
     uint8_t* t = scratch.rows.data() + tmp_stride * static_cast<size_t>(y - row0);
     if (nc == 3) {
-      horizontal<3>(s, t, window.width, xc, xb, kx, flip, nc);
-    } else if (nc == 1) {
-      horizontal<1>(s, t, window.width, xc, xb, kx, flip, nc);
+      horizontal3(s, t, window.width, xc, xb, kx, flip);
     } else {
-      horizontal<0>(s, t, window.width, xc, xb, kx, flip, nc);
+      horizontal(s, t, window.width, xc, xb, kx, flip, nc);
     }
   }
   // Vertical pass: whole rows at a time so that the inner loop runs over contiguous bytes.
   const int row_len = window.width * nc;
   scratch.acc.resize(static_cast<size_t>(row_len));
-  int32_t* acc = scratch.acc.data();
   for (int i = 0; i < window.height; ++i) {
     const int ymin = yb[2 * i] - row0, n = yb[2 * i + 1];
-    const int32_t* k = yc + static_cast<size_t>(i) * ky;
-    std::fill(acc, acc + row_len, 1 << (kPrecisionBits - 1));
-    for (int y = 0; y < n; ++y) {
-      const uint8_t* t = scratch.rows.data() + tmp_stride * static_cast<size_t>(ymin + y);
-      const int32_t w = k[y];
-      for (int x = 0; x < row_len; ++x) acc[x] += t[x] * w;
-    }
-    uint8_t* d = dst + out_stride * static_cast<size_t>(i);
-    for (int x = 0; x < row_len; ++x) d[x] = clip8(acc[x]);
+    vertical_row(scratch.rows.data() + tmp_stride * static_cast<size_t>(ymin), tmp_stride, n,
+                 yc + static_cast<size_t>(i) * ky, scratch.acc.data(), row_len, dst + out_stride * static_cast<size_t>(i));
   }
 }
 

@@ -54,6 +54,7 @@ std::string format_pipeline(const PipelineSpan& s, const PipelineVerdict& v) {
   worker_row("decode", s.loader.decode);
   worker_row("augment", s.loader.augment);
   worker_row("collate", s.loader.collate);
+  if (s.compute == 0 && s.copy == 0) return out.substr(0, out.size() - 1);  // the loader alone: no step to compare
   const double wall = std::max(s.wall, 1e-12);
   auto step_row = [&](const char* name, double sec) {
     out += fmt::format("  {:<10} {:>9.2f} ms/batch  {:>5.1f}% of wall time\n", name, 1e3 * sec / batches,

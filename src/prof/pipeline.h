@@ -46,7 +46,8 @@ struct PipelineVerdict {
 
 // The verdict; input-bound when the data-wait share passes `threshold` (the goal: 5%).
 PipelineVerdict analyse_pipeline(const PipelineSpan& span, double threshold = 0.05);
-// A small table: each stage's seconds per batch and share, then the verdict.
+// A small table: each stage's seconds per batch and share, then the verdict (without a step,
+// as in a loader benchmark, only the loader's stages).
 std::string format_pipeline(const PipelineSpan& span, const PipelineVerdict& verdict);
 nlohmann::json pipeline_json(const PipelineSpan& span, const PipelineVerdict& verdict);
 
