@@ -133,7 +133,7 @@ TEST(ImageCodec, DownscalesInTheDctDomainOnlyAsFarAsTheTargetAllows) {
   struct Case {
     int min_w, min_h, expect_num;
   };
-  for (const Case& c : {Case{20, 10, 1}, Case{30, 20, 2}, Case{50, 30, 4}, Case{100, 60, 4}, Case{101, 60, 8}, Case{203, 141, 8}}) {
+  for (const Case& c : {Case{20, 10, 1}, Case{30, 20, 2}, Case{50, 30, 2}, Case{51, 30, 4}, Case{101, 60, 4}, Case{102, 60, 8}, Case{203, 141, 8}}) {
     DecodeRequest r;
     r.min_width = c.min_w;
     r.min_height = c.min_h;
