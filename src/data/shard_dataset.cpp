@@ -19,6 +19,8 @@
 
 namespace rn {
 
+static_assert(kMaxShardKeySize <= 255, "Record::key_size is one byte");
+
 // A whole file mapped read-only.
 struct ShardDataset::Mapping {
   const uint8_t* data = nullptr;
@@ -63,10 +65,10 @@ ShardDataset::ShardDataset(const std::string& dir, ShardDatasetOptions options) 
   // Keys are unique over the whole dataset, so that "shard:key" names one record.
   std::vector<uint32_t> order(records_.size());
   std::iota(order.begin(), order.end(), 0u);
-  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return records_[a].key < records_[b].key; });
+  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return key(a) < key(b); });
   for (size_t i = 1; i < order.size(); ++i)
-    RN_CHECK(records_[order[i]].key != records_[order[i - 1]].key)
-        << "'" << dir << "': key '" << records_[order[i]].key << "' appears twice, in "
+    RN_CHECK(key(order[i]) != key(order[i - 1]))
+        << "'" << dir << "': key '" << key(order[i]) << "' appears twice, in "
         << source(std::min(order[i], order[i - 1])) << " and " << source(std::max(order[i], order[i - 1]));
 }
 
@@ -89,14 +91,15 @@ void ShardDataset::open_shard(size_t s) {
   for (const ShardIndexRecord& r : index.records) {
     RN_CHECK(r.label < classes) << index_path << ": record '" << r.key << "' has label " << r.label << ", outside the "
                                 << classes << " classes of dataset.json";
-    records_.push_back(
-        {r.key, r.offset, r.size, r.crc32, static_cast<uint32_t>(s), r.label, r.width, r.height, r.codec});
+    records_.push_back({keys_.size(), r.offset, r.size, r.crc32, static_cast<uint32_t>(s), r.label, r.width, r.height,
+                        r.codec, static_cast<uint8_t>(r.key.size())});
+    keys_ += r.key;
   }
 }
 
 std::string ShardDataset::source(int64_t index) const {
   const Record& r = records_[static_cast<size_t>(index)];
-  return manifest_.shards[r.shard].tar + ":" + r.key;
+  return manifest_.shards[r.shard].tar + ":" + std::string(key_of(r));
 }
 
 int ShardDataset::read(int64_t index, EncodedImage& out) const {

@@ -163,7 +163,7 @@ ShardIndexRecord parse_record(std::string_view line, const LineReader& lines, co
 }  // namespace
 
 bool is_valid_shard_key(std::string_view key) {
-  if (key.empty() || key.size() > 80 || key.front() == '/' || key.back() == '/') return false;
+  if (key.empty() || key.size() > kMaxShardKeySize || key.front() == '/' || key.back() == '/') return false;
   char prev = 0;
   for (char c : key) {
     const bool ok =

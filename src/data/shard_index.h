@@ -46,6 +46,7 @@ std::string format_shard_index(const ShardIndex& index);
 std::string_view shard_member_extension(ImageCodec codec);
 // A key is 1..80 characters of [A-Za-z0-9_-/], not starting or ending with '/' and without
 // "//": no dots (WebDataset splits the member name at the first dot) and no whitespace.
+inline constexpr size_t kMaxShardKeySize = 80;
 bool is_valid_shard_key(std::string_view key);
 
 }  // namespace rn

@@ -381,7 +381,7 @@ std::vector<std::string> pack_keys(const EncodedDataset& src) {
   std::unordered_set<std::string> seen;
   for (int64_t i = 0; i < n; ++i) {
     std::string key = folder   ? sanitize_key(strip_extension(folder->relative_path(i)))
-                      : shards ? shards->key(i)
+                      : shards ? std::string(shards->key(i))
                                : fmt::format("{:09d}", i);
     // Too long for a tar name, or two files that differ only in characters we replaced.
     if (!is_valid_shard_key(key) || seen.count(key)) key = sanitize_key(key.substr(0, 60)) + fmt::format("_{:09d}", i);
