@@ -236,16 +236,19 @@ std::optional<ShardIndex> reusable_shard(const Plan& plan, int64_t shard) {
     const bool same = !ec && index.tar == shard_tar_name(shard) && tar_size == index.tar_bytes &&
                       index.options == plan.fingerprint && index.first == plan.first(shard) &&
                       index.count == plan.count(shard);
-    // Its keys are the shard's expected keys, in order, less the skipped ones.
+    // Its keys are the shard's expected keys, in order, less the skipped ones; where labels
+    // are known without reading (image folders, list files), they match too.
+    const auto* folder = dynamic_cast<const ImageFolderDataset*>(&plan.src);
     size_t k = static_cast<size_t>(plan.first(shard));
     const size_t end = k + static_cast<size_t>(plan.count(shard));
     bool keys_match = same;
     for (size_t r = 0; keys_match && r < index.records.size(); ++r, ++k) {
       while (k < end && plan.keys[k] != index.records[r].key) ++k;
-      keys_match = k < end;
+      keys_match = k < end && (!folder || folder->label(static_cast<int64_t>(k)) == index.records[r].label);
     }
     if (same && keys_match) return index;
-    RN_LOG_INFO("pack: {} is from a different pack (options, source or size differ); packing it again", index_path);
+    RN_LOG_INFO("pack: {} is from a different pack (options, files, labels or size differ); packing it again",
+                index_path);
   } catch (const Error& e) {
     RN_LOG_INFO("pack: {} is not a complete shard ({}); packing it again", index_path, e.what());
   }

@@ -84,6 +84,14 @@ TEST(PackCli, PacksAListFileAsRawPixels) {
   EXPECT_EQ(shards.label(1), 1);
   EXPECT_EQ(shards.num_classes(), 5);
   EXPECT_TRUE(shards.manifest().raw);
+
+  // A relabelled list repacks the shard: the labels are part of what a rerun compares.
+  std::ofstream(dir.file("val.txt")) << "class_0/img_2.jpg 3\nclass_0/img_0.jpg 1\n";
+  ASSERT_EQ(
+      run_resnet("pack " + dir.file("src") + " " + dir.file("out") + " --list " + dir.file("val.txt") + " --raw", dir),
+      0);
+  EXPECT_THAT(read_all(dir.file("stdout")), HasSubstr(", 0 kept"));
+  EXPECT_EQ(ShardDataset(dir.file("out")).label(0), 3);
 }
 
 std::map<std::string, std::string> folder_contents(const fs::path& dir) {
