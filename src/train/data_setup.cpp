@@ -7,6 +7,7 @@
 #include "data/augment.h"
 #include "data/idx_dataset.h"
 #include "data/image_folder.h"
+#include "data/shard_dataset.h"
 #include "data/synthetic_dataset.h"
 #include "data/transform.h"
 
@@ -94,6 +95,8 @@ DataLoaderOptions val_options(DataLoaderOptions o) {
 }  // namespace
 
 std::shared_ptr<const EncodedDataset> open_image_dataset(const std::string& path, const std::string& list_file) {
+  // A folder written by `resnet pack` (docs/shards.md).
+  if (list_file.empty() && fs::exists(fs::path(path) / kShardManifestName)) return std::make_shared<ShardDataset>(path);
   if (!list_file.empty()) return std::make_shared<ImageListDataset>(path, list_file);
   return std::make_shared<ImageFolderDataset>(path);
 }

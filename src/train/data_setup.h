@@ -16,8 +16,9 @@
 
 namespace rn {
 
-// Opens an image dataset at `path`: a folder of class folders, or, with `list_file`, the
-// files it lists under `path`.
+// Opens an image dataset at `path`: a folder packed by `resnet pack` (it holds
+// dataset.json), a folder of class folders, or, with `list_file`, the files it lists under
+// `path`.
 std::shared_ptr<const EncodedDataset> open_image_dataset(const std::string& path, const std::string& list_file = "");
 
 // The training and validation folders of an imagefolder config: root/train and root/val
