@@ -4,6 +4,7 @@
 #include "data/image_codec.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -24,11 +25,19 @@ const std::string& images_dir() {
   return dir;
 }
 
+// ctest runs every test in its own process, several at once: the images are made once, in
+// a private folder renamed into place, so no test ever reads a half-written set.
 bool make_images() {
   static const bool ok = [] {
-    const std::string cmd =
-        "/usr/bin/python3 " RN_SOURCE_DIR "/tools/make_test_images.py " + images_dir() + " >/dev/null 2>&1";
-    return std::system(cmd.c_str()) == 0;
+    namespace fs = std::filesystem;
+    if (fs::exists(images_dir() + "/manifest.json")) return true;
+    const std::string tmp = images_dir() + ".tmp" + std::to_string(::getpid());
+    const std::string cmd = "/usr/bin/python3 " RN_SOURCE_DIR "/tools/make_test_images.py " + tmp + " >/dev/null 2>&1";
+    if (std::system(cmd.c_str()) != 0) return false;
+    std::error_code ec;
+    fs::rename(tmp, images_dir(), ec);  // fails harmlessly when another process was first
+    fs::remove_all(tmp, ec);
+    return fs::exists(images_dir() + "/manifest.json");
   }();
   return ok;
 }
