@@ -17,7 +17,7 @@
 namespace rn {
 
 struct ShardDatasetOptions {
-  // Check every record's CRC32 when it is read (about 10 GB/s per core with zlib's crc32).
+  // Check every record's CRC32 when it is read (zlib's crc32: about 2.5 GB/s per core here, 0.04 ms for a 110 KB JPEG).
   bool verify_checksums = true;
 };
 
