@@ -56,11 +56,13 @@ threads = int(sys.argv[2])
 torch = statistics.median(rows[("folder", "torch")])
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
 print(f"# {datetime.date.today()} {cpu}, {threads} worker threads/processes, medians of {len(rows[('folder', 'torch')])} rounds")
-print(f"{'source':<28}{'img/s':>10}{'img/s/core':>12}{'vs PyTorch':>12}")
-print(f"{'PyTorch folder (PIL)':<28}{torch:>10.1f}{torch / threads:>12.1f}{1.0:>11.2f}x")
+print(f"{'source':<28}{'img/s':>10}{'img/s/core':>12}{'vs PyTorch':>12}   rounds (img/s)")
+def spread(key):
+    return " ".join(f"{v:.0f}" for v in rows[key])
+print(f"{'PyTorch folder (PIL)':<28}{torch:>10.1f}{torch / threads:>12.1f}{1.0:>11.2f}x   {spread(('folder', 'torch'))}")
 for case in ("folder", "shards", "shards256"):
     if (case, "ours") in rows:
         v = statistics.median(rows[(case, "ours")])
-        print(f"{'resnet.cpp ' + case:<28}{v:>10.1f}{v / threads:>12.1f}{v / torch:>11.2f}x")
+        print(f"{'resnet.cpp ' + case:<28}{v:>10.1f}{v / threads:>12.1f}{v / torch:>11.2f}x   {spread((case, 'ours'))}")
 PY
 rm -f "$out"
