@@ -12,6 +12,7 @@ packages=(
   zlib1g-dev                        # IDX .gz files
   libturbojpeg0-dev libjpeg62-turbo-dev libpng-dev  # image decode
   libgtest-dev libgmock-dev libbenchmark-dev       # tests and micro-benchmarks
+  clang libclang-rt-14-dev          # libFuzzer targets (scripts/fuzz.sh)
   dataset-fashion-mnist             # the default training data
   python3-torch python3-torchvision # golden data and PyTorch comparisons (/usr/bin/python3)
 )

@@ -11,13 +11,14 @@
 #include <chrono>
 #include <memory>
 
+#include "cli/bench_data.h"
 #include "cli/commands.h"
 #include "cli/format.h"
 #include "core/rng.h"
 #include "core/thread_pool.h"
+#include "model/memory_usage.h"
 #include "model/model.h"
 #include "model/plan.h"
-#include "model/memory_usage.h"
 #include "model/zoo.h"
 #include "train/device.h"
 #include "train/precision.h"
@@ -69,9 +70,11 @@ void print_step_profile(const Plan& plan, int runs) {
     if (it == kinds.end()) it = kinds.insert(kinds.end(), {kind, 0.0});
     it->second += secs[i];
   }
-  for (const auto& [kind, t] : kinds) fmt::print("  {:8.3f} ms {:5.1f}%  all {} steps\n", 1e3 * t / runs, 100 * t / total, kind);
+  for (const auto& [kind, t] : kinds)
+    fmt::print("  {:8.3f} ms {:5.1f}%  all {} steps\n", 1e3 * t / runs, 100 * t / total, kind);
   for (size_t k = 0; k < std::min<size_t>(order.size(), 25); ++k)
-    fmt::print("  {:8.3f} ms {:5.1f}%  {}\n", 1e3 * secs[order[k]] / runs, 100 * secs[order[k]] / total, names[order[k]]);
+    fmt::print("  {:8.3f} ms {:5.1f}%  {}\n", 1e3 * secs[order[k]] / runs, 100 * secs[order[k]] / total,
+               names[order[k]]);
 }
 
 // Everything one level's benchmark needs besides the plan options.
@@ -86,9 +89,9 @@ struct BenchResult {
   int64_t batch = 0;
   double median_step_s = 0;
   PlannedPeak planned;
-  RangeResidency arena;           // measured: what the steps touched of the arena
-  size_t peak_resident = 0;       // measured: the process's peak RSS while the plan lived
-  size_t resident_growth = 0;     // measured: that peak minus the RSS before the plan was made
+  RangeResidency arena;        // measured: what the steps touched of the arena
+  size_t peak_resident = 0;    // measured: the process's peak RSS while the plan lived
+  size_t resident_growth = 0;  // measured: that peak minus the RSS before the plan was made
 };
 
 PlanOptions plan_options(const BenchSetup& s, int64_t batch, MemoryLevel level) {
@@ -150,19 +153,21 @@ void print_result(const BenchSetup& s, MemoryLevel level, const BenchResult& r) 
   const BenchArgs& a = s.args;
   auto hb = [](size_t v) { return human_bytes(static_cast<double>(v)); };
   if (a.json) {
-    fmt::print("{{\"system\":\"resnet.cpp\",\"model\":\"{}\",\"precision\":\"{}\",\"half\":\"{}\",\"batch\":{},"
-               "\"device\":\"{}\",\"threads\":{},\"memory_level\":\"{}\",\"median_step_s\":{:.6f},"
-               "\"images_per_sec\":{:.3f},\"steps\":{},\"planned_arena\":{},\"planned_total\":{},"
-               "\"arena_high_water\":{},\"peak_resident\":{},\"resident_growth\":{}}}\n",
-               a.model, a.precision, a.half, r.batch, s.backend.name(), host_threads(), memory_level_name(level),
-               r.median_step_s, r.batch / r.median_step_s, a.steps, r.planned.arena, r.planned.total(),
-               r.arena.high_water, r.peak_resident, r.resident_growth);
+    fmt::print(
+        "{{\"system\":\"resnet.cpp\",\"model\":\"{}\",\"precision\":\"{}\",\"half\":\"{}\",\"batch\":{},"
+        "\"device\":\"{}\",\"threads\":{},\"memory_level\":\"{}\",\"median_step_s\":{:.6f},"
+        "\"images_per_sec\":{:.3f},\"steps\":{},\"planned_arena\":{},\"planned_total\":{},"
+        "\"arena_high_water\":{},\"peak_resident\":{},\"resident_growth\":{}}}\n",
+        a.model, a.precision, a.half, r.batch, s.backend.name(), host_threads(), memory_level_name(level),
+        r.median_step_s, r.batch / r.median_step_s, a.steps, r.planned.arena, r.planned.total(), r.arena.high_water,
+        r.peak_resident, r.resident_growth);
   } else {
-    fmt::print("{} | {} | batch {} | {} | {} threads | memory {} | planned arena {}, total {} | measured arena "
-               "high-water {}, peak RSS {} (+{}) | median step {:.3f} s | {:.2f} img/s ({} steps)\n",
-               a.model, s.policy.describe(), r.batch, s.backend.name(), host_threads(), memory_level_name(level),
-               hb(r.planned.arena), hb(r.planned.total()), hb(r.arena.high_water), hb(r.peak_resident),
-               hb(r.resident_growth), r.median_step_s, r.batch / r.median_step_s, a.steps);
+    fmt::print(
+        "{} | {} | batch {} | {} | {} threads | memory {} | planned arena {}, total {} | measured arena "
+        "high-water {}, peak RSS {} (+{}) | median step {:.3f} s | {:.2f} img/s ({} steps)\n",
+        a.model, s.policy.describe(), r.batch, s.backend.name(), host_threads(), memory_level_name(level),
+        hb(r.planned.arena), hb(r.planned.total()), hb(r.arena.high_water), hb(r.peak_resident), hb(r.resident_growth),
+        r.median_step_s, r.batch / r.median_step_s, a.steps);
   }
 }
 
@@ -194,8 +199,9 @@ int find_max_batch(const BenchSetup& s, size_t cap) {
   int64_t found[3] = {};
   for (MemoryLevel level : levels) found[static_cast<int>(level)] = max_batch_under(s, level, cap);
   if (found[static_cast<int>(MemoryLevel::O2)] == 0) {
-    RN_FAIL() << "--memory-cap " << cap << " (" << human_bytes(static_cast<double>(cap)) << ") is too small for batch 1 of "
-              << s.args.model << " " << s.args.input << " at any memory level: O2 needs "
+    RN_FAIL() << "--memory-cap " << cap << " (" << human_bytes(static_cast<double>(cap))
+              << ") is too small for batch 1 of " << s.args.model << " " << s.args.input
+              << " at any memory level: O2 needs "
               << human_bytes(static_cast<double>(planned_total(s, 1, MemoryLevel::O2, &s.backend)));
   }
   if (!s.args.json)
@@ -208,7 +214,8 @@ int find_max_batch(const BenchSetup& s, size_t cap) {
       if (s.args.json)
         fmt::print("{{\"memory_level\":\"{}\",\"batch\":0,\"batch1_needs\":{}}}\n", memory_level_name(level), need);
       else
-        fmt::print("{}: does not fit batch 1 (needs {})\n", memory_level_name(level), human_bytes(static_cast<double>(need)));
+        fmt::print("{}: does not fit batch 1 (needs {})\n", memory_level_name(level),
+                   human_bytes(static_cast<double>(need)));
       continue;
     }
     print_result(s, level, bench_plan(s, b, level));
@@ -261,7 +268,30 @@ Runner add_bench_command(CLI::App& app) {
   cmd->add_option("--threads", a->threads, "Host threads (0: all cores)")->capture_default_str();
   cmd->add_flag("--json", a->json, "Print one JSON line");
   cmd->add_flag("--profile", a->profile, "Time every plan step and print the slowest");
-  return [cmd, a]() -> int { return cmd->parsed() ? run_bench(*a) : -1; };
+  // The input pipeline alone.
+  auto d = std::make_shared<DataBenchArgs>();
+  cmd->add_option("--data", d->path, "Benchmark the loader alone on this image folder (no model)");
+  cmd->add_option("--workers", d->workers, "--data: loader threads (0: one per host thread)");
+  cmd->add_option("--batches", d->batches, "--data: timed batches (0: one epoch)");
+  cmd->add_flag("--eval-transform", d->eval, "--data: resize + centre crop instead of RandomResizedCrop + flip");
+  cmd->add_flag("--normalize", d->normalize, "--data: f32 NCHW batches (the CPU training path) instead of u8 NHWC");
+  cmd->add_flag("!--no-dct-scaling", d->dct_scaling, "--data: decode JPEGs at full size");
+  cmd->add_option("--cache-mb", d->cache_mb, "--data: decoded-image cache (MiB)");
+  cmd->add_option("--epochs", d->epochs, "--data: epochs to run; only the last is timed (fills the cache first)");
+  cmd->add_option("--trace", d->trace, "--data: write a Chrome trace of the loader here");
+  return [cmd, a, d]() -> int {
+    if (!cmd->parsed()) return -1;
+    if (d->path.empty()) return run_bench(*a);
+    set_host_threads(a->threads);
+    d->batch = cmd->count("--batch") > 0 ? a->batch : 256;  // the model's default batch (16) is too small here
+    int64_t c = 0, h = 0, w = 0;
+    parse_input_shape(a->input, &c, &h, &w);
+    d->height = static_cast<int>(h);
+    d->width = static_cast<int>(w);
+    d->warmup = a->warmup;
+    d->json = a->json;
+    return run_data_bench(*d);
+  };
 }
 
 }  // namespace rn::cli

@@ -69,9 +69,10 @@ int run_info(const InfoArgs& a) {
                b(p.arena), b(p.activations), b(p.gradients), b(p.parameters), b(p.parameter_grads),
                b(p.optimizer_state), b(p.half_weights), backend ? b(p.workspace) : "-", b(p.total()));
   }
-  fmt::print("  arena: the planned peak of activations and activation gradients with the level's reuse;\n"
-             "  activations, gradients: what is live in it at its peak step; O2 recomputes BN/ReLU outputs in "
-             "backward\n");
+  fmt::print(
+      "  arena: the planned peak of activations and activation gradients with the level's reuse;\n"
+      "  activations, gradients: what is live in it at its peak step; O2 recomputes BN/ReLU outputs in "
+      "backward\n");
   for (const std::string& line : peaks) fmt::print("{}\n", line);
   return 0;
 }

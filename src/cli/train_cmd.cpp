@@ -17,6 +17,7 @@
 #include "model/zoo.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
+#include "train/data_setup.h"
 #include "train/device.h"
 #include "train/evaluate.h"
 #include "train/precision.h"
@@ -30,12 +31,23 @@ struct TrainArgs {
   std::string config;
   std::vector<std::string> sets;
   std::string resume;
+  std::string data;
   int64_t max_steps = 0;
 };
 
+// --data PATH: an image folder (root/<class>/*.jpg, or root/train + root/val) with
+// ImageNet's normalisation; the user's own --set options come after and win.
+std::vector<std::string> data_sets(const std::string& path) {
+  if (path.empty()) return {};
+  return {"data.dataset=imagefolder", "data.root=" + path, "model.in_channels=3", "data.mean=[0.485, 0.456, 0.406]",
+          "data.std=[0.229, 0.224, 0.225]"};
+}
+
 int run_train(const TrainArgs& a) {
+  std::vector<std::string> sets = data_sets(a.data);
+  sets.insert(sets.end(), a.sets.begin(), a.sets.end());
   // Resuming, the run's own config wins; --set may change only memory.* (checked by train()).
-  Config cfg = load_config(a.resume.empty() ? a.config : "", a.resume.empty() ? a.sets : std::vector<std::string>{});
+  Config cfg = a.resume.empty() ? load_config(a.config, sets) : load_config("", {});
   install_stop_signal_handlers();
   TrainOptions o;
   o.resume_dir = a.resume;
@@ -74,26 +86,13 @@ int run_eval(const EvalArgs& a) {
   Config cfg = config_for_weights(a);
   set_host_threads(static_cast<int>(cfg.run.threads));
   if (!a.data.empty()) cfg.data.root = a.data;
-  RN_CHECK(cfg.data.dataset == DatasetKind::fashion_mnist)
-      << "resnet eval reads MNIST-format data folders for now (data.dataset=fashion_mnist)";
   auto backend = make_backend_for(cfg.run.device);
   const PrecisionPolicy policy = make_precision_policy(cfg.precision, *backend);
   Model model(build_model(cfg.model.name, model_options(cfg.model)));
   load_weights(a.weights, model);
-  SubsetSpec subset;
-  if (cfg.data.val_subset > 0) subset.count = cfg.data.val_subset;
-  auto val = fashion_mnist(cfg.data.root, Split::test, subset);
-  DataLoaderOptions lo;
-  lo.batch_size = cfg.data.batch_size;
-  lo.workers = static_cast<int>(cfg.data.workers);
-  lo.shuffle = false;
-  lo.drop_last = false;
-  lo.shard.equal = false;
-  lo.dtype = policy.activation_dtype;
-  lo.layout = backend->preferred_layout();
-  DataLoader loader(val, small_image_eval_transform({cfg.data.mean.begin(), cfg.data.mean.end()},
-                                                    {cfg.data.std.begin(), cfg.data.std.end()}),
-                    lo);
+  std::unique_ptr<DataLoader> loader_ptr = make_val_loader(cfg, policy.activation_dtype, backend->preferred_layout());
+  DataLoader& loader = *loader_ptr;
+  const DataLoaderOptions& lo = loader.options();
   PlanOptions po;
   po.dtype = policy.conv_dtype;
   po.activation_dtype = policy.activation_dtype;
@@ -101,8 +100,8 @@ int run_eval(const EvalArgs& a) {
   Evaluator ev(model, *backend, po);
   std::vector<Prediction> preds;
   const EvalResult r = ev.run(loader, 0, a.predictions.empty() ? nullptr : &preds);
-  fmt::print("{} on {} ({} images): loss {:.4f}, top-1 {:.2f}%, top-5 {:.2f}%\n", a.weights, val->name(), r.samples,
-             r.loss, 100 * r.top1, 100 * r.top5);
+  fmt::print("{} on {} ({} images): loss {:.4f}, top-1 {:.2f}%, top-5 {:.2f}%\n", a.weights, loader.dataset().name(),
+             r.samples, r.loss, 100 * r.top1, 100 * r.top5);
   if (!a.predictions.empty()) {
     std::ofstream out(a.predictions);
     RN_CHECK(out) << "cannot write predictions to '" << a.predictions << "'";
@@ -153,6 +152,9 @@ Runner add_train_command(CLI::App& app) {
       "train", "Train a model (default: resnet20 on Fashion-MNIST); see docs/config.md for every config key");
   add_config_options(cmd, a->config, a->sets);
   cmd->add_option("--resume", a->resume, "Continue the run in this folder from its last checkpoint");
+  cmd->add_option("--data", a->data,
+                  "Train on an image folder (root/<class>/*.jpg, or root/train and root/val): shorthand for "
+                  "data.dataset=imagefolder, data.root, model.in_channels=3 and ImageNet mean/std; --set wins");
   cmd->add_option("--max-steps", a->max_steps, "Stop with a checkpoint after this many steps in total");
   return [cmd, a]() -> int { return cmd->parsed() ? run_train(*a) : -1; };
 }

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/check.h"
+#include "core/log.h"
 
 namespace rn {
 
@@ -13,14 +14,34 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, std::shared_ptr<c
     : dataset_(std::move(dataset)), transform_(std::move(transform)), options_(options) {
   RN_CHECK(dataset_ != nullptr) << "DataLoader needs a dataset";
   RN_CHECK(transform_ != nullptr) << "DataLoader needs a transform";
+  RN_CHECK(options.dtype == DType::f32 || options.dtype == DType::bf16)
+      << "batch dtype " << dtype_name(options.dtype) << ": this loader writes f32 or bf16";
+  geometry_ = transform_->output_geometry(dataset_->geometry());
+  RN_CHECK(geometry_.fixed()) << transform_->name() << " produces " << geometry_.str() << " images, not a fixed size";
+  init(dataset_->geometry());
+}
+
+DataLoader::DataLoader(std::shared_ptr<const EncodedDataset> dataset, std::shared_ptr<const ImageAugment> augment,
+                       const DataLoaderOptions& options)
+    : dataset_(dataset), encoded_(std::move(dataset)), augment_(std::move(augment)), options_(options) {
+  RN_CHECK(encoded_ != nullptr) << "DataLoader needs a dataset";
+  RN_CHECK(augment_ != nullptr) << "DataLoader needs an augmentation";
+  RN_CHECK(options.dtype == DType::f32 || options.dtype == DType::bf16 || options.dtype == DType::u8)
+      << "batch dtype " << dtype_name(options.dtype) << ": the loader writes u8, f32 or bf16";
+  RN_CHECK(options.dtype != DType::u8 || options.layout == Layout::nhwc)
+      << "u8 batches are RGB NHWC, not " << layout_name(options.layout);
+  geometry_ = SampleGeometry{3, augment_->out_height(), augment_->out_width()};
+  if (options.dtype != DType::u8) normalizer_ = std::make_unique<Normalizer>(3, options.mean, options.std);
+  if (options.cache_bytes > 0)
+    cache_ = std::make_unique<DecodedCache>(encoded_->size(), options.cache_bytes, options.cache_short_side);
+  init(encoded_->geometry());
+}
+
+void DataLoader::init(const SampleGeometry&) {
+  const DataLoaderOptions& options = options_;
   RN_CHECK(options.batch_size >= 1) << "batch_size " << options.batch_size;
   RN_CHECK(options.workers >= 0) << "workers " << options.workers;
   RN_CHECK(options.prefetch >= 1) << "prefetch " << options.prefetch;
-  RN_CHECK(options.dtype == DType::f32 || options.dtype == DType::bf16)
-      << "batch dtype " << dtype_name(options.dtype) << ": the loader writes f32 or bf16";
-  geometry_ = transform_->output_geometry(dataset_->geometry());
-  RN_CHECK(geometry_.fixed()) << transform_->name() << " produces " << geometry_.str() << " images, not a fixed size";
-
   int64_t begin = 0, end = 0;
   shard_range(dataset_->size(), options.shard, &begin, &end);
   samples_per_epoch_ = end - begin;
@@ -38,10 +59,17 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, std::shared_ptr<c
   for (Slot& slot : slots_) {
     slot.image_buffer = HostBuffer(image_bytes);
     slot.label_buffer = HostBuffer(static_cast<size_t>(bs) * sizeof(int32_t));
+    if (encoded_ && options.dtype != DType::u8)
+      slot.raw_buffer = HostBuffer(static_cast<size_t>(bs * geometry_.pixels()));
     slot.indices.reserve(static_cast<size_t>(bs));
   }
   workers_.reserve(static_cast<size_t>(options.workers));
-  for (int i = 0; i < options.workers; ++i) workers_.emplace_back([this] { worker_loop(); });
+  for (int i = 0; i < options.workers; ++i) {
+    workers_.emplace_back([this, i] {
+      if (options_.trace) options_.trace->name_thread("loader worker " + std::to_string(i));
+      worker_loop();
+    });
+  }
 }
 
 DataLoader::~DataLoader() {
@@ -75,6 +103,7 @@ void DataLoader::start_epoch(int64_t epoch, int64_t skip_batches) {
     }
   }
   epoch_wait_seconds_ = 0;
+  epoch_times_ = PipelineTimes{};
   work_cv_.notify_all();
 }
 
@@ -93,38 +122,208 @@ DataLoader::Slot& DataLoader::claim(uint64_t* generation) {
   slot.epoch = epoch_;
   slot.count = std::min(bs, samples_per_epoch_ - k * bs);
   slot.error = nullptr;
+  slot.times = PipelineTimes{};
   slot.indices.assign(order_.begin() + k * bs, order_.begin() + k * bs + slot.count);
   *generation = slot.generation;
   return slot;
 }
 
-void DataLoader::fill(Slot& slot, WorkerState& state) const {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point& t) {
+  const Clock::time_point now = Clock::now();
+  const double s = std::chrono::duration<double>(now - t).count();
+  t = now;
+  return s;
+}
+
+}  // namespace
+
+void DataLoader::fill(Slot& slot, WorkerState& state) {
+  const double start_us = options_.trace ? trace_now_us() : 0;
   Tensor images;
   images.data = slot.image_buffer.data();
   images.shape = Shape{slot.count, geometry_.channels, geometry_.height, geometry_.width};
   images.dtype = options_.dtype;
   images.layout = options_.layout;
+  if (encoded_) {
+    fill_encoded(slot, state, images);
+  } else {
+    int32_t* labels = static_cast<int32_t*>(slot.label_buffer.data());
+    const int num_classes = dataset_->num_classes();
+    int64_t i = 0;
+    try {
+      Clock::time_point t = Clock::now();
+      for (; i < slot.count; ++i) {
+        if (stopping_.load(std::memory_order_relaxed) ||
+            generation_.load(std::memory_order_relaxed) != slot.generation) {
+          return;  // shutting down, or the epoch was restarted: this batch will be thrown away
+        }
+        const int64_t index = slot.indices[static_cast<size_t>(i)];
+        dataset_->load(index, state.sample);
+        slot.times.read += seconds_since(t);
+        RN_CHECK(state.sample.label >= 0 && state.sample.label < num_classes)
+            << "label " << state.sample.label << " outside [0, " << num_classes << ")";
+        Rng rng = sample_rng(options_.seed, slot.epoch, index);
+        transform_->apply(state.sample, rng, images, i, state.scratch);
+        labels[i] = state.sample.label;
+        slot.times.augment += seconds_since(t);
+      }
+    } catch (const std::exception& e) {
+      const int64_t index = slot.indices[static_cast<size_t>(i)];
+      slot.error = std::make_exception_ptr(Error("loading sample " + std::to_string(index) + " of " + dataset_->name() +
+                                                 " (epoch " + std::to_string(slot.epoch) + ", batch " +
+                                                 std::to_string(slot.batch) + "): " + e.what()));
+    }
+  }
+  slot.times.samples = slot.count;
+  slot.times.batches = 1;
+  if (options_.trace && !slot.error) {
+    const PipelineTimes& t = slot.times;
+    options_.trace->complete("load batch " + std::to_string(slot.batch), "data", start_us, trace_now_us() - start_us,
+                             {{"read_ms", 1e3 * t.read},
+                              {"decode_ms", 1e3 * t.decode},
+                              {"augment_ms", 1e3 * t.augment},
+                              {"collate_ms", 1e3 * t.collate},
+                              {"images", static_cast<double>(slot.count)}});
+  }
+}
+
+bool DataLoader::known_bad(int64_t index) const {
+  std::lock_guard<std::mutex> lock(bad_mu_);
+  return bad_.count(index) != 0;
+}
+
+void DataLoader::mark_bad(int64_t index, const std::string& message) {
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> lock(bad_mu_);
+    first = bad_.insert(index).second;
+  }
+  if (first) RN_LOG_WARN("skipping bad image (sample {}, replaced by the next readable one): {}", index, message);
+}
+
+int64_t DataLoader::bad_file_count() const {
+  std::lock_guard<std::mutex> lock(bad_mu_);
+  return static_cast<int64_t>(bad_.size());
+}
+
+int DataLoader::load_encoded(int64_t index, Rng& rng, uint8_t* out, WorkerState& st, PipelineTimes& times) const {
+  Clock::time_point t = Clock::now();
+  const size_t out_stride = static_cast<size_t>(geometry_.width) * 3;
+  try {
+    if (cache_) {
+      const CachedImage* image = cache_->find(index);
+      if (image) {
+        ++times.cache_hits;
+      } else {
+        // Miss: decode at the cache's resolution (shorter side at most short_side), keep
+        // it if there is room, and augment from it either way, so that a later hit gives
+        // exactly these pixels.
+        CachedImage& fresh = st.fresh;
+        fresh.label = encoded_->read(index, st.encoded);
+        times.read += seconds_since(t);
+        const ImageInfo info = image_info(st.encoded);
+        const int s = cache_->short_side();
+        int tw = info.width, th = info.height;
+        if (std::min(tw, th) > s) {
+          if (tw <= th) {
+            th = static_cast<int>(static_cast<int64_t>(s) * th / tw);
+            tw = s;
+          } else {
+            tw = static_cast<int>(static_cast<int64_t>(s) * tw / th);
+            th = s;
+          }
+        }
+        DecodeRequest request;
+        request.min_width = tw;
+        request.min_height = th;
+        decode_image(st.encoded, request, st.augment.decoded);
+        const DecodedImage& d = st.augment.decoded;
+        fresh.width = tw;
+        fresh.height = th;
+        fresh.pixels.resize(static_cast<size_t>(tw) * static_cast<size_t>(th) * 3);
+        resize_bilinear_aa(ImageView{d.pixels.data(), d.width, d.height, 3, 0},
+                           ResizeBox{d.region_x0, d.region_y0, d.region_x1, d.region_y1}, fresh.pixels.data(), tw, th,
+                           0, false, st.augment.resize);
+        times.decode += seconds_since(t);
+        image = cache_->insert(index, fresh);
+        if (!image) image = &fresh;
+      }
+      const CropPlan plan = augment_->plan(image->width, image->height, rng);
+      const DecodeRequest& r = plan.request;
+      resize_bilinear_aa(ImageView{image->pixels.data(), image->width, image->height, 3, 0},
+                         ResizeBox{float(r.x), float(r.y), float(r.x + r.width), float(r.y + r.height)}, plan.window,
+                         out, out_stride, plan.flip, st.augment.resize);
+      times.augment += seconds_since(t);
+      return image->label;
+    }
+    const int label = encoded_->read(index, st.encoded);
+    times.read += seconds_since(t);
+    const ImageInfo info = image_info(st.encoded);
+    const CropPlan plan = augment_->plan(info.width, info.height, rng);
+    decode_image(st.encoded, plan.request, st.augment.decoded);
+    times.decode += seconds_since(t);
+    render(st.augment.decoded, plan, out, out_stride, st.augment.resize);
+    times.augment += seconds_since(t);
+    return label;
+  } catch (const Error& e) {
+    throw Error(encoded_->source(index) + ": " + e.what());
+  }
+}
+
+void DataLoader::fill_encoded(Slot& slot, WorkerState& state, const Tensor& images) {
   int32_t* labels = static_cast<int32_t*>(slot.label_buffer.data());
-  const int num_classes = dataset_->num_classes();
+  const int num_classes = encoded_->num_classes();
+  const bool u8 = options_.dtype == DType::u8;
+  uint8_t* raw = static_cast<uint8_t*>(u8 ? slot.image_buffer.data() : slot.raw_buffer.data());
+  const size_t image_bytes = static_cast<size_t>(geometry_.pixels());
+  const int64_t n = encoded_->size();
   int64_t i = 0;
   try {
     for (; i < slot.count; ++i) {
-      if (stopping_.load(std::memory_order_relaxed) || generation_.load(std::memory_order_relaxed) != slot.generation) {
-        return;  // shutting down, or the epoch was restarted: this batch will be thrown away
+      if (stopping_.load(std::memory_order_relaxed) || generation_.load(std::memory_order_relaxed) != slot.generation)
+        return;
+      // A bad file is replaced by the next readable sample of the dataset (the same one
+      // whichever worker meets it), with that sample's own augmentation stream.
+      // Each bad sample of the epoch counts once, however many bad neighbours it skips.
+      int64_t index = slot.indices[static_cast<size_t>(i)];
+      bool replaced = false;
+      auto replace = [&] {
+        if (!replaced) ++slot.times.skipped;
+        replaced = true;
+        index = (index + 1) % n;
+      };
+      for (int64_t tries = 0;; ++tries) {
+        RN_CHECK(tries < n) << "no readable image in " << encoded_->name();
+        if (options_.bad_files == BadFilePolicy::skip && known_bad(index)) {
+          replace();
+          continue;
+        }
+        Rng rng = sample_rng(options_.seed, slot.epoch, index);
+        try {
+          const int label = load_encoded(index, rng, raw + image_bytes * static_cast<size_t>(i), state, slot.times);
+          RN_CHECK(label >= 0 && label < num_classes)
+              << encoded_->source(index) << ": label " << label << " outside [0, " << num_classes << ")";
+          labels[i] = label;
+          break;
+        } catch (const Error& e) {
+          if (options_.bad_files == BadFilePolicy::error) throw;
+          mark_bad(index, e.what());
+          replace();
+        }
       }
-      const int64_t index = slot.indices[static_cast<size_t>(i)];
-      dataset_->load(index, state.sample);
-      RN_CHECK(state.sample.label >= 0 && state.sample.label < num_classes)
-          << "label " << state.sample.label << " outside [0, " << num_classes << ")";
-      Rng rng = sample_rng(options_.seed, slot.epoch, index);
-      transform_->apply(state.sample, rng, images, i, state.scratch);
-      labels[i] = state.sample.label;
+    }
+    if (!u8) {
+      Clock::time_point t = Clock::now();
+      normalizer_->apply(raw, slot.count, images);
+      slot.times.collate += seconds_since(t);
     }
   } catch (const std::exception& e) {
-    const int64_t index = slot.indices[static_cast<size_t>(i)];
-    slot.error = std::make_exception_ptr(Error("loading sample " + std::to_string(index) + " of " + dataset_->name() +
-                                               " (epoch " + std::to_string(slot.epoch) + ", batch " +
-                                               std::to_string(slot.batch) + "): " + e.what()));
+    slot.error =
+        std::make_exception_ptr(Error("loading batch " + std::to_string(slot.batch) + " of epoch " +
+                                      std::to_string(slot.epoch) + " from " + encoded_->name() + ": " + e.what()));
   }
 }
 
@@ -181,6 +380,8 @@ const Batch* DataLoader::next() {
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   epoch_wait_seconds_ += waited;
   total_wait_seconds_ += waited;
+  epoch_times_.add(slot.times);
+  total_times_.add(slot.times);
   ++next_deliver_;
 
   if (slot.error) {

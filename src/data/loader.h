@@ -15,17 +15,30 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 #include "core/dtype.h"
 #include "core/tensor.h"
+#include "data/augment.h"
 #include "data/batch.h"
 #include "data/dataset.h"
+#include "data/encoded_dataset.h"
+#include "data/image_cache.h"
+#include "data/normalize.h"
 #include "data/sampler.h"
 #include "data/transform.h"
+#include "prof/pipeline.h"
+#include "prof/trace.h"
 
 namespace rn {
+
+// What happens when an image cannot be read or decoded (corrupt, truncated, empty, not an
+// image): `skip` replaces it by the next readable sample of the dataset, counts it and logs
+// its path once; `error` stops the run with an error naming the file.
+enum class BadFilePolicy : uint8_t { skip, error };
 
 struct DataLoaderOptions {
   int64_t batch_size = 128;  // per rank
@@ -35,13 +48,27 @@ struct DataLoaderOptions {
   bool drop_last = true;     // drop this rank's final partial batch; false keeps it (size < batch_size)
   uint64_t seed = 0;         // shuffle and augmentation
   ShardSpec shard;           // rank, world_size, equal-size slices
-  DType dtype = DType::f32;  // batch images: f32 or bf16
+  DType dtype = DType::f32;  // batch images: f32 or bf16 (normalised), or u8 (encoded datasets: raw RGB NHWC)
   Layout layout = Layout::nchw;
+
+  // Encoded-image datasets (JPEG/PNG folders, shards) only:
+  std::vector<float> mean{0.485f, 0.456f, 0.406f};  // normalisation for f32/bf16 batches, pixels in [0, 1]
+  std::vector<float> std{0.229f, 0.224f, 0.225f};
+  BadFilePolicy bad_files = BadFilePolicy::skip;
+  size_t cache_bytes = 0;      // decoded-image cache capacity; 0: no cache
+  int cache_short_side = 256;  // cached images are downscaled to at most this shorter side
+  // Records one span per batch (worker, stage times) when set.
+  std::shared_ptr<TraceRecorder> trace;
 };
 
 class DataLoader {
  public:
   DataLoader(std::shared_ptr<const Dataset> dataset, std::shared_ptr<const ImageTransform> transform,
+             const DataLoaderOptions& options);
+  // Encoded images: the augmentation plans each crop from the header, the decoder decodes
+  // only that region, and the batch is written as uint8 RGB NHWC, then normalised into
+  // options.dtype unless that is u8.
+  DataLoader(std::shared_ptr<const EncodedDataset> dataset, std::shared_ptr<const ImageAugment> augment,
              const DataLoaderOptions& options);
   // Stops the workers and joins them; safe at any point, also with batches in flight.
   ~DataLoader();
@@ -72,6 +99,14 @@ class DataLoader {
   // workers = 0: the time spent loading). Divided by the epoch time, the data-wait share.
   double epoch_wait_seconds() const { return epoch_wait_seconds_; }
   double total_wait_seconds() const { return total_wait_seconds_; }
+  // Worker time per stage of the batches delivered since start_epoch, and since construction.
+  const PipelineTimes& epoch_times() const { return epoch_times_; }
+  const PipelineTimes& total_times() const { return total_times_; }
+  int workers() const { return options_.workers; }
+
+  // Distinct bad files met so far (skip policy), and the decoded-image cache (nullptr: off).
+  int64_t bad_file_count() const;
+  const DecodedCache* cache() const { return cache_.get(); }
 
  private:
   enum class SlotState { free, filling, ready, held };
@@ -85,21 +120,39 @@ class DataLoader {
     int64_t epoch = 0;
     int64_t count = 0;
     std::exception_ptr error;
+    PipelineTimes times;
+    HostBuffer raw_buffer;  // u8 NHWC staging for encoded datasets when dtype is not u8
     Batch view;
   };
   struct WorkerState {
     Sample sample;
     TransformScratch scratch;
+    EncodedImage encoded;
+    AugmentScratch augment;
+    CachedImage fresh;  // a decode at cache resolution that did not fit into the cache
   };
 
   bool can_claim() const;
   Slot& claim(uint64_t* generation);  // under mu_: takes batch next_claim_
-  void fill(Slot& slot, WorkerState& state) const;
+  void init(const SampleGeometry& input);
+  void fill(Slot& slot, WorkerState& state);
+  void fill_encoded(Slot& slot, WorkerState& state, const Tensor& images);
+  // One encoded sample into `out` (u8 HWC); returns its label. Throws rn::Error naming the
+  // file. Bad files are handled by the caller.
+  int load_encoded(int64_t index, Rng& rng, uint8_t* out, WorkerState& state, PipelineTimes& times) const;
+  bool known_bad(int64_t index) const;
+  void mark_bad(int64_t index, const std::string& message);
   void finish(Slot& slot, uint64_t generation);  // under mu_
   void worker_loop();
 
   std::shared_ptr<const Dataset> dataset_;
   std::shared_ptr<const ImageTransform> transform_;
+  std::shared_ptr<const EncodedDataset> encoded_;  // set for encoded datasets (then transform_ is null)
+  std::shared_ptr<const ImageAugment> augment_;
+  std::unique_ptr<Normalizer> normalizer_;
+  std::unique_ptr<DecodedCache> cache_;
+  mutable std::mutex bad_mu_;
+  std::unordered_set<int64_t> bad_;
   DataLoaderOptions options_;
   SampleGeometry geometry_;
   int64_t samples_per_epoch_ = 0;
@@ -123,6 +176,8 @@ class DataLoader {
 
   double epoch_wait_seconds_ = 0;  // consumer thread only
   double total_wait_seconds_ = 0;
+  PipelineTimes epoch_times_;
+  PipelineTimes total_times_;
 };
 
 }  // namespace rn

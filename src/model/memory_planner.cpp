@@ -10,9 +10,12 @@ namespace rn {
 
 std::string_view memory_level_name(MemoryLevel l) {
   switch (l) {
-    case MemoryLevel::O0: return "O0";
-    case MemoryLevel::O1: return "O1";
-    case MemoryLevel::O2: return "O2";
+    case MemoryLevel::O0:
+      return "O0";
+    case MemoryLevel::O1:
+      return "O1";
+    case MemoryLevel::O2:
+      return "O2";
   }
   return "?";
 }

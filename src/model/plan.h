@@ -70,9 +70,7 @@ struct MemoryReport {
 struct PlannedPeak {
   size_t arena = 0, activations = 0, gradients = 0;
   size_t parameters = 0, parameter_grads = 0, optimizer_state = 0, half_weights = 0, workspace = 0;
-  size_t total() const {
-    return arena + parameters + parameter_grads + optimizer_state + half_weights + workspace;
-  }
+  size_t total() const { return arena + parameters + parameter_grads + optimizer_state + half_weights + workspace; }
 };
 
 class Plan {
@@ -178,16 +176,16 @@ class Plan {
     int src = -1, residual = -1, saved_mean = -1, saved_invstd = -1;
     CastKernel* cast = nullptr;
   };
-  std::unordered_map<int, Recipe> recipes_;     // forward buffer -> recipe
+  std::unordered_map<int, Recipe> recipes_;  // forward buffer -> recipe
   // Regenerating a block's output regenerates the previous block's first, so a stage's
   // outputs would all be live at once in backward. A value whose chain of recompute steps
   // would exceed kMaxRecomputeChain is kept instead, a checkpoint that ends the chains after
   // it. 6 gives the smallest O2 arena for ResNet-50/101/152 (ResNet-101: 6.7 GiB at batch
   // 100 instead of 8.0 GiB with unbounded chains).
-  std::unordered_map<int, int> chain_depth_;    // forward buffer -> recompute steps to regenerate it
+  std::unordered_map<int, int> chain_depth_;  // forward buffer -> recompute steps to regenerate it
   static constexpr int kMaxRecomputeChain = 6;
   void add_recipe(int buffer, const Recipe& recipe);
-  std::unordered_map<int, int> recomputed_;     // forward buffer -> recomputed buffer
+  std::unordered_map<int, int> recomputed_;  // forward buffer -> recomputed buffer
   int input_ = -1, labels_ = -1, logits_ = -1, probs_ = -1, loss_ = -1;
   float loss_scale_ = 1.0f;
   bool profiling_ = false;

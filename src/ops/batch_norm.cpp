@@ -35,8 +35,8 @@ namespace {
 // The arguments every forward form shares: y, x, the residual iff add_relu, gamma, beta and
 // two per-channel fp32 statistics (running or saved, named as given).
 void check_forward(const BatchNormDesc& d, const Tensor& y, const Tensor& x, const Tensor* residual,
-                   const Tensor& gamma, const Tensor& beta, const Tensor& stat0, const char* name0,
-                   const Tensor& stat1, const char* name1) {
+                   const Tensor& gamma, const Tensor& beta, const Tensor& stat0, const char* name0, const Tensor& stat1,
+                   const char* name1) {
   const auto op = d.str();
   const Shape xs = d.x_shape(), cs = {d.channels};
   check_tensor(y, xs, d.dtype, d.layout, "y", op);
@@ -68,9 +68,8 @@ void BatchNormKernel::forward_inference(const Tensor& y, const Tensor& x, const 
   do_forward_inference(y, x, residual, gamma, beta, running_mean, running_var);
 }
 
-void BatchNormKernel::forward_recompute(const Tensor& y, const Tensor& x, const Tensor* residual,
-                                        const Tensor& gamma, const Tensor& beta, const Tensor& saved_mean,
-                                        const Tensor& saved_invstd) {
+void BatchNormKernel::forward_recompute(const Tensor& y, const Tensor& x, const Tensor* residual, const Tensor& gamma,
+                                        const Tensor& beta, const Tensor& saved_mean, const Tensor& saved_invstd) {
   check_forward(desc_, y, x, residual, gamma, beta, saved_mean, "saved_mean", saved_invstd, "saved_invstd");
   do_forward_recompute(y, x, residual, gamma, beta, saved_mean, saved_invstd);
 }

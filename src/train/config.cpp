@@ -47,6 +47,7 @@ constexpr EnumItem<DeviceChoice> kDeviceChoices[] = {{DeviceChoice::auto_select,
 constexpr EnumItem<MemoryLevel> kMemoryLevels[] = {
     {MemoryLevel::O0, "O0"}, {MemoryLevel::O1, "O1"}, {MemoryLevel::O2, "O2"}};
 // Only the half types are valid for precision.half_dtype.
+constexpr EnumItem<BadFilePolicy> kBadFilePolicies[] = {{BadFilePolicy::skip, "skip"}, {BadFilePolicy::error, "error"}};
 constexpr EnumItem<DType> kHalfTypes[] = {{DType::bf16, "bf16"}, {DType::f16, "fp16"}};
 
 std::span<const EnumItem<DatasetKind>> enum_items(DatasetKind) { return kDatasetKinds; }
@@ -57,6 +58,7 @@ std::span<const EnumItem<LossScalePolicy>> enum_items(LossScalePolicy) { return 
 std::span<const EnumItem<DeviceChoice>> enum_items(DeviceChoice) { return kDeviceChoices; }
 std::span<const EnumItem<MemoryLevel>> enum_items(MemoryLevel) { return kMemoryLevels; }
 std::span<const EnumItem<DType>> enum_items(DType) { return kHalfTypes; }
+std::span<const EnumItem<BadFilePolicy>> enum_items(BadFilePolicy) { return kBadFilePolicies; }
 
 template <class E>
 std::string_view name_of(E v) {
@@ -376,10 +378,33 @@ std::vector<Field> build_fields() {
   f.push_back(RN_CONFIG_FIELD(data.workers, "threads decoding and augmenting samples", at_least(0)));
   f.push_back(RN_CONFIG_FIELD(data.prefetch, "batches prepared ahead of the training step", at_least(0)));
   f.push_back(RN_CONFIG_FIELD(data.drop_last, "drop the last incomplete training batch of an epoch"));
+  f.push_back(RN_CONFIG_FIELD(data.val_root, "imagefolder: validation images; empty: <root>/val"));
+  f.push_back(RN_CONFIG_FIELD(data.val_list,
+                              "imagefolder: a list file of 'relative/path label' lines under val_root, for "
+                              "validation sets kept flat; empty: class folders"));
+  f.push_back(RN_CONFIG_FIELD(data.bad_files,
+                              "a corrupt, truncated or non-image file: skip it (replaced by the next readable "
+                              "image, counted, logged once) or stop with an error naming it"));
+  f.push_back(RN_CONFIG_FIELD(data.cache_mb,
+                              "imagefolder: keep decoded, downscaled images in memory up to this many MiB per "
+                              "loader, so later epochs skip reading and decoding; 0: off",
+                              at_least(0)));
+  f.push_back(
+      RN_CONFIG_FIELD(data.cache_short_side, "imagefolder: cached images keep at most this shorter side", at_least(1)));
   f.push_back(RN_CONFIG_FIELD(data.augment.random_crop_padding,
                               "pad by this many pixels then crop image_size at a random place; 0: no crop",
                               at_least(0)));
   f.push_back(RN_CONFIG_FIELD(data.augment.flip, "random horizontal flip"));
+  f.push_back(RN_CONFIG_FIELD(data.augment.scale,
+                              "imagefolder: RandomResizedCrop area range [min, max], fractions of the image"));
+  f.push_back(RN_CONFIG_FIELD(data.augment.ratio, "imagefolder: RandomResizedCrop aspect-ratio range [min, max]"));
+  f.push_back(RN_CONFIG_FIELD(data.augment.eval_resize,
+                              "imagefolder: evaluation resizes the shorter side to this, then takes the centre "
+                              "model.image_size",
+                              at_least(1)));
+  f.push_back(RN_CONFIG_FIELD(data.augment.dct_scaling,
+                              "imagefolder: decode JPEGs at the smallest n/8 scale that still covers the crop "
+                              "(much faster; false decodes at full size, bit-exact with PIL)"));
   f.push_back(RN_CONFIG_FIELD(data.mean, "per-channel mean subtracted, on the [0, 1] pixel scale"));
   f.push_back(
       RN_CONFIG_FIELD(data.std, "per-channel standard deviation divided by, on the [0, 1] pixel scale", above(0)));
@@ -434,6 +459,9 @@ std::vector<Field> build_fields() {
                               "where to train; auto: CUDA if present, else cpu (oneDNN); ref: the "
                               "naive reference backend"));
   f.push_back(RN_CONFIG_FIELD(run.threads, "host threads; 0: all cores", at_least(0)));
+  f.push_back(RN_CONFIG_FIELD(run.trace,
+                              "write trace.json in the run folder: loader batches and training steps as spans "
+                              "that chrome://tracing and Perfetto open"));
   f.push_back(RN_CONFIG_FIELD(run.seed, "seed of weights init, data order and augmentation", at_least(0)));
   f.push_back(RN_CONFIG_FIELD(run.deterministic, "bitwise reproducible kernels (possibly slower)"));
   f.push_back(RN_CONFIG_FIELD(run.out_dir, "run folder: train.log, metrics.jsonl, config.yaml, checkpoints"));
@@ -572,6 +600,7 @@ std::string_view enum_name(PrecisionLevel v) { return name_of(v); }
 std::string_view enum_name(LossScalePolicy v) { return name_of(v); }
 std::string_view enum_name(DeviceChoice v) { return name_of(v); }
 std::string_view enum_name(MemoryLevel v) { return name_of(v); }
+std::string_view enum_name(BadFilePolicy v) { return name_of(v); }
 
 double scaled_peak_lr(const OptimizerConfig& cfg, int64_t global_batch) {
   if (cfg.lr_scale_batch == 0) return cfg.base_lr;
@@ -586,6 +615,19 @@ void Config::validate() const {
                                          << " values but model.in_channels is " << model.in_channels;
   RN_CHECK(data.std.size() == channels) << where << "key 'data.std' has " << data.std.size()
                                         << " values but model.in_channels is " << model.in_channels;
+  if (data.dataset == DatasetKind::imagefolder) {
+    RN_CHECK(model.in_channels == 3) << where << "key 'model.in_channels' = " << model.in_channels
+                                     << " but image folders decode to RGB (3 channels)";
+    const auto& a = data.augment;
+    RN_CHECK(a.scale.size() == 2 && a.scale[0] > 0 && a.scale[0] <= a.scale[1] && a.scale[1] <= 1)
+        << where << "key 'data.augment.scale' must be [min, max] with 0 < min <= max <= 1, got "
+        << shown(Codec<std::vector<double>>::encode(a.scale));
+    RN_CHECK(a.ratio.size() == 2 && a.ratio[0] > 0 && a.ratio[0] <= a.ratio[1])
+        << where << "key 'data.augment.ratio' must be [min, max] with 0 < min <= max, got "
+        << shown(Codec<std::vector<double>>::encode(a.ratio));
+    RN_CHECK(a.eval_resize >= model.image_size[0] && a.eval_resize >= model.image_size[1])
+        << where << "key 'data.augment.eval_resize' = " << a.eval_resize << " is smaller than model.image_size";
+  }
   if (data.dataset == DatasetKind::fashion_mnist) {
     RN_CHECK(model.in_channels == 1) << where << "key 'model.in_channels' = " << model.in_channels
                                      << " but Fashion-MNIST images have 1 channel";

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "data/loader.h"           // BadFilePolicy
 #include "model/memory_planner.h"  // MemoryLevel
 
 namespace rn {
@@ -38,6 +39,7 @@ std::string_view enum_name(PrecisionLevel v);
 std::string_view enum_name(LossScalePolicy v);
 std::string_view enum_name(DeviceChoice v);
 std::string_view enum_name(MemoryLevel v);
+std::string_view enum_name(BadFilePolicy v);
 
 struct ModelConfig {
   std::string name = "resnet20";  // resnet18/34/50/101/152, resnet20/32/44/56/110, resnet50_gdw
@@ -51,6 +53,11 @@ struct ModelConfig {
 struct AugmentConfig {
   int64_t random_crop_padding = 2;  // pad by this many pixels, then crop image_size at random; 0: off
   bool flip = true;                 // random horizontal flip
+  // Image folders and shards (variable-size photos):
+  std::vector<double> scale = {0.08, 1.0};             // RandomResizedCrop area range
+  std::vector<double> ratio = {3.0 / 4.0, 4.0 / 3.0};  // RandomResizedCrop aspect range
+  int64_t eval_resize = 256;                           // evaluation: shorter side, then centre crop image_size
+  bool dct_scaling = true;                             // decode JPEGs at the smallest sufficient n/8 scale
   bool operator==(const AugmentConfig&) const = default;
 };
 
@@ -63,6 +70,11 @@ struct DataConfig {
   int64_t workers = 2;       // decode/augment threads
   int64_t prefetch = 2;      // batches prepared ahead of the step
   bool drop_last = true;     // drop the last incomplete training batch
+  std::string val_root;      // imagefolder: validation folder; "": root/val
+  std::string val_list;      // imagefolder: "relative/path label" list under val_root instead of class folders
+  BadFilePolicy bad_files = BadFilePolicy::skip;  // corrupt images: skip (counted, logged once) or error
+  int64_t cache_mb = 0;                           // decoded-image cache per loader, MiB; 0: off
+  int64_t cache_short_side = 256;                 // cached images keep at most this shorter side
   AugmentConfig augment;
   std::vector<double> mean = {0.2860};  // per channel, on the [0, 1] pixel scale
   std::vector<double> std = {0.3530};   // per channel, on the [0, 1] pixel scale
@@ -136,6 +148,7 @@ struct RunConfig {
   std::string out_dir = "runs/default";
   int64_t log_interval_steps = 50;
   int64_t eval_interval_epochs = 1;  // 0: evaluate only after the last epoch
+  bool trace = false;                // write trace.json (Chrome/Perfetto) of loader and step spans
   CheckpointConfig checkpoint;
   bool operator==(const RunConfig&) const = default;
 };

@@ -48,6 +48,17 @@ class MetricsRecord {
     return *this;
   }
 
+  MetricsRecord& add(std::string_view key, std::string_view text) {
+    check_new_key(key);
+    fields_[std::string(key)] = std::string(text);
+    return *this;
+  }
+  MetricsRecord& add(std::string_view key, bool flag) {
+    check_new_key(key);
+    fields_[std::string(key)] = flag;
+    return *this;
+  }
+
   const nlohmann::ordered_json& fields() const { return fields_; }
 
  private:

@@ -228,6 +228,26 @@ std::string memory_table(const std::vector<json>& records) {
          rows + "</table>\n";
 }
 
+// The input-pipeline analysis of each epoch ("pipeline" records): loader stage times per
+// batch, the data-wait share and the verdict.
+std::string pipeline_table(const std::vector<json>& records) {
+  std::string rows;
+  for (const json& r : records) {
+    if (r["kind"].get_ref<const std::string&>() != "pipeline") continue;
+    const double batches = std::max(1.0, number(r, "batches"));
+    rows += fmt::format("<tr><td>{:g}</td>", number(r, "epoch"));
+    for (const char* key : {"read_s", "decode_s", "augment_s", "collate_s", "copy_s", "step_s"})
+      rows += fmt::format("<td>{:.2f}</td>", 1e3 * number(r, key) / batches);
+    rows += fmt::format("<td>{:.1f}%</td><td>{}</td></tr>\n", 100 * number(r, "wait_share"),
+                        html_escape(r.value("verdict", std::string())));
+  }
+  if (rows.empty()) return "<p class=\"nodata\">no input-pipeline records yet (written after each epoch)</p>\n";
+  return "<p>milliseconds per batch; read, decode, augment and collate run on the loader's workers, copy and step on "
+         "the training thread</p>\n<table class=\"summary\">\n<tr><th>epoch</th><th>read</th><th>decode</th>"
+         "<th>augment</th><th>collate</th><th>copy</th><th>step</th><th>data wait</th><th>verdict</th></tr>\n" +
+         rows + "</table>\n";
+}
+
 }  // namespace
 
 std::string render_report_html(const std::vector<json>& records, const std::string& config_yaml,
@@ -244,6 +264,7 @@ std::string render_report_html(const std::vector<json>& records, const std::stri
   } else {
     html += summary_table(h);
   }
+  html += "<h2>Input pipeline</h2>\n" + pipeline_table(records);
   html += "<h2>Plots</h2>\n" + plots(h);
   html += "<h2>Memory</h2>\n" + memory_table(records);
   html += "<h2>Configuration</h2>\n";

@@ -8,16 +8,16 @@
 #include "core/log.h"
 #include "core/rng.h"
 #include "core/thread_pool.h"
-#include "data/idx_dataset.h"
 #include "data/loader.h"
-#include "data/synthetic_dataset.h"
-#include "data/transform.h"
 #include "model/memory_usage.h"
 #include "model/model.h"
 #include "model/plan.h"
 #include "model/zoo.h"
+#include "prof/pipeline.h"
+#include "prof/trace.h"
 #include "train/checkpoint.h"
 #include "train/checkpoint_file.h"
+#include "train/data_setup.h"
 #include "train/device.h"
 #include "train/evaluate.h"
 #include "train/metrics.h"
@@ -36,58 +36,6 @@ extern "C" void on_stop_signal(int) { g_stop = true; }
 
 namespace fs = std::filesystem;
 
-struct Datasets {
-  std::shared_ptr<const Dataset> train, val;
-};
-
-SubsetSpec subset_of(int64_t n) {
-  SubsetSpec s;
-  if (n > 0) s.count = n;
-  return s;
-}
-
-Datasets make_datasets(const Config& cfg) {
-  const DataConfig& d = cfg.data;
-  Datasets ds;
-  switch (d.dataset) {
-    case DatasetKind::fashion_mnist:
-      ds.train = fashion_mnist(d.root, Split::train, subset_of(d.train_subset));
-      ds.val = fashion_mnist(d.root, Split::test, subset_of(d.val_subset));
-      break;
-    case DatasetKind::synthetic: {
-      SyntheticOptions o;
-      o.channels = static_cast<int>(cfg.model.in_channels);
-      o.height = static_cast<int>(cfg.model.image_size[0]);
-      o.width = static_cast<int>(cfg.model.image_size[1]);
-      o.num_classes = static_cast<int>(cfg.model.num_classes);
-      o.size = d.train_subset > 0 ? d.train_subset : 10000;
-      o.seed = static_cast<uint64_t>(cfg.run.seed);
-      ds.train = std::make_shared<SyntheticDataset>(o);
-      o.size = d.val_subset > 0 ? d.val_subset : 2000;
-      o.seed = static_cast<uint64_t>(cfg.run.seed) + 1;
-      ds.val = std::make_shared<SyntheticDataset>(o);
-      break;
-    }
-    case DatasetKind::imagefolder:
-      RN_FAIL() << "data.dataset=imagefolder is not available yet in this build (JPEG pipeline pending); use "
-                   "fashion_mnist or synthetic";
-  }
-  for (const auto* set : {ds.train.get(), ds.val.get()}) {
-    RN_CHECK(set->num_classes() <= cfg.model.num_classes)
-        << "dataset " << set->name() << " has " << set->num_classes() << " classes but model.num_classes is "
-        << cfg.model.num_classes;
-    const SampleGeometry g = set->geometry();
-    RN_CHECK(g.channels == cfg.model.in_channels && g.height == cfg.model.image_size[0] &&
-             g.width == cfg.model.image_size[1])
-        << "dataset " << set->name() << " gives " << g.str() << " images but the model expects "
-        << cfg.model.in_channels << "x" << cfg.model.image_size[0] << "x" << cfg.model.image_size[1]
-        << " (model.in_channels, model.image_size)";
-  }
-  return ds;
-}
-
-std::vector<float> to_floats(const std::vector<double>& v) { return {v.begin(), v.end()}; }
-
 // The planned and the measured memory of a training plan, as a log line and a "memory"
 // record in metrics.jsonl (bytes; level 0, 1, 2 for O0, O1, O2).
 void log_measured_memory(const Plan& plan, MetricsLog& metrics, int64_t epoch, int64_t step) {
@@ -95,10 +43,11 @@ void log_measured_memory(const Plan& plan, MetricsLog& metrics, int64_t epoch, i
   const RangeResidency arena = plan.arena_residency();
   const ProcessMemory process = process_memory();
   const double MiB = 1048576.0;
-  RN_LOG_INFO("memory at level {} after epoch {}: planned arena {:.1f} MiB, total {:.1f} MiB; measured arena "
-              "high-water {:.1f} MiB, resident {:.1f} MiB, peak resident {:.1f} MiB",
-              memory_level_name(plan.options().memory), epoch, p.arena / MiB, p.total() / MiB, arena.high_water / MiB,
-              process.resident / MiB, process.peak_resident / MiB);
+  RN_LOG_INFO(
+      "memory at level {} after epoch {}: planned arena {:.1f} MiB, total {:.1f} MiB; measured arena "
+      "high-water {:.1f} MiB, resident {:.1f} MiB, peak resident {:.1f} MiB",
+      memory_level_name(plan.options().memory), epoch, p.arena / MiB, p.total() / MiB, arena.high_water / MiB,
+      process.resident / MiB, process.peak_resident / MiB);
   metrics.append(MetricsRecord("memory", epoch, step)
                      .add("level", static_cast<int64_t>(plan.options().memory))
                      .add("batch", plan.options().batch)
@@ -155,7 +104,7 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
     // Only settings that cannot change results may differ from the run's: the memory level.
     for (const std::string& o : options.resume_overrides) {
       RN_CHECK(o.rfind("memory.", 0) == 0) << "cannot change '" << o << "' when resuming " << run_dir
-                                          << ": only memory.* settings may change (they do not change results)";
+                                           << ": only memory.* settings may change (they do not change results)";
       apply_config_override(cfg, o);
     }
     if (!options.resume_overrides.empty()) {
@@ -176,8 +125,9 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
   const PrecisionPolicy policy = make_precision_policy(cfg.precision, *backend);
   RN_LOG_INFO("device {} ({} host threads); {}", backend->name(), host_threads(), policy.describe());
   if (cfg.run.deterministic)
-    RN_LOG_INFO("deterministic mode: fixed data order and augmentation, kernels with a fixed summation order "
-                "(the same machine and thread count give bit-identical results)");
+    RN_LOG_INFO(
+        "deterministic mode: fixed data order and augmentation, kernels with a fixed summation order "
+        "(the same machine and thread count give bit-identical results)");
 
   Model model(build_model(cfg.model.name, model_options(cfg.model)), cfg.optimizer.decay_bn_and_bias);
   model.init(static_cast<uint64_t>(cfg.run.seed));
@@ -188,31 +138,15 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
   RN_LOG_INFO("model {}: {} parameters", cfg.model.name, model.param_count());
 
   // Data.
-  const Datasets data = make_datasets(cfg);
   const Layout layout = backend->preferred_layout();
-  DataLoaderOptions lo;
-  lo.batch_size = cfg.data.batch_size;
-  lo.workers = static_cast<int>(cfg.data.workers);
-  lo.prefetch = static_cast<int>(cfg.data.prefetch);
-  lo.drop_last = cfg.data.drop_last;
-  lo.seed = static_cast<uint64_t>(cfg.run.seed);
-  lo.dtype = policy.activation_dtype;
-  lo.layout = layout;
-  const auto& aug = cfg.data.augment;
-  CropFlipNormalizeOptions to;
-  to.pad = static_cast<int>(aug.random_crop_padding);
-  to.flip_prob = aug.flip ? 0.5f : 0.0f;
-  to.mean = to_floats(cfg.data.mean);
-  to.std = to_floats(cfg.data.std);
-  DataLoader train_loader(data.train, std::make_shared<CropFlipNormalize>(to), lo);
-  DataLoaderOptions vo = lo;
-  vo.shuffle = false;
-  vo.drop_last = false;
-  vo.shard.equal = false;
-  DataLoader val_loader(data.val, small_image_eval_transform(to.mean, to.std), vo);
+  std::shared_ptr<TraceRecorder> trace = cfg.run.trace ? std::make_shared<TraceRecorder>() : nullptr;
+  if (trace) trace->name_thread("trainer");
+  Loaders loaders = make_loaders(cfg, policy.activation_dtype, layout, trace);
+  DataLoader& train_loader = *loaders.train;
+  DataLoader& val_loader = *loaders.val;
   const int64_t steps_per_epoch = train_loader.batches_per_epoch();
-  RN_CHECK(steps_per_epoch > 0) << "the training set (" << data.train->size() << " samples) has no full batch of "
-                                << cfg.data.batch_size;
+  RN_CHECK(steps_per_epoch > 0) << "the training set (" << train_loader.dataset().size()
+                                << " samples) has no full batch of " << cfg.data.batch_size;
 
   // Plans: made once the starting epoch is known (its memory level may come from
   // memory.schedule), and made again at an epoch boundary where the level changes.
@@ -240,20 +174,20 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
     const PlannedPeak p = plan->planned_peak(1);
     if (old_arena > 0)
       RN_LOG_INFO("epoch {}: memory level {} -> {}, re-planned: arena {:.1f} MiB -> {:.1f} MiB", epoch + 1,
-                  memory_level_name(old_level), memory_level_name(level), old_arena / 1048576.0,
-                  p.arena / 1048576.0);
-    RN_LOG_INFO("training plan: batch {}, memory level {}, arena {:.1f} MiB; planned peak {:.1f} MiB "
-                "(+ parameters, gradients, optimizer state {:.1f} MiB, workspace {:.1f} MiB)",
-                po.batch, memory_level_name(level), p.arena / 1048576.0, p.total() / 1048576.0,
-                (p.parameters + p.parameter_grads + p.optimizer_state + p.half_weights) / 1048576.0,
-                p.workspace / 1048576.0);
+                  memory_level_name(old_level), memory_level_name(level), old_arena / 1048576.0, p.arena / 1048576.0);
+    RN_LOG_INFO(
+        "training plan: batch {}, memory level {}, arena {:.1f} MiB; planned peak {:.1f} MiB "
+        "(+ parameters, gradients, optimizer state {:.1f} MiB, workspace {:.1f} MiB)",
+        po.batch, memory_level_name(level), p.arena / 1048576.0, p.total() / 1048576.0,
+        (p.parameters + p.parameter_grads + p.optimizer_state + p.half_weights) / 1048576.0, p.workspace / 1048576.0);
     // The arena is allocated lazily by the system: a plan that cannot fit would only fail
     // later, killed mid-epoch. Say so now, with what to do about it.
     if (const size_t avail = available_memory(); avail > 0 && p.total() > avail)
-      RN_LOG_WARN("the planned peak {:.1f} MiB at memory level {} exceeds the {:.1f} MiB of memory available: "
-                  "lower data.batch_size or use memory.level=O2 (resnet bench --find-max-batch --memory-cap shows "
-                  "what fits)",
-                  p.total() / 1048576.0, memory_level_name(level), avail / 1048576.0);
+      RN_LOG_WARN(
+          "the planned peak {:.1f} MiB at memory level {} exceeds the {:.1f} MiB of memory available: "
+          "lower data.batch_size or use memory.level=O2 (resnet bench --find-max-batch --memory-cap shows "
+          "what fits)",
+          p.total() / 1048576.0, memory_level_name(level), avail / 1048576.0);
     memory_logged = false;
   };
 
@@ -297,19 +231,32 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
   const int64_t epochs = cfg.schedule.epochs;
   bool stop = false;
   while (st.epoch < epochs && !stop) {
-    if (const MemoryLevel level = memory_level_at_epoch(cfg.memory, st.epoch); level != po.memory) plan_at(level, st.epoch);
+    if (const MemoryLevel level = memory_level_at_epoch(cfg.memory, st.epoch); level != po.memory)
+      plan_at(level, st.epoch);
     train_loader.start_epoch(st.epoch, st.batch_in_epoch);
     // Interval statistics for the log lines.
     double interval_loss = 0;
     int64_t interval_steps = 0, interval_images = 0;
     double interval_wait0 = train_loader.epoch_wait_seconds();
     auto interval_t0 = std::chrono::steady_clock::now();
+    // The input-pipeline analyser's view of the epoch: copy and step time on this thread.
+    PipelineSpan pipeline;
+    const auto epoch_t0 = std::chrono::steady_clock::now();
     while (const Batch* b = train_loader.next()) {
       RN_CHECK(b->size == po.batch) << "partial training batch of " << b->size << " (data.drop_last=false is not "
                                     << "supported for training yet)";
+      const double copy_us = trace_now_us();
       copy_batch(*plan, *b);
+      const double step_us = trace_now_us();
       const double lr = schedule.lr(st.step);
       step->run(lr);
+      const double end_us = trace_now_us();
+      pipeline.copy += 1e-6 * (step_us - copy_us);
+      pipeline.compute += 1e-6 * (end_us - step_us);
+      if (trace) {
+        trace->complete("copy", "step", copy_us, step_us - copy_us);
+        trace->complete("step " + std::to_string(st.step + 1), "step", step_us, end_us - step_us);
+      }
       ++st.step;
       ++st.batch_in_epoch;
       const float loss = plan->loss();
@@ -358,13 +305,40 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
         result.interrupted = g_stop;
         break;
       }
-      if (cfg.run.checkpoint.every_steps > 0 && st.step % cfg.run.checkpoint.every_steps == 0) save(false, std::nullopt);
+      if (cfg.run.checkpoint.every_steps > 0 && st.step % cfg.run.checkpoint.every_steps == 0)
+        save(false, std::nullopt);
     }
     if (stop) break;
     if (!memory_logged) {
       log_measured_memory(*plan, metrics, st.epoch + 1, st.step);
       memory_logged = true;
     }
+    pipeline.loader = train_loader.epoch_times();
+    pipeline.workers = train_loader.workers();
+    pipeline.wait = train_loader.epoch_wait_seconds();
+    pipeline.wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_t0).count();
+    const PipelineVerdict verdict = analyse_pipeline(pipeline);
+    RN_LOG_INFO("epoch {} {}", st.epoch + 1, format_pipeline(pipeline, verdict));
+    {
+      // 1-based completed epochs, as eval records.
+      MetricsRecord r("pipeline", st.epoch + 1, st.step);
+      const nlohmann::json fields = pipeline_json(pipeline, verdict);
+      for (const auto& [key, value] : fields.items()) {
+        if (value.is_boolean()) {
+          r.add(key, value.get<bool>());
+        } else if (value.is_number_integer()) {
+          r.add(key, value.get<int64_t>());
+        } else if (value.is_number()) {
+          r.add(key, value.get<double>());
+        } else if (value.is_string()) {
+          r.add(key, std::string_view(value.get_ref<const std::string&>()));
+        }
+      }
+      metrics.append(r);
+    }
+    if (train_loader.bad_file_count() > 0)
+      RN_LOG_WARN("{} bad image files skipped so far (each logged once above)", train_loader.bad_file_count());
+    if (trace) trace->write(run_dir + "/trace.json");
     const int64_t done_epoch = st.epoch;
     ++st.epoch;
     st.batch_in_epoch = 0;
@@ -391,8 +365,7 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
   result.steps = st.step;
   result.best_top1 = st.best_top1;
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-  if (scaler.skipped_steps() > 0)
-    RN_LOG_INFO("{} steps were skipped for inf/NaN gradients", scaler.skipped_steps());
+  if (scaler.skipped_steps() > 0) RN_LOG_INFO("{} steps were skipped for inf/NaN gradients", scaler.skipped_steps());
   write_report(run_dir);
   RN_LOG_INFO("{} after {} steps in {:.1f} s; report: {}/report.html", stop ? "stopped" : "finished", st.step,
               result.seconds, run_dir);

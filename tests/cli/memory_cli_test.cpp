@@ -36,12 +36,14 @@ TEST(ResnetInfo, PlansEveryMemoryLevel) {
   ASSERT_EQ(o.status, 0) << o.text;
   for (const char* col : {"arena", "activations", "gradients", "params", "optimizer", "workspace", "total"})
     EXPECT_NE(o.text.find(col), std::string::npos) << col << "\n" << o.text;
-  for (const char* level : {"\n  O0 ", "\n  O1 ", "\n  O2 "}) EXPECT_NE(o.text.find(level), std::string::npos) << o.text;
+  for (const char* level : {"\n  O0 ", "\n  O1 ", "\n  O2 "})
+    EXPECT_NE(o.text.find(level), std::string::npos) << o.text;
 }
 
 TEST(ResnetBench, FindMaxBatchFitsMoreAtEachLevel) {
   const size_t cap = 12u << 20;
-  const Output o = run_resnet("bench " + kSmall + " --threads 2 --find-max-batch --memory-cap 12MiB --steps 1 --warmup 0 --json");
+  const Output o =
+      run_resnet("bench " + kSmall + " --threads 2 --find-max-batch --memory-cap 12MiB --steps 1 --warmup 0 --json");
   ASSERT_EQ(o.status, 0) << o.text;
   std::vector<nlohmann::json> rows;
   std::istringstream lines(o.text);

@@ -120,15 +120,14 @@ TEST_P(MemoryLevelsZoo, GradientsBitIdenticalAtO0O1O2) {
 }
 
 const ZooCase kZooCases[] = {
-    {"resnet20", 1, 28, 4, "ref"},      {"resnet20", 1, 28, 4, "cpu"}, {"resnet32", 3, 32, 2, "cpu"},
-    {"resnet56", 1, 16, 2, "cpu"},  // stages of 9 blocks: chains cut by kept checkpoints
-    {"resnet18", 3, 32, 2, "cpu"},      {"resnet34", 3, 32, 2, "cpu"}, {"resnet50", 3, 32, 2, "cpu"},
-    {"resnet50_gdw", 3, 32, 2, "cpu"},
+    {"resnet20", 1, 28, 4, "ref"}, {"resnet20", 1, 28, 4, "cpu"},
+    {"resnet32", 3, 32, 2, "cpu"}, {"resnet56", 1, 16, 2, "cpu"},  // stages of 9 blocks: chains cut by kept checkpoints
+    {"resnet18", 3, 32, 2, "cpu"}, {"resnet34", 3, 32, 2, "cpu"},
+    {"resnet50", 3, 32, 2, "cpu"}, {"resnet50_gdw", 3, 32, 2, "cpu"},
 };
 
-INSTANTIATE_TEST_SUITE_P(Zoo, MemoryLevelsZoo, ::testing::ValuesIn(kZooCases), [](const auto& info) {
-  return info.param.model + "_" + info.param.backend;
-});
+INSTANTIATE_TEST_SUITE_P(Zoo, MemoryLevelsZoo, ::testing::ValuesIn(kZooCases),
+                         [](const auto& info) { return info.param.model + "_" + info.param.backend; });
 
 // Mixed precision: the casts between bf16 convolutions and fp32 BN are recomputed too.
 TEST(MemoryLevels, Bf16ConvolutionsBitIdenticalAtO0O1O2) {
@@ -231,7 +230,6 @@ TEST(MemoryLevels, NamesRoundTripAndUnknownIsAnError) {
   }
 }
 
-
 // Planned against measured, on the CPU backend. The arena's touched pages must reach its
 // planned end (the plan is used, no more, no less), and the process's peak resident memory
 // while making and running the plan must be the planned arena plus workspace within a
@@ -275,7 +273,6 @@ TEST(MemoryMeasured, PlannedPeakWithinMarginOfMeasured) {
     EXPECT_GE(static_cast<double>(measured), 0.9 * static_cast<double>(expect) - 8.0 * (1 << 20)) << where;
   }
 }
-
 
 TEST(MemoryMeasured, ProcessFiguresAreSane) {
   const ProcessMemory m = process_memory();

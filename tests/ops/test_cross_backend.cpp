@@ -413,16 +413,17 @@ void run(const BatchNormCase& c, DType t, Backends b, Rng& rng, Results& out) {
     const char* p = static_cast<const char*>(h.view().data);
     return std::vector<char>(p, p + h.view().bytes());
   };
-  const std::vector<std::vector<char>> running_before = {bytes_of(rmean.ref), bytes_of(rvar.ref), bytes_of(rmean.dut), bytes_of(rvar.dut)};
+  const std::vector<std::vector<char>> running_before = {bytes_of(rmean.ref), bytes_of(rvar.ref), bytes_of(rmean.dut),
+                                                         bytes_of(rvar.dut)};
   Twin y_again = nan_twin(xs, t, d.layout);
   kr->forward_recompute(y_again.ref, x.ref, rr, gamma.ref, beta.ref, mean.ref, invstd.ref);
   kd->forward_recompute(y_again.dut, x.dut, rdut, gamma.dut, beta.dut, mean.dut, invstd.dut);
   EXPECT_EQ(bytes_of(y_again.ref), bytes_of(y.ref)) << d.str() << ": ref's recomputed y differs from its forward y";
   EXPECT_EQ(bytes_of(y_again.dut), bytes_of(y.dut))
       << d.str() << ": " << kBackendUnderTest << "'s recomputed y differs from its forward y";
-  const std::vector<std::vector<char>> running_after = {bytes_of(rmean.ref), bytes_of(rvar.ref), bytes_of(rmean.dut), bytes_of(rvar.dut)};
-  EXPECT_TRUE(running_before == running_after)
-      << d.str() << ": recompute changed the running statistics";
+  const std::vector<std::vector<char>> running_after = {bytes_of(rmean.ref), bytes_of(rvar.ref), bytes_of(rmean.dut),
+                                                        bytes_of(rvar.dut)};
+  EXPECT_TRUE(running_before == running_after) << d.str() << ": recompute changed the running statistics";
   // Recomputing from another input is caught, not silently wrong.
   const float x0 = x.ref.ptr<float>()[0];
   x.ref.ptr<float>()[0] = x0 + 1.0f;
@@ -453,7 +454,8 @@ void run(const BatchNormCase& c, DType t, Backends b, Rng& rng, Results& out) {
   kd->backward(inplace.dut, add ? &dres2.dut.view() : nullptr, dgamma.dut, dbeta.dut, inplace.dut, x.dut, y_in.dut,
                gamma.dut, mean_in.dut, invstd_in.dut);
   EXPECT_EQ(bytes_of(inplace.ref), bytes_of(dx.ref)) << d.str() << ": ref's in-place dx differs";
-  EXPECT_EQ(bytes_of(inplace.dut), bytes_of(dx.dut)) << d.str() << ": " << kBackendUnderTest << "'s in-place dx differs";
+  EXPECT_EQ(bytes_of(inplace.dut), bytes_of(dx.dut))
+      << d.str() << ": " << kBackendUnderTest << "'s in-place dx differs";
 }
 
 void run(const ReluCase& c, DType t, Backends b, Rng& rng, Results& out) {

@@ -9,12 +9,12 @@
 #include <vector>
 
 #include "model/model.h"
+#include "test_dir.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/metrics.h"
 #include "train/optimizer.h"
 #include "train/trainer.h"
-#include "test_dir.h"
 
 namespace rn {
 namespace {
@@ -82,9 +82,12 @@ std::vector<char> final_state(const Config& cfg, const std::string& run_dir) {
   CheckpointManager cm(run_dir, 0, false);
   EXPECT_TRUE(cm.latest_loadable(model, &opt).has_value()) << run_dir;
   std::vector<char> out;
-  auto put = [&](const void* p, size_t n) { out.insert(out.end(), static_cast<const char*>(p), static_cast<const char*>(p) + n); };
+  auto put = [&](const void* p, size_t n) {
+    out.insert(out.end(), static_cast<const char*>(p), static_cast<const char*>(p) + n);
+  };
   put(model.param_data(), static_cast<size_t>(model.params().total) * sizeof(float));
-  for (const auto& v : model.state_views()) put(model.state_data() + v.offset, static_cast<size_t>(v.numel) * sizeof(float));
+  for (const auto& v : model.state_views())
+    put(model.state_data() + v.offset, static_cast<size_t>(v.numel) * sizeof(float));
   put(opt.state().data(), opt.state().size() * sizeof(float));
   return out;
 }

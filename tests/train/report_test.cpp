@@ -100,6 +100,28 @@ TEST(Report, HasEveryPlotAndTheSummary) {
   EXPECT_EQ(files, 3);  // metrics.jsonl, config.yaml, report.html
 }
 
+TEST(Report, InputPipelineTablePerEpoch) {
+  TestDir dir;
+  write_run(dir.path().string());
+  {
+    MetricsLog log(dir.path().string());
+    for (int64_t epoch = 1; epoch <= 2; ++epoch) {
+      MetricsRecord r("pipeline", epoch, epoch * 100);
+      r.add("batches", int64_t{100}).add("read_s", 0.5).add("decode_s", 2.0).add("augment_s", 1.0);
+      r.add("collate_s", 0.25).add("copy_s", 0.1).add("step_s", 30.0).add("wait_share", 0.012);
+      r.add("verdict", std::string_view("compute-bound: <1.2%> waiting"));
+      log.append(r);
+    }
+  }
+  write_report(dir.path().string());
+  std::ifstream in(dir.file("report.html"));
+  const std::string html{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  EXPECT_NE(html.find("<h2>Input pipeline</h2>"), std::string::npos);
+  EXPECT_EQ(count_of(html, "compute-bound: &lt;1.2%&gt; waiting"), 2);  // one row per epoch, escaped
+  EXPECT_NE(html.find("<td>20.00</td>"), std::string::npos);            // decode: 2 s over 100 batches
+  EXPECT_NE(html.find("<td>1.2%</td>"), std::string::npos);
+}
+
 TEST(Report, EmptyMetricsSayNoData) {
   TestDir dir;
   { MetricsLog log(dir.path().string()); }  // creates an empty metrics.jsonl

@@ -149,14 +149,15 @@ void CpuBatchNorm::do_forward_inference(const Tensor& y, const Tensor& x, const 
   if (residual != nullptr) add_relu_.run(c, y.data, y.data, residual->data);
 }
 
-void CpuBatchNorm::do_forward_recompute(const Tensor& y, const Tensor& x, const Tensor* residual,
-                                        const Tensor& gamma, const Tensor& beta, const Tensor& saved_mean,
-                                        const Tensor& saved_invstd) {
+void CpuBatchNorm::do_forward_recompute(const Tensor& y, const Tensor& x, const Tensor* residual, const Tensor& gamma,
+                                        const Tensor& beta, const Tensor& saved_mean, const Tensor& saved_invstd) {
   Context& c = *ctx_;
-  std::unordered_map<int, dnnl::memory> args = {
-      {DNNL_ARG_SRC, wrap(c, data_md_, x.data)},           {DNNL_ARG_DST, wrap(c, data_md_, y.data)},
-      {DNNL_ARG_SCALE, wrap(c, stat_md_, gamma.data)},     {DNNL_ARG_SHIFT, wrap(c, stat_md_, beta.data)},
-      {DNNL_ARG_MEAN, wrap_temp(c, stat_md_, re_mean_at_)}, {DNNL_ARG_VARIANCE, wrap_temp(c, stat_md_, re_var_at_)}};
+  std::unordered_map<int, dnnl::memory> args = {{DNNL_ARG_SRC, wrap(c, data_md_, x.data)},
+                                                {DNNL_ARG_DST, wrap(c, data_md_, y.data)},
+                                                {DNNL_ARG_SCALE, wrap(c, stat_md_, gamma.data)},
+                                                {DNNL_ARG_SHIFT, wrap(c, stat_md_, beta.data)},
+                                                {DNNL_ARG_MEAN, wrap_temp(c, stat_md_, re_mean_at_)},
+                                                {DNNL_ARG_VARIANCE, wrap_temp(c, stat_md_, re_var_at_)}};
   if (ws_md_.get_size() > 0) args.emplace(DNNL_ARG_WORKSPACE, wrap_temp(c, ws_md_, ws_at_));
   execute(c, train_, std::move(args));
   if (residual != nullptr) add_relu_.run(c, y.data, y.data, residual->data);

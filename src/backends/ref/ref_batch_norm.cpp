@@ -66,7 +66,8 @@ class RefBatchNorm final : public BatchNormKernel {
         batch_stats(xp, c, &mean, &var, &invstd);
         // Bits, not ==: a NaN statistic (an overflowing step that will be skipped) recomputes too.
         if (std::bit_cast<uint32_t>(static_cast<float>(mean)) != std::bit_cast<uint32_t>(saved_mean.ptr<float>()[c]) ||
-            std::bit_cast<uint32_t>(static_cast<float>(invstd)) != std::bit_cast<uint32_t>(saved_invstd.ptr<float>()[c]))
+            std::bit_cast<uint32_t>(static_cast<float>(invstd)) !=
+                std::bit_cast<uint32_t>(saved_invstd.ptr<float>()[c]))
           mismatch = c;
         normalize(yp, xp, rp, c, mean, invstd, gamma.ptr<float>()[c], beta.ptr<float>()[c]);
       }

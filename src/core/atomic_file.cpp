@@ -1,4 +1,4 @@
-#include "train/checkpoint_file.h"
+#include "core/atomic_file.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -41,6 +41,8 @@ struct TempFile {
   }
 };
 
+}  // namespace
+
 void fsync_folder(const std::string& dir, const std::string& path) {
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   RN_CHECK(fd >= 0) << "wrote '" << path << "' but cannot open its folder '" << dir
@@ -52,8 +54,6 @@ void fsync_folder(const std::string& dir, const std::string& path) {
   RN_CHECK(rc == 0 || err == EINVAL || err == ENOTSUP)
       << "wrote '" << path << "' but cannot sync its folder '" << dir << "': " << errno_text(err);
 }
-
-}  // namespace
 
 void AtomicFileWriter::write(const void* data, size_t size) {
   if (size == 0) return;

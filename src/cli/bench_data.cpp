@@ -1,0 +1,111 @@
+#include "cli/bench_data.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+
+#include "core/check.h"
+#include "core/thread_pool.h"
+#include "data/augment.h"
+#include "data/loader.h"
+#include "prof/pipeline.h"
+#include "prof/trace.h"
+#include "train/data_setup.h"
+
+namespace rn::cli {
+
+int run_data_bench(const DataBenchArgs& a) {
+  const int workers = a.workers > 0 ? a.workers : host_threads();
+  auto dataset = open_image_dataset(a.path);
+  std::shared_ptr<ImageAugment> augment;
+  if (a.eval) {
+    ResizeCenterCropOptions o;
+    o.resize = std::max(a.height, a.width) * 256 / 224;
+    o.height = a.height;
+    o.width = a.width;
+    augment = std::make_shared<ResizeCenterCrop>(o);
+  } else {
+    RandomResizedCropOptions o;
+    o.height = a.height;
+    o.width = a.width;
+    augment = std::make_shared<RandomResizedCrop>(o);
+  }
+  augment->dct_scaling = a.dct_scaling;
+  DataLoaderOptions lo;
+  lo.batch_size = a.batch;
+  lo.workers = workers;
+  lo.prefetch = std::max(2, workers);
+  lo.dtype = a.normalize ? DType::f32 : DType::u8;
+  lo.layout = a.normalize ? Layout::nchw : Layout::nhwc;
+  lo.cache_bytes = static_cast<size_t>(a.cache_mb) << 20;
+  lo.drop_last = true;
+  if (!a.trace.empty()) lo.trace = std::make_shared<TraceRecorder>();
+  DataLoader loader(dataset, augment, lo);
+
+  const int64_t per_epoch = loader.batches_per_epoch();
+  const int64_t timed = a.batches > 0 ? a.batches : per_epoch - std::min<int64_t>(a.warmup, per_epoch - 1);
+  int64_t images = 0, seen = 0;
+  double seconds = 0;
+  PipelineTimes times;
+  using Clock = std::chrono::steady_clock;
+  for (int epoch = 0; epoch < a.epochs; ++epoch) {
+    // Only the last epoch is timed (earlier ones fill the cache); warmup batches are not.
+    const bool timed_epoch = epoch == a.epochs - 1;
+    loader.start_epoch(epoch);
+    int64_t k = 0;
+    Clock::time_point t0 = Clock::now();
+    PipelineTimes before = loader.epoch_times();
+    while (const Batch* b = loader.next()) {
+      ++k;
+      if (!timed_epoch) continue;
+      if (k == a.warmup) {
+        t0 = Clock::now();
+        before = loader.epoch_times();
+      }
+      if (k > a.warmup) {
+        images += b->size;
+        ++seen;
+      }
+      if (seen >= timed) break;
+    }
+    if (timed_epoch) {
+      seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+      times = loader.epoch_times();
+      times.read -= before.read;
+      times.decode -= before.decode;
+      times.augment -= before.augment;
+      times.collate -= before.collate;
+      times.samples -= before.samples;
+      times.batches -= before.batches;
+      times.cache_hits -= before.cache_hits;
+      times.skipped -= before.skipped;
+    }
+  }
+  RN_CHECK(images > 0) << a.path << " has too few images for " << a.warmup << " warmup batches of " << a.batch
+                       << " and a timed one";
+  const double rate = images / seconds;
+  if (!a.trace.empty()) lo.trace->write(a.trace);
+  if (a.json) {
+    fmt::print(
+        "{{\"system\":\"resnet.cpp\",\"path\":\"{}\",\"workers\":{},\"batch\":{},\"images\":{},\"seconds\":{:.4f},"
+        "\"images_per_sec\":{:.2f},\"images_per_sec_per_core\":{:.2f},\"eval\":{},\"cache_hits\":{},"
+        "\"read_s\":{:.4f},\"decode_s\":{:.4f},\"augment_s\":{:.4f},\"collate_s\":{:.4f}}}\n",
+        a.path, workers, a.batch, images, seconds, rate, rate / workers, a.eval, times.cache_hits, times.read,
+        times.decode, times.augment, times.collate);
+    return 0;
+  }
+  fmt::print("{} | {} | {} workers | batch {} | {} | {} images in {:.2f} s | {:.1f} img/s | {:.1f} img/s per core\n",
+             dataset->name(), augment->name(), workers, a.batch, a.normalize ? "f32 NCHW" : "u8 NHWC", images, seconds,
+             rate, rate / workers);
+  PipelineSpan span;
+  span.loader = times;
+  span.workers = workers;
+  span.wall = seconds;
+  span.wait = seconds;  // nothing else runs: the consumer only waits
+  fmt::print("{}\n", format_pipeline(span, analyse_pipeline(span)).substr(0, std::string::npos));
+  return 0;
+}
+
+}  // namespace rn::cli

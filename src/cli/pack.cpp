@@ -1,0 +1,108 @@
+// `resnet pack SRC OUT`: an ImageFolder tree (or a list file under a root) into shards for
+// fast random access (docs/shards.md). Progress goes to stderr, a summary to stdout.
+#include <fmt/format.h>
+
+#include <memory>
+
+#include "cli/commands.h"
+#include "cli/format.h"
+#include "data/image_folder.h"
+#include "data/shard_pack.h"
+
+namespace rn::cli {
+
+namespace {
+
+struct PackArgs {
+  std::string src;
+  std::string out;
+  std::string list;
+  int max_size = 0;
+  int quality = 90;
+  bool raw = false;
+  int64_t records_per_shard = 0;
+  double shard_mb = 256;
+  int workers = 0;
+  bool strict = false;
+};
+
+// A line at every further 5% of the records, and at least every 5 seconds.
+class ProgressPrinter {
+ public:
+  void operator()(const PackProgress& p) {
+    const int64_t pct = p.records_total > 0 ? 100 * p.records_done / p.records_total : 100;
+    if (pct < next_pct_ && p.seconds < last_seconds_ + 5) return;
+    next_pct_ = (pct / 5 + 1) * 5;
+    last_seconds_ = p.seconds;
+    fmt::print(stderr, "pack: {:3d}%  {}/{} records  {}/{} shards  {:.0f} records/s  {} written  {:.1f} s\n", pct,
+               p.records_done, p.records_total, p.shards_done, p.shards_total,
+               p.seconds > 0 ? p.records_done / p.seconds : 0.0, human_bytes(static_cast<double>(p.bytes_out)),
+               p.seconds);
+  }
+
+ private:
+  int64_t next_pct_ = 0;
+  double last_seconds_ = 0;
+};
+
+int run_pack(const PackArgs& a) {
+  std::unique_ptr<EncodedDataset> src;
+  if (a.list.empty())
+    src = std::make_unique<ImageFolderDataset>(a.src);
+  else
+    src = std::make_unique<ImageListDataset>(a.src, a.list);
+  fmt::print(stderr, "pack: {} images, {} classes from {} into {}\n", src->size(), src->num_classes(), src->name(),
+             a.out);
+
+  PackOptions o;
+  o.out_dir = a.out;
+  o.max_short_side = a.max_size;
+  o.quality = a.quality;
+  o.raw = a.raw;
+  o.records_per_shard = a.records_per_shard;
+  o.target_shard_bytes = static_cast<uint64_t>(a.shard_mb * (1 << 20));
+  o.workers = a.workers;
+  o.strict = a.strict;
+  o.progress = ProgressPrinter();
+  const PackResult r = pack_shards(*src, o);
+
+  fmt::print(
+      "packed {} records into {} shards ({} records per shard, {} kept from an earlier run) in {:.1f} s, "
+      "{:.0f} records/s\n",
+      r.records, r.shards, r.records_per_shard, r.shards_reused, r.seconds, r.records / std::max(r.seconds, 1e-9));
+  fmt::print("read {}, wrote {}; skipped {} unreadable images\n", human_bytes(static_cast<double>(r.bytes_in)),
+             human_bytes(static_cast<double>(r.bytes_out)), r.skipped);
+  for (const auto& s : r.skipped_sources) fmt::print("  skipped {}\n", s);
+  return 0;
+}
+
+}  // namespace
+
+Runner add_pack_command(CLI::App& app) {
+  auto a = std::make_shared<PackArgs>();
+  CLI::App* cmd = app.add_subcommand("pack", "Pack an image folder into shards for fast random access");
+  cmd->add_option("src", a->src, "ImageFolder root (class folders of images), or the root of --list's paths")
+      ->required();
+  cmd->add_option("out", a->out, "Output folder (dataset.json, shard-NNNNN.tar/.idx)")->required();
+  cmd->add_option("--list", a->list, "List file of 'relative/path label' lines (paths relative to SRC)");
+  cmd->add_option("--max-size", a->max_size, "Downscale so that the shorter side is at most this (0: keep)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--quality", a->quality, "JPEG quality of re-encoded images")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100));
+  cmd->add_flag("--raw", a->raw, "Store decoded RGB pixels (.npy) instead of JPEG");
+  cmd->add_option("--records-per-shard", a->records_per_shard, "Records per shard (0: from --shard-mb)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--shard-mb", a->shard_mb, "Target shard size in MiB when --records-per-shard is 0")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--workers", a->workers, "Shards packed at once (0: all cores)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--strict", a->strict, "Stop at the first unreadable image instead of skipping it");
+  return [cmd, a]() -> int { return cmd->parsed() ? run_pack(*a) : -1; };
+}
+
+}  // namespace rn::cli

@@ -1,0 +1,142 @@
+#include "data/image_folder.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/check.h"
+
+namespace rn {
+
+namespace fs = std::filesystem;
+
+void EncodedDataset::load(int64_t index, Sample& out) const {
+  EncodedImage encoded;
+  const int label = read(index, encoded);
+  DecodedImage decoded;
+  try {
+    decode_image(encoded, DecodeRequest{}, decoded);
+  } catch (const Error& e) {
+    RN_FAIL() << source(index) << ": " << e.what();
+  }
+  uint8_t* dst = out.resize(3, decoded.height, decoded.width);
+  std::memcpy(dst, decoded.pixels.data(), out.pixels.size());
+  out.label = label;
+}
+
+bool is_image_file_name(const std::string& name) {
+  const size_t dot = name.rfind('.');
+  if (dot == std::string::npos) return false;
+  std::string ext = name.substr(dot + 1);
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
+  return ext == "jpg" || ext == "jpeg" || ext == "png";
+}
+
+void read_file_bytes(const std::string& path, std::vector<uint8_t>& out) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  RN_CHECK(f != nullptr) << "cannot open " << path << ": " << std::strerror(errno);
+  struct Closer {
+    std::FILE* f;
+    ~Closer() { std::fclose(f); }
+  } closer{f};
+  RN_CHECK(std::fseek(f, 0, SEEK_END) == 0) << "cannot seek in " << path << ": " << std::strerror(errno);
+  const long size = std::ftell(f);
+  RN_CHECK(size >= 0) << "cannot size " << path << ": " << std::strerror(errno);
+  RN_CHECK(std::fseek(f, 0, SEEK_SET) == 0) << "cannot seek in " << path << ": " << std::strerror(errno);
+  out.resize(static_cast<size_t>(size));
+  if (size > 0) {
+    const size_t got = std::fread(out.data(), 1, out.size(), f);
+    RN_CHECK(got == out.size()) << "short read of " << path << ": " << got << " of " << size << " bytes";
+  }
+}
+
+ImageFolderDataset::ImageFolderDataset(const std::string& root) : root_(root) {
+  std::error_code ec;
+  RN_CHECK(fs::exists(root, ec)) << "image folder " << root << " does not exist";
+  RN_CHECK(fs::is_directory(root, ec)) << "image folder " << root << " is not a folder";
+  for (const auto& entry : fs::directory_iterator(root)) {
+    if (entry.is_directory()) classes_.push_back(entry.path().filename().string());
+  }
+  std::sort(classes_.begin(), classes_.end());
+  RN_CHECK(!classes_.empty()) << "image folder " << root
+                              << " has no class folders (expected root/<class>/<image files>, as torchvision's "
+                                 "ImageFolder)";
+  for (size_t c = 0; c < classes_.size(); ++c) {
+    std::vector<std::string> files;
+    const fs::path dir = fs::path(root) / classes_[c];
+    for (const auto& entry : fs::recursive_directory_iterator(dir, fs::directory_options::follow_directory_symlink)) {
+      if (!entry.is_regular_file()) continue;
+      const std::string name = entry.path().filename().string();
+      if (is_image_file_name(name)) files.push_back(fs::relative(entry.path(), root).generic_string());
+    }
+    RN_CHECK(!files.empty()) << "class folder " << dir.string()
+                             << " has no image files (.jpg, .jpeg or .png in any case); remove it or add images";
+    std::sort(files.begin(), files.end());
+    for (std::string& f : files) {
+      files_.push_back(std::move(f));
+      labels_.push_back(static_cast<int>(c));
+    }
+  }
+}
+
+int ImageFolderDataset::read(int64_t index, EncodedImage& out) const {
+  RN_CHECK(index >= 0 && index < size()) << "index " << index << " outside " << name() << " (size " << size() << ")";
+  read_file_bytes(source(index), out.storage);
+  out.use_storage();
+  out.codec = ImageCodec::unknown;
+  return labels_[static_cast<size_t>(index)];
+}
+
+std::string ImageFolderDataset::source(int64_t index) const {
+  return (fs::path(root_) / files_[static_cast<size_t>(index)]).string();
+}
+
+ImageListDataset::ImageListDataset(const std::string& root, const std::string& list_file,
+                                   std::vector<std::string> classes)
+    : list_file_(list_file) {
+  root_ = root;
+  std::error_code ec;
+  RN_CHECK(fs::is_directory(root, ec)) << "image root " << root << " (for list " << list_file << ") is not a folder";
+  std::ifstream in(list_file);
+  RN_CHECK(in.good()) << "cannot open list file " << list_file;
+  std::string line;
+  int max_label = -1;
+  for (int line_no = 1; std::getline(in, line); ++line_no) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    const size_t first = line.find_first_not_of(" \t");
+    if (first == std::string::npos || line[first] == '#') continue;
+    // The label is the last field, so that paths may contain spaces.
+    const size_t last_space = line.find_last_of(" \t");
+    RN_CHECK(last_space != std::string::npos && last_space > first)
+        << list_file << ":" << line_no << ": expected 'relative/path label', got '" << line << "'";
+    std::string path = line.substr(first, line.find_last_not_of(" \t", last_space) - first + 1);
+    const std::string label_text = line.substr(last_space + 1);
+    int label = -1;
+    try {
+      size_t used = 0;
+      label = std::stoi(label_text, &used);
+      RN_CHECK(used == label_text.size()) << "";
+    } catch (...) {
+      RN_FAIL() << list_file << ":" << line_no << ": label '" << label_text << "' is not an integer";
+    }
+    RN_CHECK(label >= 0) << list_file << ":" << line_no << ": negative label " << label;
+    RN_CHECK(classes.empty() || label < static_cast<int>(classes.size()))
+        << list_file << ":" << line_no << ": label " << label << " but only " << classes.size() << " classes";
+    RN_CHECK(fs::is_regular_file(fs::path(root) / path, ec))
+        << list_file << ":" << line_no << ": " << (fs::path(root) / path).string() << " does not exist";
+    files_.push_back(std::move(path));
+    labels_.push_back(label);
+    max_label = std::max(max_label, label);
+  }
+  RN_CHECK(!files_.empty()) << "list file " << list_file << " names no images";
+  if (classes.empty()) {
+    for (int i = 0; i <= max_label; ++i) classes.push_back(std::to_string(i));
+  }
+  classes_ = std::move(classes);
+}
+
+}  // namespace rn

@@ -1,0 +1,131 @@
+#include "data/shard_dataset.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <numeric>
+
+#include "core/atomic_file.h"
+#include "core/check.h"
+#include "data/shard_index.h"
+
+namespace rn {
+
+static_assert(kMaxShardKeySize <= 255, "Record::key_size is one byte");
+
+// A whole file mapped read-only.
+struct ShardDataset::Mapping {
+  const uint8_t* data = nullptr;
+  size_t size = 0;
+
+  Mapping(const std::string& path, uint64_t expected_size, const std::string& index_path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    RN_CHECK(fd >= 0) << "cannot open shard '" << path << "': " << std::strerror(errno);
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd);
+      RN_FAIL() << "shard '" << path << "' is not a regular file";
+    }
+    if (static_cast<uint64_t>(st.st_size) != expected_size) {
+      ::close(fd);
+      RN_FAIL() << "shard '" << path << "' is " << st.st_size << " bytes but its index '" << index_path << "' says "
+                << expected_size << ": the tar was truncated or replaced after packing";
+    }
+    size = static_cast<size_t>(st.st_size);
+    void* p = size == 0 ? nullptr : ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    const int err = errno;
+    ::close(fd);
+    RN_CHECK(size > 0 && p != MAP_FAILED) << "cannot map shard '" << path << "' (" << size
+                                          << " bytes): " << (size == 0 ? "empty file" : std::strerror(err));
+    data = static_cast<const uint8_t*>(p);
+  }
+  ~Mapping() {
+    if (data) ::munmap(const_cast<uint8_t*>(data), size);
+  }
+};
+
+ShardDataset::ShardDataset(const std::string& dir, ShardDatasetOptions options) : dir_(dir), options_(options) {
+  const std::string manifest_path = (std::filesystem::path(dir) / kShardManifestName).string();
+  std::error_code ec;
+  RN_CHECK(std::filesystem::exists(manifest_path, ec))
+      << "'" << manifest_path << "' is missing: '" << dir << "' is not a folder packed by `resnet pack` "
+      << "(or packing did not finish)";
+  manifest_ = parse_shard_manifest(read_text_file(manifest_path), manifest_path);
+  records_.reserve(static_cast<size_t>(manifest_.records));
+  for (size_t s = 0; s < manifest_.shards.size(); ++s) open_shard(s);
+
+  // Keys are unique over the whole dataset, so that "shard:key" names one record.
+  std::vector<uint32_t> order(records_.size());
+  std::iota(order.begin(), order.end(), 0u);
+  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return key(a) < key(b); });
+  for (size_t i = 1; i < order.size(); ++i)
+    RN_CHECK(key(order[i]) != key(order[i - 1]))
+        << "'" << dir << "': key '" << key(order[i]) << "' appears twice, in "
+        << source(std::min(order[i], order[i - 1])) << " and " << source(std::max(order[i], order[i - 1]));
+}
+
+ShardDataset::~ShardDataset() = default;
+
+void ShardDataset::open_shard(size_t s) {
+  const ShardManifestEntry& entry = manifest_.shards[s];
+  const std::filesystem::path folder(dir_);
+  const std::string index_path = (folder / entry.index).string();
+  const ShardIndex index = parse_shard_index(read_text_file(index_path), index_path);
+  RN_CHECK(index.tar == entry.tar) << index_path << ": indexes '" << index.tar << "' but dataset.json pairs it with '"
+                                   << entry.tar << "'";
+  RN_CHECK(static_cast<int64_t>(index.records.size()) == entry.records)
+      << index_path << ": holds " << index.records.size() << " records, dataset.json says " << entry.records;
+  RN_CHECK(index.tar_bytes == entry.tar_bytes)
+      << index_path << ": says its tar is " << index.tar_bytes << " bytes, dataset.json says " << entry.tar_bytes;
+  maps_.push_back(std::make_unique<Mapping>((folder / entry.tar).string(), index.tar_bytes, index_path));
+
+  const int classes = static_cast<int>(manifest_.classes.size());
+  for (const ShardIndexRecord& r : index.records) {
+    RN_CHECK(r.label < classes) << index_path << ": record '" << r.key << "' has label " << r.label << ", outside the "
+                                << classes << " classes of dataset.json";
+    records_.push_back({keys_.size(), r.offset, r.size, r.crc32, static_cast<uint32_t>(s), r.label, r.width, r.height,
+                        r.codec, static_cast<uint8_t>(r.key.size())});
+    keys_ += r.key;
+  }
+}
+
+std::string ShardDataset::source(int64_t index) const {
+  const Record& r = records_[static_cast<size_t>(index)];
+  return manifest_.shards[r.shard].tar + ":" + std::string(key_of(r));
+}
+
+int ShardDataset::read(int64_t index, EncodedImage& out) const {
+  RN_CHECK(index >= 0 && index < size()) << "index " << index << " outside " << name() << " (size " << size() << ")";
+  const Record& r = records_[static_cast<size_t>(index)];
+  const std::span<const uint8_t> bytes(maps_[r.shard]->data + r.offset, r.size);
+  if (options_.verify_checksums) {
+    const auto crc = static_cast<uint32_t>(::crc32_z(0, bytes.data(), bytes.size()));
+    RN_CHECK(crc == r.crc32) << source(index) << ": checksum mismatch (CRC32 of the " << r.size << " bytes is "
+                             << fmt::format("{:08x}", crc) << ", the index says " << fmt::format("{:08x}", r.crc32)
+                             << "): the shard is corrupt";
+  }
+  out.codec = r.codec;
+  out.raw_width = 0;
+  out.raw_height = 0;
+  out.bytes = bytes;
+  if (r.codec == ImageCodec::raw) {
+    try {
+      out.bytes = bytes.subspan(parse_npy_header(bytes, r.height, r.width));
+    } catch (const Error& e) {
+      RN_FAIL() << source(index) << ": " << e.what();
+    }
+    out.raw_width = r.width;
+    out.raw_height = r.height;
+  }
+  return r.label;
+}
+
+}  // namespace rn

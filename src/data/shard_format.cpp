@@ -1,0 +1,164 @@
+#include "data/shard_format.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "core/check.h"
+
+namespace rn {
+
+std::string shard_tar_name(int64_t shard) { return fmt::format("shard-{:05d}.tar", shard); }
+std::string shard_index_name(int64_t shard) { return fmt::format("shard-{:05d}.idx", shard); }
+
+namespace {
+
+// Writes `value` as zero-padded octal filling width - 1 digits and a NUL.
+void put_octal(uint8_t* field, size_t width, uint64_t value) {
+  const std::string digits = fmt::format("{:0{}o}", value, width - 1);
+  RN_CHECK(digits.size() == width - 1) << "value " << value << " does not fit a tar header field";
+  std::memcpy(field, digits.data(), digits.size());
+  field[width - 1] = 0;
+}
+
+}  // namespace
+
+std::array<uint8_t, kTarBlock> make_tar_header(std::string_view name, uint64_t size) {
+  RN_CHECK(!name.empty() && name.size() <= 100) << "tar member name '" << name << "' must be 1..100 bytes";
+  std::array<uint8_t, kTarBlock> h{};
+  std::memcpy(h.data(), name.data(), name.size());
+  put_octal(h.data() + 100, 8, 0644);  // mode
+  put_octal(h.data() + 108, 8, 0);     // uid
+  put_octal(h.data() + 116, 8, 0);     // gid
+  put_octal(h.data() + 124, 12, size);
+  put_octal(h.data() + 136, 12, 0);  // mtime
+  h[156] = '0';                      // regular file
+  std::memcpy(h.data() + 257, "ustar", 6);
+  std::memcpy(h.data() + 263, "00", 2);
+  // The checksum is the byte sum with its own field taken as spaces.
+  std::memset(h.data() + 148, ' ', 8);
+  unsigned sum = 0;
+  for (uint8_t b : h) sum += b;
+  const std::string chk = fmt::format("{:06o}", sum);
+  std::memcpy(h.data() + 148, chk.data(), 6);
+  h[154] = 0;
+  h[155] = ' ';
+  return h;
+}
+
+std::string make_npy_header(int height, int width) {
+  std::string dict = fmt::format("{{'descr': '|u1', 'fortran_order': False, 'shape': ({}, {}, 3), }}", height, width);
+  // magic (6) + version (2) + length (2) + dict + padding + '\n' is a multiple of 64.
+  const size_t unpadded = 10 + dict.size() + 1;
+  dict.append((64 - unpadded % 64) % 64, ' ');
+  dict += '\n';
+  std::string header("\x93NUMPY\x01\x00", 8);
+  header += static_cast<char>(dict.size() & 0xff);
+  header += static_cast<char>(dict.size() >> 8);
+  return header + dict;
+}
+
+size_t parse_npy_header(std::span<const uint8_t> bytes, int height, int width) {
+  RN_CHECK(bytes.size() >= 10 && std::memcmp(bytes.data(), "\x93NUMPY", 6) == 0)
+      << "not a .npy record (no \\x93NUMPY magic)";
+  const int major = bytes[6];
+  RN_CHECK(major == 1 || major == 2) << ".npy version " << major << "." << int(bytes[7]) << " is not supported";
+  size_t len = bytes[8] | (size_t(bytes[9]) << 8);
+  size_t start = 10;
+  if (major == 2) {
+    RN_CHECK(bytes.size() >= 12) << "truncated .npy header";
+    len |= (size_t(bytes[10]) << 16) | (size_t(bytes[11]) << 24);
+    start = 12;
+  }
+  RN_CHECK(start + len <= bytes.size()) << "truncated .npy header: " << len << " bytes announced, "
+                                        << bytes.size() - start << " present";
+  std::string dict(reinterpret_cast<const char*>(bytes.data()) + start, len);
+  dict.erase(std::remove_if(dict.begin(), dict.end(), [](char c) { return c == ' ' || c == '\n'; }), dict.end());
+  RN_CHECK(dict.find("'descr':'|u1'") != std::string::npos || dict.find("'descr':'u1'") != std::string::npos)
+      << ".npy record does not hold uint8 ('descr' is not '|u1'): " << dict;
+  RN_CHECK(dict.find("'fortran_order':False") != std::string::npos) << ".npy record is not in C order: " << dict;
+  const std::string shape = fmt::format("'shape':({},{},3)", height, width);
+  RN_CHECK(dict.find(shape) != std::string::npos)
+      << ".npy record's shape is not (" << height << ", " << width << ", 3) as the index says: " << dict;
+  const size_t data = start + len;
+  const uint64_t want = uint64_t(height) * uint64_t(width) * 3;
+  RN_CHECK(bytes.size() - data == want) << ".npy record holds " << bytes.size() - data
+                                        << " bytes of pixels, its shape (" << height << ", " << width << ", 3) needs "
+                                        << want;
+  return data;
+}
+
+ShardManifest parse_shard_manifest(std::string_view text, const std::string& file) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    RN_FAIL() << file << ": not valid JSON: " << e.what();
+  }
+  ShardManifest m;
+  try {
+    RN_CHECK(j.is_object()) << file << ": expected a JSON object at the top";
+    const std::string format = j.at("format").get<std::string>();
+    RN_CHECK(format == kShardFormatName) << file << ": format is '" << format << "', expected '" << kShardFormatName
+                                         << "'";
+    m.version = j.at("version").get<int>();
+    RN_CHECK(m.version == kShardFormatVersion)
+        << file << ": format version " << m.version << " is not supported (this reader reads version "
+        << kShardFormatVersion << ")";
+    m.classes = j.at("classes").get<std::vector<std::string>>();
+    RN_CHECK(!m.classes.empty()) << file << ": 'classes' is empty";
+    m.records = j.at("records").get<int64_t>();
+    for (const auto& s : j.at("shards")) {
+      ShardManifestEntry e;
+      e.tar = s.at("tar").get<std::string>();
+      e.index = s.at("index").get<std::string>();
+      e.records = s.at("records").get<int64_t>();
+      e.tar_bytes = s.at("tar_bytes").get<uint64_t>();
+      for (const std::string* name : {&e.tar, &e.index})
+        RN_CHECK(!name->empty() && name->find('/') == std::string::npos && *name != "." && *name != "..")
+            << file << ": shard " << m.shards.size() << " names '" << *name
+            << "': expected a file name in the same folder";
+      RN_CHECK(e.records >= 0) << file << ": shard " << e.tar << " has a negative record count";
+      m.shards.push_back(std::move(e));
+    }
+    RN_CHECK(!m.shards.empty()) << file << ": 'shards' is empty";
+    int64_t total = 0;
+    for (const auto& s : m.shards) total += s.records;
+    RN_CHECK(total == m.records) << file << ": the shards hold " << total << " records but 'records' says "
+                                 << m.records;
+    if (j.contains("pack")) {
+      const auto& p = j.at("pack");
+      m.source = p.value("source", "");
+      m.max_size = p.value("max_size", 0);
+      m.quality = p.value("quality", 0);
+      m.raw = p.value("raw", false);
+      m.records_per_shard = p.value("records_per_shard", int64_t{0});
+      m.skipped = p.value("skipped", int64_t{0});
+    }
+  } catch (const nlohmann::json::exception& e) {
+    RN_FAIL() << file << ": malformed manifest: " << e.what();
+  }
+  return m;
+}
+
+std::string format_shard_manifest(const ShardManifest& m) {
+  nlohmann::ordered_json j;
+  j["format"] = kShardFormatName;
+  j["version"] = m.version;
+  j["records"] = m.records;
+  j["classes"] = m.classes;
+  j["shards"] = nlohmann::ordered_json::array();
+  for (const auto& s : m.shards)
+    j["shards"].push_back({{"tar", s.tar}, {"index", s.index}, {"records", s.records}, {"tar_bytes", s.tar_bytes}});
+  j["pack"] = {{"source", m.source},
+               {"max_size", m.max_size},
+               {"quality", m.quality},
+               {"raw", m.raw},
+               {"records_per_shard", m.records_per_shard},
+               {"skipped", m.skipped}};
+  return j.dump(1) + "\n";
+}
+
+}  // namespace rn

@@ -1,0 +1,91 @@
+#include "prof/pipeline.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace rn {
+
+void PipelineTimes::add(const PipelineTimes& o) {
+  read += o.read;
+  decode += o.decode;
+  augment += o.augment;
+  collate += o.collate;
+  samples += o.samples;
+  batches += o.batches;
+  cache_hits += o.cache_hits;
+  skipped += o.skipped;
+}
+
+PipelineVerdict analyse_pipeline(const PipelineSpan& s, double threshold) {
+  PipelineVerdict v;
+  const double n = static_cast<double>(s.loader.samples);
+  v.wait_share = s.wall > 0 ? s.wait / s.wall : 0;
+  const double busy = s.loader.busy();
+  v.loader_rate = busy > 0 ? std::max(1, s.workers) * n / busy : 0;
+  v.step_rate = s.compute + s.copy > 0 ? n / (s.compute + s.copy) : 0;
+  v.input_bound = v.wait_share > threshold;
+  if (v.input_bound) {
+    v.factor = v.loader_rate > 0 ? v.step_rate / v.loader_rate : 0;
+    v.text = fmt::format(
+        "input-bound: {:.1f}% of the time waiting for data; the loader makes at most {:.0f} img/s with {} workers, "
+        "the step takes {:.0f} img/s, so input must get {:.2f}x faster (more workers, packed shards, the cache)",
+        100 * v.wait_share, v.loader_rate, s.workers, v.step_rate, std::max(v.factor, 1.0));
+  } else {
+    v.factor = v.step_rate > 0 ? v.loader_rate / v.step_rate : 0;
+    v.text = fmt::format(
+        "compute-bound: {:.1f}% of the time waiting for data; the loader could make {:.0f} img/s with {} workers, "
+        "{:.2f}x what the step takes ({:.0f} img/s)",
+        100 * v.wait_share, v.loader_rate, s.workers, v.factor, v.step_rate);
+  }
+  return v;
+}
+
+std::string format_pipeline(const PipelineSpan& s, const PipelineVerdict& v) {
+  const double batches = std::max<double>(1, static_cast<double>(s.loader.batches));
+  const double busy = std::max(s.loader.busy(), 1e-12);
+  std::string out = fmt::format("input pipeline over {} batches ({} images, {} cache hits, {} bad files skipped):\n",
+                                s.loader.batches, s.loader.samples, s.loader.cache_hits, s.loader.skipped);
+  auto worker_row = [&](const char* name, double sec) {
+    out += fmt::format("  {:<10} {:>9.2f} ms/batch  {:>5.1f}% of loader work\n", name, 1e3 * sec / batches,
+                       100 * sec / busy);
+  };
+  worker_row("read", s.loader.read);
+  worker_row("decode", s.loader.decode);
+  worker_row("augment", s.loader.augment);
+  worker_row("collate", s.loader.collate);
+  if (s.compute == 0 && s.copy == 0) return out.substr(0, out.size() - 1);  // the loader alone: no step to compare
+  const double wall = std::max(s.wall, 1e-12);
+  auto step_row = [&](const char* name, double sec) {
+    out += fmt::format("  {:<10} {:>9.2f} ms/batch  {:>5.1f}% of wall time\n", name, 1e3 * sec / batches,
+                       100 * sec / wall);
+  };
+  step_row("copy", s.copy);
+  step_row("wait", s.wait);
+  step_row("step", s.compute);
+  out += "  verdict: " + v.text;
+  return out;
+}
+
+nlohmann::json pipeline_json(const PipelineSpan& s, const PipelineVerdict& v) {
+  return {{"batches", s.loader.batches},
+          {"samples", s.loader.samples},
+          {"cache_hits", s.loader.cache_hits},
+          {"skipped", s.loader.skipped},
+          {"workers", s.workers},
+          {"read_s", s.loader.read},
+          {"decode_s", s.loader.decode},
+          {"augment_s", s.loader.augment},
+          {"collate_s", s.loader.collate},
+          {"copy_s", s.copy},
+          {"wait_s", s.wait},
+          {"step_s", s.compute},
+          {"wall_s", s.wall},
+          {"wait_share", v.wait_share},
+          {"loader_img_s", v.loader_rate},
+          {"step_img_s", v.step_rate},
+          {"input_bound", v.input_bound},
+          {"verdict", v.text}};
+}
+
+}  // namespace rn

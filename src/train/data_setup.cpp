@@ -1,0 +1,222 @@
+#include "train/data_setup.h"
+
+#include <filesystem>
+
+#include "core/check.h"
+#include "core/log.h"
+#include "data/augment.h"
+#include "data/idx_dataset.h"
+#include "data/image_folder.h"
+#include "data/shard_dataset.h"
+#include "data/synthetic_dataset.h"
+#include "data/transform.h"
+
+namespace rn {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+SubsetSpec subset_of(int64_t n) {
+  SubsetSpec s;
+  if (n > 0) s.count = n;
+  return s;
+}
+
+std::vector<float> to_floats(const std::vector<double>& v) { return {v.begin(), v.end()}; }
+
+void check_fits(const Config& cfg, const Dataset& set) {
+  RN_CHECK(set.num_classes() <= cfg.model.num_classes) << "dataset " << set.name() << " has " << set.num_classes()
+                                                       << " classes but model.num_classes is " << cfg.model.num_classes;
+}
+
+void check_fixed_geometry(const Config& cfg, const Dataset& set) {
+  const SampleGeometry g = set.geometry();
+  RN_CHECK(g.channels == cfg.model.in_channels && g.height == cfg.model.image_size[0] &&
+           g.width == cfg.model.image_size[1])
+      << "dataset " << set.name() << " gives " << g.str() << " images but the model expects " << cfg.model.in_channels
+      << "x" << cfg.model.image_size[0] << "x" << cfg.model.image_size[1] << " (model.in_channels, model.image_size)";
+}
+
+// A subset of an encoded dataset that is still an encoded dataset.
+class EncodedSubset : public EncodedDataset {
+ public:
+  EncodedSubset(std::shared_ptr<const EncodedDataset> base, const SubsetSpec& spec)
+      : base_(std::move(base)), indices_(subset_indices(base_->size(), spec)) {}
+  int64_t size() const override { return static_cast<int64_t>(indices_.size()); }
+  const std::vector<std::string>& classes() const override { return base_->classes(); }
+  int read(int64_t index, EncodedImage& out) const override { return base_->read(base(index), out); }
+  std::string source(int64_t index) const override { return base_->source(base(index)); }
+  std::string name() const override { return "subset(" + std::to_string(size()) + " of " + base_->name() + ")"; }
+
+ private:
+  int64_t base(int64_t index) const {
+    RN_CHECK(index >= 0 && index < size()) << "index " << index << " outside " << name();
+    return indices_[static_cast<size_t>(index)];
+  }
+  std::shared_ptr<const EncodedDataset> base_;
+  std::vector<int64_t> indices_;
+};
+
+std::shared_ptr<const EncodedDataset> subset(std::shared_ptr<const EncodedDataset> ds, int64_t n) {
+  if (n <= 0) return ds;
+  return std::make_shared<EncodedSubset>(std::move(ds), subset_of(n));
+}
+
+std::shared_ptr<RandomResizedCrop> train_augment(const Config& cfg) {
+  RandomResizedCropOptions o;
+  o.height = static_cast<int>(cfg.model.image_size[0]);
+  o.width = static_cast<int>(cfg.model.image_size[1]);
+  o.scale = {cfg.data.augment.scale[0], cfg.data.augment.scale[1]};
+  o.ratio = {cfg.data.augment.ratio[0], cfg.data.augment.ratio[1]};
+  o.flip_prob = cfg.data.augment.flip ? 0.5f : 0.0f;
+  auto a = std::make_shared<RandomResizedCrop>(o);
+  a->dct_scaling = cfg.data.augment.dct_scaling;
+  return a;
+}
+
+std::shared_ptr<ResizeCenterCrop> eval_augment(const Config& cfg) {
+  ResizeCenterCropOptions o;
+  o.resize = static_cast<int>(cfg.data.augment.eval_resize);
+  o.height = static_cast<int>(cfg.model.image_size[0]);
+  o.width = static_cast<int>(cfg.model.image_size[1]);
+  auto a = std::make_shared<ResizeCenterCrop>(o);
+  a->dct_scaling = cfg.data.augment.dct_scaling;
+  return a;
+}
+
+DataLoaderOptions val_options(DataLoaderOptions o) {
+  o.shuffle = false;
+  o.drop_last = false;
+  o.shard.equal = false;
+  return o;
+}
+
+}  // namespace
+
+std::shared_ptr<const EncodedDataset> open_image_dataset(const std::string& path, const std::string& list_file) {
+  // A folder written by `resnet pack` (docs/shards.md).
+  if (list_file.empty() && fs::exists(fs::path(path) / kShardManifestName)) return std::make_shared<ShardDataset>(path);
+  if (!list_file.empty()) return std::make_shared<ImageListDataset>(path, list_file);
+  return std::make_shared<ImageFolderDataset>(path);
+}
+
+ImageFolderPaths image_folder_paths(const DataConfig& data) {
+  ImageFolderPaths p;
+  std::error_code ec;
+  RN_CHECK(fs::is_directory(data.root, ec)) << "data.root '" << data.root << "' is not a folder";
+  if (fs::is_directory(fs::path(data.root) / "train", ec)) {
+    p.train = (fs::path(data.root) / "train").string();
+    p.val = (fs::path(data.root) / "val").string();
+  } else {
+    p.train = data.root;
+  }
+  if (!data.val_root.empty()) p.val = data.val_root;
+  if (p.val.empty() || !fs::exists(p.val, ec)) {
+    RN_CHECK(data.val_root.empty()) << "data.val_root '" << data.val_root << "' does not exist";
+    p.val = p.train;
+    p.val_is_train = true;
+  }
+  return p;
+}
+
+DataLoaderOptions loader_options(const Config& cfg, DType dtype, Layout layout) {
+  DataLoaderOptions lo;
+  lo.batch_size = cfg.data.batch_size;
+  lo.workers = static_cast<int>(cfg.data.workers);
+  lo.prefetch = static_cast<int>(std::max<int64_t>(cfg.data.prefetch, 1));
+  lo.drop_last = cfg.data.drop_last;
+  lo.seed = static_cast<uint64_t>(cfg.run.seed);
+  lo.dtype = dtype;
+  lo.layout = layout;
+  lo.mean = to_floats(cfg.data.mean);
+  lo.std = to_floats(cfg.data.std);
+  lo.bad_files = cfg.data.bad_files;
+  lo.cache_bytes = static_cast<size_t>(cfg.data.cache_mb) << 20;
+  lo.cache_short_side = static_cast<int>(cfg.data.cache_short_side);
+  return lo;
+}
+
+Loaders make_loaders(const Config& cfg, DType dtype, Layout layout, std::shared_ptr<TraceRecorder> trace) {
+  const DataConfig& d = cfg.data;
+  DataLoaderOptions lo = loader_options(cfg, dtype, layout);
+  lo.trace = std::move(trace);
+  Loaders loaders;
+  switch (d.dataset) {
+    case DatasetKind::fashion_mnist:
+    case DatasetKind::synthetic: {
+      std::shared_ptr<const Dataset> train, val;
+      if (d.dataset == DatasetKind::fashion_mnist) {
+        train = fashion_mnist(d.root, Split::train, subset_of(d.train_subset));
+        val = fashion_mnist(d.root, Split::test, subset_of(d.val_subset));
+      } else {
+        SyntheticOptions o;
+        o.channels = static_cast<int>(cfg.model.in_channels);
+        o.height = static_cast<int>(cfg.model.image_size[0]);
+        o.width = static_cast<int>(cfg.model.image_size[1]);
+        o.num_classes = static_cast<int>(cfg.model.num_classes);
+        o.size = d.train_subset > 0 ? d.train_subset : 10000;
+        o.seed = static_cast<uint64_t>(cfg.run.seed);
+        train = std::make_shared<SyntheticDataset>(o);
+        o.size = d.val_subset > 0 ? d.val_subset : 2000;
+        o.seed = static_cast<uint64_t>(cfg.run.seed) + 1;
+        val = std::make_shared<SyntheticDataset>(o);
+      }
+      for (const Dataset* set : {train.get(), val.get()}) {
+        check_fits(cfg, *set);
+        check_fixed_geometry(cfg, *set);
+      }
+      CropFlipNormalizeOptions to;
+      to.pad = static_cast<int>(d.augment.random_crop_padding);
+      to.flip_prob = d.augment.flip ? 0.5f : 0.0f;
+      to.mean = lo.mean;
+      to.std = lo.std;
+      loaders.train = std::make_unique<DataLoader>(train, std::make_shared<CropFlipNormalize>(to), lo);
+      loaders.val = std::make_unique<DataLoader>(val, small_image_eval_transform(to.mean, to.std), val_options(lo));
+      break;
+    }
+    case DatasetKind::imagefolder: {
+      const ImageFolderPaths paths = image_folder_paths(d);
+      auto train = subset(open_image_dataset(paths.train), d.train_subset);
+      if (paths.val_is_train)
+        RN_LOG_WARN(
+            "no validation folder ({} has no val/ and data.val_root is empty): evaluating on the training "
+            "images",
+            d.root);
+      auto val = subset(open_image_dataset(paths.val, paths.val_is_train ? "" : d.val_list), d.val_subset);
+      check_fits(cfg, *train);
+      check_fits(cfg, *val);
+      RN_LOG_INFO("data: {} ({} images, {} classes), validation {} ({} images)", train->name(), train->size(),
+                  train->num_classes(), val->name(), val->size());
+      loaders.train = std::make_unique<DataLoader>(train, train_augment(cfg), lo);
+      DataLoaderOptions vo = val_options(lo);
+      vo.trace = nullptr;
+      loaders.val = std::make_unique<DataLoader>(val, eval_augment(cfg), vo);
+      break;
+    }
+  }
+  return loaders;
+}
+
+std::unique_ptr<DataLoader> make_val_loader(const Config& cfg, DType dtype, Layout layout) {
+  const DataConfig& d = cfg.data;
+  const DataLoaderOptions vo = val_options(loader_options(cfg, dtype, layout));
+  switch (d.dataset) {
+    case DatasetKind::fashion_mnist: {
+      auto val = fashion_mnist(d.root, Split::test, subset_of(d.val_subset));
+      check_fits(cfg, *val);
+      return std::make_unique<DataLoader>(val, small_image_eval_transform(vo.mean, vo.std), vo);
+    }
+    case DatasetKind::synthetic:
+      break;
+    case DatasetKind::imagefolder: {
+      const ImageFolderPaths paths = image_folder_paths(d);
+      auto val = subset(open_image_dataset(paths.val, paths.val_is_train ? "" : d.val_list), d.val_subset);
+      check_fits(cfg, *val);
+      return std::make_unique<DataLoader>(val, eval_augment(cfg), vo);
+    }
+  }
+  RN_FAIL() << "resnet eval needs a real dataset (data.dataset=fashion_mnist or imagefolder), not synthetic";
+}
+
+}  // namespace rn

@@ -1,0 +1,48 @@
+// The datasets and loaders a Config describes, for training, evaluation and benchmarks:
+// Fashion-MNIST IDX files, synthetic images, or image folders (class folders of JPEG/PNG,
+// a list file, or packed shards) with RandomResizedCrop for training and resize + centre
+// crop for evaluation.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "core/dtype.h"
+#include "core/tensor.h"
+#include "data/encoded_dataset.h"
+#include "data/loader.h"
+#include "prof/trace.h"
+#include "train/config.h"
+
+namespace rn {
+
+// Opens an image dataset at `path`: a folder packed by `resnet pack` (it holds
+// dataset.json), a folder of class folders, or, with `list_file`, the files it lists under
+// `path`.
+std::shared_ptr<const EncodedDataset> open_image_dataset(const std::string& path, const std::string& list_file = "");
+
+// The training and validation folders of an imagefolder config: root/train and root/val
+// when root has a train/ folder; else root itself for training, and data.val_root (or the
+// training folder, with a warning) for validation.
+struct ImageFolderPaths {
+  std::string train, val;
+  bool val_is_train = false;
+};
+ImageFolderPaths image_folder_paths(const DataConfig& data);
+
+struct Loaders {
+  std::unique_ptr<DataLoader> train;
+  std::unique_ptr<DataLoader> val;
+};
+
+// Loaders for training (shuffled, augmented, drop_last as configured) and validation (in
+// order, every sample). Batches come in `dtype` and `layout`. Checks that the data fit the
+// model (channels, size, classes).
+Loaders make_loaders(const Config& cfg, DType dtype, Layout layout, std::shared_ptr<TraceRecorder> trace = nullptr);
+// The validation loader alone (resnet eval).
+std::unique_ptr<DataLoader> make_val_loader(const Config& cfg, DType dtype, Layout layout);
+
+// Loader options common to both.
+DataLoaderOptions loader_options(const Config& cfg, DType dtype, Layout layout);
+
+}  // namespace rn

@@ -1,0 +1,126 @@
+// End to end on an image folder: `resnet train --data DIR` on a small generated ImageFolder
+// (JPEGs of four colours, one corrupt file), then `resnet eval` and `resnet bench --data`.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "data/image_codec.h"
+#include "train/metrics.h"
+
+namespace rn {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Runs the resnet binary with `args`; returns the exit code and fills `output`.
+int run(const std::string& args, std::string* output) {
+  const std::string cmd = std::string(RN_BINARY_DIR) + "/resnet " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return -1;
+  char buf[4096];
+  size_t n;
+  output->clear();
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) output->append(buf, n);
+  const int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+void write_file(const fs::path& path, const std::vector<uint8_t>& bytes) {
+  fs::create_directories(path.parent_path());
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+}
+
+// Class c is a colour (with a gradient and varying sizes), easy to learn in a few steps.
+void make_dataset(const fs::path& root, int per_class_train, int per_class_val) {
+  const uint8_t colours[4][3] = {{220, 40, 40}, {40, 200, 40}, {40, 60, 220}, {230, 220, 50}};
+  for (const char* split : {"train", "val"}) {
+    const int n = std::string(split) == "train" ? per_class_train : per_class_val;
+    for (int c = 0; c < 4; ++c) {
+      for (int i = 0; i < n; ++i) {
+        const int w = 40 + (i * 7) % 30, h = 36 + (i * 5) % 24;
+        std::vector<uint8_t> rgb(static_cast<size_t>(w) * h * 3);
+        for (int y = 0; y < h; ++y)
+          for (int x = 0; x < w; ++x)
+            for (int k = 0; k < 3; ++k)
+              rgb[(static_cast<size_t>(y) * w + x) * 3 + k] =
+                  static_cast<uint8_t>(std::min(255, colours[c][k] + (x + y + i) % 25));
+        std::vector<uint8_t> jpeg;
+        encode_jpeg(rgb.data(), w, h, 90, jpeg);
+        write_file(root / split / ("class" + std::to_string(c)) / ("im" + std::to_string(i) + ".jpg"), jpeg);
+      }
+    }
+  }
+  write_file(root / "train" / "class0" / "broken.jpg", {});  // a zero-byte file: skipped and counted
+}
+
+TEST(ImageFolderE2E, TrainEvalAndBenchOnAGeneratedFolder) {
+  const fs::path root = fs::path(RN_BINARY_DIR) / "test_runs" / "imagefolder_e2e";
+  fs::remove_all(root);
+  make_dataset(root / "data", 32, 8);
+  const fs::path run_dir = root / "run";
+  std::string out;
+  const std::string common =
+      " --set model.image_size=[32,32] --set data.augment.eval_resize=36"
+      " --set data.batch_size=16 --set data.workers=2 --set run.threads=2";
+  ASSERT_EQ(run("train --data " + (root / "data").string() + common +
+                    " --set schedule.epochs=4 --set optimizer.base_lr=0.4 --set run.log_interval_steps=4"
+                    " --set run.trace=true --set run.out_dir=" +
+                    run_dir.string(),
+                &out),
+            0)
+      << out;
+  double top1 = -1;
+  int pipeline_records = 0;
+  for (const auto& rec : read_metrics((run_dir / "metrics.jsonl").string())) {
+    if (rec.value("kind", "") == "eval") top1 = rec.at("top1").get<double>();
+    if (rec.value("kind", "") == "pipeline") {
+      ++pipeline_records;
+      EXPECT_GT(rec.at("decode_s").get<double>(), 0.0);
+      EXPECT_EQ(rec.at("skipped").get<int64_t>(), 1);  // the broken file, once per epoch
+    }
+  }
+  EXPECT_GT(top1, 0.5) << "4 classes: chance is 0.25\n" << out;
+  EXPECT_EQ(pipeline_records, 4);
+  std::ifstream log_file(run_dir / "train.log");
+  const std::string log{std::istreambuf_iterator<char>(log_file), std::istreambuf_iterator<char>()};
+  EXPECT_NE(log.find("verdict: compute-bound"), std::string::npos) << log;
+  size_t mentions = 0;
+  for (size_t p = log.find("broken.jpg"); p != std::string::npos; p = log.find("broken.jpg", p + 1)) ++mentions;
+  EXPECT_EQ(mentions, 1u) << "a bad file is logged once";
+  EXPECT_TRUE(fs::exists(run_dir / "trace.json"));
+
+  ASSERT_EQ(run("eval --weights " + (run_dir / "checkpoints" / "best.safetensors").string() + " --data " +
+                    (root / "data").string(),
+                &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("top-1"), std::string::npos) << out;
+  EXPECT_NE(out.find("(32 images)"), std::string::npos) << out;
+
+  ASSERT_EQ(run("bench --data " + (root / "data" / "train").string() +
+                    " --batch 16 --input 3x32x32 --threads 2 --warmup 1 --json",
+                &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("\"images_per_sec\""), std::string::npos) << out;
+
+  // A strict policy names the bad file and stops.
+  EXPECT_NE(
+      run("train --data " + (root / "data").string() + common +
+              " --set data.bad_files=error --set schedule.epochs=1 --set run.out_dir=" + (root / "strict").string(),
+          &out),
+      0);
+  EXPECT_NE(out.find("broken.jpg"), std::string::npos) << out;
+  // A missing folder is an error at start.
+  EXPECT_NE(run("train --data " + (root / "nope").string() + " --set run.out_dir=" + (root / "x").string(), &out), 0);
+  EXPECT_NE(out.find("is not a folder"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace rn

@@ -1,0 +1,156 @@
+// `resnet pack` end to end: the real binary on a tiny ImageFolder of synthetic JPEGs.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "data/image_folder.h"
+#include "data/image_folder_files.h"
+#include "data/shard_dataset.h"
+#include "train/test_dir.h"
+
+namespace rn {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+std::string read_all(const fs::path& p) {
+  std::ifstream f(p);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+// Runs `resnet <args>` with stdout and stderr to files; returns the exit status.
+int run_resnet(const std::string& args, const TestDir& dir) {
+  const std::string cmd =
+      std::string(RN_BINARY_DIR) + "/resnet " + args + " > " + dir.file("stdout") + " 2> " + dir.file("stderr");
+  const int status = std::system(cmd.c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+TEST(PackCli, PacksAFolderIntoShardsThatReadBack) {
+  TestDir dir;
+  test::write_image_folder(dir.path() / "src", 2, 5);
+  ASSERT_EQ(run_resnet("pack " + dir.file("src") + " " + dir.file("out") +
+                           " --records-per-shard 4 --workers 2 "
+                           "--max-size 30 --quality 85",
+                       dir),
+            0)
+      << read_all(dir.file("stderr"));
+  EXPECT_THAT(read_all(dir.file("stdout")), HasSubstr("packed 10 records into 3 shards"));
+  EXPECT_THAT(read_all(dir.file("stderr")), HasSubstr("100%"));
+  const ShardDataset shards(dir.file("out"));
+  ASSERT_EQ(shards.size(), 10);
+  EXPECT_EQ(shards.classes(), (std::vector<std::string>{"class_0", "class_1"}));
+  for (int64_t i = 0; i < shards.size(); ++i) {
+    EXPECT_EQ(shards.label(i), i / 5);
+    EXPECT_LE(std::min(shards.stored_width(i), shards.stored_height(i)), 30);
+  }
+  EXPECT_EQ(shards.manifest().max_size, 30);
+  EXPECT_EQ(shards.manifest().quality, 85);
+
+  // A rerun keeps every shard.
+  ASSERT_EQ(run_resnet("pack " + dir.file("src") + " " + dir.file("out") +
+                           " --records-per-shard 4 --max-size 30 "
+                           "--quality 85",
+                       dir),
+            0);
+  EXPECT_THAT(read_all(dir.file("stdout")), HasSubstr("3 kept from an earlier run"));
+}
+
+TEST(PackCli, PacksAListFileAsRawPixels) {
+  TestDir dir;
+  test::write_image_folder(dir.path() / "src", 1, 3);
+  std::ofstream(dir.file("val.txt")) << "# path label\nclass_0/img_2.jpg 4\nclass_0/img_0.jpg 1\n";
+  ASSERT_EQ(
+      run_resnet("pack " + dir.file("src") + " " + dir.file("out") + " --list " + dir.file("val.txt") + " --raw", dir),
+      0)
+      << read_all(dir.file("stderr"));
+  const ShardDataset shards(dir.file("out"));
+  ASSERT_EQ(shards.size(), 2);
+  EXPECT_EQ(shards.key(0), "class_0/img_2");
+  EXPECT_EQ(shards.label(0), 4);
+  EXPECT_EQ(shards.label(1), 1);
+  EXPECT_EQ(shards.num_classes(), 5);
+  EXPECT_TRUE(shards.manifest().raw);
+
+  // A relabelled list repacks the shard: the labels are part of what a rerun compares.
+  std::ofstream(dir.file("val.txt")) << "class_0/img_2.jpg 3\nclass_0/img_0.jpg 1\n";
+  ASSERT_EQ(
+      run_resnet("pack " + dir.file("src") + " " + dir.file("out") + " --list " + dir.file("val.txt") + " --raw", dir),
+      0);
+  EXPECT_THAT(read_all(dir.file("stdout")), HasSubstr(", 0 kept"));
+  EXPECT_EQ(ShardDataset(dir.file("out")).label(0), 3);
+}
+
+std::map<std::string, std::string> folder_contents(const fs::path& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out[e.path().filename().string()] = read_all(e.path());
+  return out;
+}
+
+// SIGKILL while shards are being written (as soon as the first index appears), then a rerun:
+// the folder must equal a clean pack's, byte for byte.
+TEST(PackCli, APackKilledMidwayIsFinishedByARerun) {
+  TestDir dir;
+  test::write_image_folder(dir.path() / "src", 4, 30);
+  const std::string args = " --records-per-shard 6 --workers 2 --max-size 20";
+  ASSERT_EQ(run_resnet("pack " + dir.file("src") + " " + dir.file("clean") + args, dir), 0);
+
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const std::string binary = std::string(RN_BINARY_DIR) + "/resnet";
+    std::freopen("/dev/null", "w", stderr);
+    std::freopen("/dev/null", "w", stdout);
+    execl(binary.c_str(), binary.c_str(), "pack", dir.file("src").c_str(), dir.file("out").c_str(),
+          "--records-per-shard", "6", "--workers", "2", "--max-size", "20", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!fs::exists(dir.file("out/shard-00000.idx")) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  kill(pid, SIGKILL);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  const bool killed = WIFSIGNALED(status);
+  if (killed) {
+    EXPECT_FALSE(fs::exists(dir.file("out/dataset.json"))) << "written last";
+  } else {
+    std::printf("note: the first pack finished before the kill\n");
+  }
+
+  ASSERT_EQ(run_resnet("pack " + dir.file("src") + " " + dir.file("out") + args, dir), 0)
+      << read_all(dir.file("stderr"));
+  if (killed) {
+    EXPECT_THAT(read_all(dir.file("stdout")), Not(HasSubstr(", 0 kept"))) << "shard 0 was complete";
+  }
+  EXPECT_EQ(folder_contents(dir.file("out")), folder_contents(dir.file("clean")))
+      << (killed ? "killed mid-pack" : "the first pack finished before the kill");
+}
+
+TEST(PackCli, AMissingSourceIsOneClearError) {
+  TestDir dir;
+  EXPECT_EQ(run_resnet("pack " + dir.file("nowhere") + " " + dir.file("out"), dir), 1);
+  const std::string err = read_all(dir.file("stderr"));
+  EXPECT_THAT(err, HasSubstr("resnet: error:"));
+  EXPECT_THAT(err, HasSubstr("nowhere"));
+
+  test::write_image_folder(dir.path() / "src", 1, 1);
+  std::ofstream(dir.file("a_file")) << "x";
+  EXPECT_EQ(run_resnet("pack " + dir.file("src") + " " + dir.file("a_file"), dir), 1);
+  EXPECT_THAT(read_all(dir.file("stderr")), HasSubstr("cannot create the output folder"));
+}
+
+}  // namespace
+}  // namespace rn
