@@ -1,6 +1,11 @@
 // `resnet bench`: training throughput on synthetic data (no dataset needed). One step is
 // exactly what `resnet train` runs: forward, backward, overflow check, fused optimizer.
+// Each result also gives the planned memory (arena, and the total with parameters, their
+// gradients, momentum and workspace) and the measured one (the arena's high-water mark and
+// the process's peak RSS). --find-max-batch --memory-cap BYTES finds, per memory level, the
+// largest batch whose planned total fits the cap, and times it.
 #include <fmt/format.h>
+#include <malloc.h>
 
 #include <algorithm>
 #include <chrono>
@@ -11,6 +16,7 @@
 #include "cli/format.h"
 #include "core/rng.h"
 #include "core/thread_pool.h"
+#include "model/memory_usage.h"
 #include "model/model.h"
 #include "model/plan.h"
 #include "model/zoo.h"
@@ -36,6 +42,8 @@ struct BenchArgs {
   int threads = 0;
   bool json = false;
   bool profile = false;
+  bool find_max_batch = false;
+  std::string memory_cap;
 };
 
 template <typename E>
@@ -54,9 +62,165 @@ void print_step_profile(const Plan& plan, int runs) {
   double total = 0;
   for (double s : secs) total += s;
   fmt::print("plan steps by time (mean over {} runs, total {:.3f} s per step):\n", runs, total / runs);
+  // By kind (the first word of the name: fwd, bwd, bwd_weights, recompute, ...), in first-seen order.
+  std::vector<std::pair<std::string, double>> kinds;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string kind = names[i].substr(0, names[i].find(' '));
+    auto it = std::find_if(kinds.begin(), kinds.end(), [&](const auto& k) { return k.first == kind; });
+    if (it == kinds.end()) it = kinds.insert(kinds.end(), {kind, 0.0});
+    it->second += secs[i];
+  }
+  for (const auto& [kind, t] : kinds)
+    fmt::print("  {:8.3f} ms {:5.1f}%  all {} steps\n", 1e3 * t / runs, 100 * t / total, kind);
   for (size_t k = 0; k < std::min<size_t>(order.size(), 25); ++k)
     fmt::print("  {:8.3f} ms {:5.1f}%  {}\n", 1e3 * secs[order[k]] / runs, 100 * secs[order[k]] / total,
                names[order[k]]);
+}
+
+// Everything one level's benchmark needs besides the plan options.
+struct BenchSetup {
+  Model& model;
+  Backend& backend;
+  const PrecisionPolicy& policy;
+  const BenchArgs& args;
+};
+
+struct BenchResult {
+  int64_t batch = 0;
+  double median_step_s = 0;
+  PlannedPeak planned;
+  RangeResidency arena;        // measured: what the steps touched of the arena
+  size_t peak_resident = 0;    // measured: the process's peak RSS while the plan lived
+  size_t resident_growth = 0;  // measured: that peak minus the RSS before the plan was made
+};
+
+PlanOptions plan_options(const BenchSetup& s, int64_t batch, MemoryLevel level) {
+  PlanOptions po;
+  po.batch = batch;
+  po.dtype = s.policy.conv_dtype;
+  po.activation_dtype = s.policy.activation_dtype;
+  po.layout = s.backend.preferred_layout();
+  po.memory = level;
+  return po;
+}
+
+// Plans, fills a synthetic batch and times training steps at one batch size and level.
+BenchResult bench_plan(const BenchSetup& s, int64_t batch, MemoryLevel level) {
+  const BenchArgs& a = s.args;
+  malloc_trim(0);  // earlier plans' freed memory goes back first, so the growth below is this plan's
+  reset_peak_resident();
+  const size_t base = process_memory().resident;
+  Plan plan(s.model, &s.backend, plan_options(s, batch, level));
+  OptimizerConfig oc;
+  ParamTable table = s.model.params();
+  apply_optimizer_param_policy(table, oc);
+  Optimizer opt(oc, table);
+  LossScaler scaler(s.policy.loss_scale);
+  TrainStep step(plan, opt, scaler, s.policy);
+
+  {  // Synthetic batch: normal pixels, uniform labels (fixed, as in the PyTorch side).
+    Rng rng(7);
+    const Tensor in = plan.input();
+    std::vector<float> pixels(static_cast<size_t>(in.numel()));
+    for (float& v : pixels) v = rng.normal();
+    convert(in.data, in.dtype, pixels.data(), DType::f32, pixels.size());
+    for (int64_t i = 0; i < batch; ++i) plan.labels().ptr<int32_t>()[i] = static_cast<int32_t>(rng.below(a.classes));
+  }
+
+  plan.set_profiling(a.profile);
+  std::vector<double> times;
+  for (int i = 0; i < a.warmup + a.steps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    step.run(0.01);
+    s.backend.synchronize();
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (i >= a.warmup) times.push_back(secs);
+  }
+  if (a.profile) print_step_profile(plan, a.steps + a.warmup);
+  std::sort(times.begin(), times.end());
+  BenchResult r;
+  r.batch = batch;
+  r.median_step_s = times[times.size() / 2];
+  r.planned = plan.planned_peak(1);
+  r.arena = plan.arena_residency();
+  const ProcessMemory pm = process_memory();
+  r.peak_resident = pm.peak_resident;
+  r.resident_growth = pm.peak_resident > base ? pm.peak_resident - base : 0;
+  return r;
+}
+
+void print_result(const BenchSetup& s, MemoryLevel level, const BenchResult& r) {
+  const BenchArgs& a = s.args;
+  auto hb = [](size_t v) { return human_bytes(static_cast<double>(v)); };
+  if (a.json) {
+    fmt::print(
+        "{{\"system\":\"resnet.cpp\",\"model\":\"{}\",\"precision\":\"{}\",\"half\":\"{}\",\"batch\":{},"
+        "\"device\":\"{}\",\"threads\":{},\"memory_level\":\"{}\",\"median_step_s\":{:.6f},"
+        "\"images_per_sec\":{:.3f},\"steps\":{},\"planned_arena\":{},\"planned_total\":{},"
+        "\"arena_high_water\":{},\"peak_resident\":{},\"resident_growth\":{}}}\n",
+        a.model, a.precision, a.half, r.batch, s.backend.name(), host_threads(), memory_level_name(level),
+        r.median_step_s, r.batch / r.median_step_s, a.steps, r.planned.arena, r.planned.total(), r.arena.high_water,
+        r.peak_resident, r.resident_growth);
+  } else {
+    fmt::print(
+        "{} | {} | batch {} | {} | {} threads | memory {} | planned arena {}, total {} | measured arena "
+        "high-water {}, peak RSS {} (+{}) | median step {:.3f} s | {:.2f} img/s ({} steps)\n",
+        a.model, s.policy.describe(), r.batch, s.backend.name(), host_threads(), memory_level_name(level),
+        hb(r.planned.arena), hb(r.planned.total()), hb(r.arena.high_water), hb(r.peak_resident), hb(r.resident_growth),
+        r.median_step_s, r.batch / r.median_step_s, a.steps);
+  }
+}
+
+// The planned total at `batch` (a dry plan when backend is null: no workspace).
+size_t planned_total(const BenchSetup& s, int64_t batch, MemoryLevel level, Backend* backend) {
+  return Plan(s.model, backend, plan_options(s, batch, level)).planned_peak(1).total();
+}
+
+// The largest batch whose planned total fits `cap`, or 0 when not even batch 1 does.
+// Dry plans find it fast (the planned total grows with the batch); a plan with kernels then
+// adds the backend's workspace and steps down while that overflows.
+int64_t max_batch_under(const BenchSetup& s, MemoryLevel level, size_t cap) {
+  auto fits = [&](int64_t b) { return planned_total(s, b, level, nullptr) <= cap; };
+  if (!fits(1)) return 0;
+  int64_t lo = 1, hi = 2;
+  constexpr int64_t kLimit = int64_t{1} << 20;
+  while (hi <= kLimit && fits(hi)) lo = hi, hi *= 2;
+  if (hi > kLimit) return lo;
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  while (lo > 0 && planned_total(s, lo, level, &s.backend) > cap) --lo;
+  return lo;
+}
+
+int find_max_batch(const BenchSetup& s, size_t cap) {
+  const MemoryLevel levels[] = {MemoryLevel::O0, MemoryLevel::O1, MemoryLevel::O2};
+  int64_t found[3] = {};
+  for (MemoryLevel level : levels) found[static_cast<int>(level)] = max_batch_under(s, level, cap);
+  if (found[static_cast<int>(MemoryLevel::O2)] == 0) {
+    RN_FAIL() << "--memory-cap " << cap << " (" << human_bytes(static_cast<double>(cap))
+              << ") is too small for batch 1 of " << s.args.model << " " << s.args.input
+              << " at any memory level: O2 needs "
+              << human_bytes(static_cast<double>(planned_total(s, 1, MemoryLevel::O2, &s.backend)));
+  }
+  if (!s.args.json)
+    fmt::print("largest batch whose planned total fits {} ({} bytes), per memory level:\n",
+               human_bytes(static_cast<double>(cap)), cap);
+  for (MemoryLevel level : levels) {
+    const int64_t b = found[static_cast<int>(level)];
+    if (b == 0) {
+      const size_t need = planned_total(s, 1, level, &s.backend);
+      if (s.args.json)
+        fmt::print("{{\"memory_level\":\"{}\",\"batch\":0,\"batch1_needs\":{}}}\n", memory_level_name(level), need);
+      else
+        fmt::print("{}: does not fit batch 1 (needs {})\n", memory_level_name(level),
+                   human_bytes(static_cast<double>(need)));
+      continue;
+    }
+    print_result(s, level, bench_plan(s, b, level));
+  }
+  return 0;
 }
 
 int run_bench(const BenchArgs& a) {
@@ -64,6 +228,10 @@ int run_bench(const BenchArgs& a) {
   ModelOptions o;
   parse_input_shape(a.input, &o.in_channels, &o.height, &o.width);
   o.num_classes = a.classes;
+  const MemoryLevel level = memory_level_from_name(a.memory);  // checked before any work
+  RN_CHECK(!a.find_max_batch || !a.memory_cap.empty()) << "--find-max-batch needs --memory-cap BYTES";
+  RN_CHECK(a.find_max_batch || a.memory_cap.empty()) << "--memory-cap is only used with --find-max-batch";
+  const size_t cap = a.memory_cap.empty() ? 0 : parse_bytes(a.memory_cap, "--memory-cap");
   Model model(build_model(a.model, o));
   model.init(1);
   auto backend = make_backend_for(device_from_name(a.device));
@@ -72,51 +240,9 @@ int run_bench(const BenchArgs& a) {
                         "precision level");
   pc.half_dtype = dtype_from_name(a.half);
   const PrecisionPolicy policy = make_precision_policy(pc, *backend);
-
-  PlanOptions po;
-  po.batch = a.batch;
-  po.dtype = policy.conv_dtype;
-  po.activation_dtype = policy.activation_dtype;
-  po.layout = backend->preferred_layout();
-  po.memory = memory_level_from_name(a.memory);
-  Plan plan(model, backend.get(), po);
-  OptimizerConfig oc;
-  ParamTable table = model.params();
-  apply_optimizer_param_policy(table, oc);
-  Optimizer opt(oc, table);
-  LossScaler scaler(policy.loss_scale);
-  TrainStep step(plan, opt, scaler, policy);
-
-  // Synthetic batch: normal pixels, uniform labels (fixed, as in the PyTorch side).
-  Rng rng(7);
-  const Tensor in = plan.input();
-  std::vector<float> pixels(static_cast<size_t>(in.numel()));
-  for (float& v : pixels) v = rng.normal();
-  convert(in.data, in.dtype, pixels.data(), DType::f32, pixels.size());
-  for (int64_t i = 0; i < a.batch; ++i) plan.labels().ptr<int32_t>()[i] = static_cast<int32_t>(rng.below(a.classes));
-
-  plan.set_profiling(a.profile);
-  std::vector<double> times;
-  for (int i = 0; i < a.warmup + a.steps; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    step.run(0.01);
-    backend->synchronize();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (i >= a.warmup) times.push_back(s);
-  }
-  if (a.profile) print_step_profile(plan, a.steps + a.warmup);
-  std::sort(times.begin(), times.end());
-  const double median = times[times.size() / 2];
-  if (a.json) {
-    fmt::print(
-        "{{\"system\":\"resnet.cpp\",\"model\":\"{}\",\"precision\":\"{}\",\"half\":\"{}\",\"batch\":{},"
-        "\"device\":\"{}\",\"threads\":{},\"median_step_s\":{:.6f},\"images_per_sec\":{:.3f},\"steps\":{}}}\n",
-        a.model, a.precision, a.half, a.batch, backend->name(), host_threads(), median, a.batch / median, times.size());
-  } else {
-    fmt::print("{} | {} | batch {} | {} | {} threads | arena {} | median step {:.3f} s | {:.2f} img/s ({} steps)\n",
-               a.model, policy.describe(), a.batch, backend->name(), host_threads(),
-               human_bytes(static_cast<double>(plan.memory().arena_bytes)), median, a.batch / median, times.size());
-  }
+  const BenchSetup setup{model, *backend, policy, a};
+  if (a.find_max_batch) return find_max_batch(setup, cap);
+  print_result(setup, level, bench_plan(setup, a.batch, level));
   return 0;
 }
 
@@ -132,7 +258,11 @@ Runner add_bench_command(CLI::App& app) {
   cmd->add_option("--precision", a->precision, "Precision level O0, O1, O2, O3")->capture_default_str();
   cmd->add_option("--half", a->half, "Half dtype for O1-O3: bf16 or fp16")->capture_default_str();
   cmd->add_option("--device", a->device, "auto, cpu, ref or cuda")->capture_default_str();
-  cmd->add_option("--memory-level", a->memory, "Memory level O0 or O1")->capture_default_str();
+  cmd->add_option("--memory-level", a->memory, "Memory level O0, O1 or O2")->capture_default_str();
+  cmd->add_flag("--find-max-batch", a->find_max_batch,
+                "For each memory level, find the largest batch whose planned memory fits --memory-cap and time it");
+  cmd->add_option("--memory-cap", a->memory_cap,
+                  "Memory budget for --find-max-batch: bytes, or with a binary unit (8G, 1.5GiB, 512MiB)");
   cmd->add_option("--steps", a->steps, "Timed steps")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--warmup", a->warmup, "Untimed steps first")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--threads", a->threads, "Host threads (0: all cores)")->capture_default_str();

@@ -2,7 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstdio>
+#include <string>
+#include <utility>
 
 #include "core/check.h"
 
@@ -25,6 +28,38 @@ std::string human_bytes(double b) {
     ++u;
   }
   return u == 0 ? fmt::format("{:.0f} B", b) : fmt::format("{:.1f} {}", b, units[u]);
+}
+
+size_t parse_bytes(const std::string& text, const std::string& what) {
+  size_t used = 0;
+  double v = -1;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  std::string unit = text.substr(used);
+  while (!unit.empty() && unit.front() == ' ') unit.erase(0, 1);
+  double scale = 0;
+  const std::pair<const char*, double> units[] = {{"", 1},
+                                                  {"B", 1},
+                                                  {"K", 1024.0},
+                                                  {"KiB", 1024.0},
+                                                  {"KB", 1024.0},
+                                                  {"M", 1048576.0},
+                                                  {"MiB", 1048576.0},
+                                                  {"MB", 1048576.0},
+                                                  {"G", 1073741824.0},
+                                                  {"GiB", 1073741824.0},
+                                                  {"GB", 1073741824.0},
+                                                  {"T", 1099511627776.0},
+                                                  {"TiB", 1099511627776.0},
+                                                  {"TB", 1099511627776.0}};
+  for (const auto& [name, s] : units)
+    if (unit == name) scale = s;
+  RN_CHECK(used > 0 && scale > 0 && std::isfinite(v) && v > 0)
+      << what << ": '" << text << "' is not a positive byte count (examples: 1073741824, 8G, 1.5GiB, 512MiB)";
+  return static_cast<size_t>(v * scale);
 }
 
 void parse_input_shape(const std::string& s, int64_t* c, int64_t* h, int64_t* w) {

@@ -1,6 +1,7 @@
 // Small formatting helpers for the command's tables.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -8,6 +9,10 @@ namespace rn::cli {
 
 std::string with_commas(int64_t v);  // 25557032 -> "25,557,032"
 std::string human_bytes(double bytes);  // "97.6 MiB"
+// Parses a byte count: a number with an optional binary unit, K/M/G/T, KiB/MiB/GiB/TiB or
+// KB/MB/GB/TB (all powers of 1024), e.g. "1073741824", "8G", "1.5GiB", "512MiB". Throws
+// rn::Error naming `what` and the text otherwise.
+size_t parse_bytes(const std::string& text, const std::string& what);
 // Parses "CxHxW" (e.g. 3x224x224); throws rn::Error naming the text otherwise.
 void parse_input_shape(const std::string& text, int64_t* c, int64_t* h, int64_t* w);
 

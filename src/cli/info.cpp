@@ -2,6 +2,8 @@
 #include <fmt/format.h>
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "cli/commands.h"
 #include "cli/format.h"
@@ -10,6 +12,7 @@
 #include "model/plan.h"
 #include "model/stats.h"
 #include "model/zoo.h"
+#include "train/device.h"
 
 namespace rn::cli {
 
@@ -21,6 +24,7 @@ struct InfoArgs {
   int64_t batch = 32;
   int64_t classes = 1000;
   std::string dtype = "fp32";
+  std::string device = "cpu";
 };
 
 int run_info(const InfoArgs& a) {
@@ -37,25 +41,39 @@ int run_info(const InfoArgs& a) {
   fmt::print("forward MACs     {} ({:.2f} GMACs per image)\n", with_commas(st.macs), st.macs / 1e9);
   fmt::print("training FLOPs   {:.2f} GFLOPs per image (forward + backward ~ 3x forward, 2 FLOPs per MAC)\n",
              6.0 * st.macs / 1e9);
-  const double param_bytes = 4.0 * model.params().total;
-  fmt::print("\nTraining memory at batch {} in {} (planned; parameters fp32 master):\n", a.batch, dtype_name(dt));
-  fmt::print("  {:<8} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}\n", "level", "arena", "activations", "saved",
-             "gradients", "weights", "w+g+momentum");
-  for (MemoryLevel level : {MemoryLevel::O0, MemoryLevel::O1}) {
+  // A backend makes the kernels, so that the shared workspace is known; its arena pages are
+  // never touched, so planning costs no memory.
+  std::unique_ptr<Backend> backend;
+  if (a.device != "none") backend = make_backend_for(device_from_name(a.device));
+  fmt::print("\nPlanned training memory at batch {} in {} ({}; parameters fp32 master, momentum SGD):\n", a.batch,
+             dtype_name(dt), backend ? "kernels from the " + backend->name() + " backend" : "dry plan, no workspace");
+  fmt::print("  {:<6} {:>10} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n", "level", "arena",
+             "activations", "gradients", "params", "grads", "optimizer", "half w", "workspace", "total");
+  auto b = [](size_t v) { return human_bytes(static_cast<double>(v)); };
+  std::vector<std::string> peaks;
+  for (MemoryLevel level : {MemoryLevel::O0, MemoryLevel::O1, MemoryLevel::O2}) {
     PlanOptions po;
     po.batch = a.batch;
     po.dtype = dt;
     po.memory = level;
-    Plan plan(model, nullptr, po);
+    if (backend) po.layout = backend->preferred_layout();
+    Plan plan(model, backend.get(), po);
+    const PlannedPeak p = plan.planned_peak(1);
     const MemoryReport r = plan.memory();
-    fmt::print("  {:<8} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}\n", memory_level_name(level),
-               human_bytes(static_cast<double>(r.arena_bytes)),
-               human_bytes(static_cast<double>(r.by_role[static_cast<int>(BufferRole::activation)])),
-               human_bytes(static_cast<double>(r.by_role[static_cast<int>(BufferRole::saved)])),
-               human_bytes(static_cast<double>(r.by_role[static_cast<int>(BufferRole::gradient)])),
-               human_bytes(static_cast<double>(r.half_weight_bytes)), human_bytes(3.0 * param_bytes));
+    peaks.push_back(fmt::format("  {}: peak at step {} of {}, '{}'{}", memory_level_name(level), r.peak_step + 1,
+                                plan.num_steps(), plan.step_names()[static_cast<size_t>(r.peak_step)],
+                                r.recomputed_buffers > 0
+                                    ? fmt::format(", {} values recomputed in backward", r.recomputed_buffers)
+                                    : std::string()));
+    fmt::print("  {:<6} {:>10} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n", memory_level_name(level),
+               b(p.arena), b(p.activations), b(p.gradients), b(p.parameters), b(p.parameter_grads),
+               b(p.optimizer_state), b(p.half_weights), backend ? b(p.workspace) : "-", b(p.total()));
   }
-  fmt::print("  (activations/saved/gradients: sums without reuse; arena: the planned peak with the level's reuse)\n");
+  fmt::print(
+      "  arena: the planned peak of activations and activation gradients with the level's reuse;\n"
+      "  activations, gradients: what is live in it at its peak step; O2 recomputes BN/ReLU outputs in "
+      "backward\n");
+  for (const std::string& line : peaks) fmt::print("{}\n", line);
   return 0;
 }
 
@@ -70,6 +88,9 @@ Runner add_info_command(CLI::App& app) {
   cmd->add_option("--batch", args->batch, "Batch size for the memory plan")->capture_default_str();
   cmd->add_option("--classes", args->classes, "Number of classes")->capture_default_str();
   cmd->add_option("--dtype", args->dtype, "Compute dtype for the memory plan (fp32, bf16)")->capture_default_str();
+  cmd->add_option("--device", args->device,
+                  "Backend whose kernels size the workspace (cpu, ref, auto), or none for a dry plan")
+      ->capture_default_str();
   return [cmd, args]() -> int { return cmd->parsed() ? run_info(*args) : -1; };
 }
 

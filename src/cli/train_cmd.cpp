@@ -46,10 +46,12 @@ std::vector<std::string> data_sets(const std::string& path) {
 int run_train(const TrainArgs& a) {
   std::vector<std::string> sets = data_sets(a.data);
   sets.insert(sets.end(), a.sets.begin(), a.sets.end());
-  Config cfg = load_config(a.config, sets);
+  // Resuming, the run's own config wins; --set may change only memory.* (checked by train()).
+  Config cfg = a.resume.empty() ? load_config(a.config, sets) : load_config("", {});
   install_stop_signal_handlers();
   TrainOptions o;
   o.resume_dir = a.resume;
+  if (!a.resume.empty()) o.resume_overrides = a.sets;
   o.max_steps = a.max_steps;
   const TrainResult r = train(cfg, o);
   if (r.final_eval.samples > 0)

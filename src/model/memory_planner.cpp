@@ -8,12 +8,24 @@
 
 namespace rn {
 
-std::string_view memory_level_name(MemoryLevel l) { return l == MemoryLevel::O0 ? "O0" : "O1"; }
+std::string_view memory_level_name(MemoryLevel l) {
+  switch (l) {
+    case MemoryLevel::O0:
+      return "O0";
+    case MemoryLevel::O1:
+      return "O1";
+    case MemoryLevel::O2:
+      return "O2";
+  }
+  return "?";
+}
 
 MemoryLevel memory_level_from_name(std::string_view name) {
-  if (name == "O0" || name == "o0") return MemoryLevel::O0;
-  if (name == "O1" || name == "o1") return MemoryLevel::O1;
-  RN_FAIL() << "unknown memory level '" << name << "' (expected O0 or O1)";
+  for (MemoryLevel l : {MemoryLevel::O0, MemoryLevel::O1, MemoryLevel::O2}) {
+    const std::string_view n = memory_level_name(l);
+    if (name == n || (name.size() == 2 && name[0] == 'o' && name[1] == n[1])) return l;
+  }
+  RN_FAIL() << "unknown memory level '" << name << "' (expected O0, O1 or O2)";
 }
 
 namespace {

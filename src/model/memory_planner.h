@@ -3,18 +3,22 @@
 //   O1: reuse by liveness; buffers whose lifetimes (first write .. last read, in program
 //       steps, inclusive) do not intersect may share memory. Greedy: largest first, each at
 //       the lowest offset that conflicts with no placed, simultaneously live buffer.
+//   O2: O1's placement of a program that keeps less alive: the plan (plan.h) frees BN and
+//       ReLU outputs after forward and recomputes them just before backward reads them.
 // validate_plan() checks that no two simultaneously live buffers overlap and every
 // buffer lies inside the arena; it runs on every plan in debug builds and in tests.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
 namespace rn {
 
-enum class MemoryLevel : uint8_t { O0, O1 };
+enum class MemoryLevel : uint8_t { O0, O1, O2 };
 std::string_view memory_level_name(MemoryLevel l);
+// "O0", "O1", "O2" (or lower case); anything else is an error listing the levels.
 MemoryLevel memory_level_from_name(std::string_view name);
 
 struct BufferSpec {

@@ -1,5 +1,6 @@
 #include "model/plan.h"
 
+#include <array>
 #include <chrono>
 #include <cstring>
 
@@ -39,6 +40,7 @@ Plan::Plan(Model& model, Backend* backend, const PlanOptions& options)
   if (!backend_) return;
 
   arena_ = Arena(arena_bytes_);
+  release_pages(arena_.base(), arena_.bytes());  // untouched until a step writes it: measurable
   views_.resize(buffers_.size());
   for (size_t i = 0; i < buffers_.size(); ++i)
     views_[i] = arena_.view(buffers_[i].offset, meta_[i].shape, meta_[i].dtype, meta_[i].layout);
@@ -157,6 +159,7 @@ void Plan::emit_forward(int id) {
           add_buffer(n.name + ":saved_mean", {xs[1]}, DType::f32, Layout::nchw, BufferRole::saved);
       const int si = saved1_[static_cast<size_t>(id)] =
           add_buffer(n.name + ":saved_invstd", {xs[1]}, DType::f32, Layout::nchw, BufferRole::saved);
+      add_recipe(y, Recipe{id, x, r, sm, si, nullptr});
       auto run = [this, k, x, y, r, sm, si, s] {
         Tensor rt = r >= 0 ? view(r) : Tensor{};
         k->forward_training(view(y), view(sm), view(si), view(x), r >= 0 ? &rt : nullptr, model_.param(s.weight),
@@ -180,6 +183,7 @@ void Plan::emit_forward(int id) {
   } else if (attrs_if<ReluAttrs>(n)) {
     ReluKernel* k = kernels_[static_cast<size_t>(id)].relu =
         backend_ ? keep(relus_, backend_->make_relu({xs.numel(), dt})) : nullptr;
+    add_recipe(y, Recipe{id, x, -1, -1, -1, nullptr});
     add_step("fwd " + n.name, {x}, {y}, [this, k, x, y] { k->forward(view(y), view(x)); });
   } else if (const auto* p = attrs_if<MaxPoolAttrs>(n)) {
     MaxPoolDesc d{N, xs[1], xs[2], xs[3], p->kernel, p->stride, p->pad, dt, L};
@@ -223,6 +227,7 @@ int Plan::value_as(int v, DType dtype) {
   CastKernel* cast = backend_ ? keep(casts_, backend_->make_cast({m.shape.numel(), m.dtype, dtype})) : nullptr;
   add_step("cast " + name, {home}, {out}, [this, cast, home, out] { cast->forward(view(out), view(home)); });
   casts_of_[key] = out;
+  add_recipe(out, Recipe{-1, home, -1, -1, -1, cast});
   return out;
 }
 
@@ -237,6 +242,17 @@ int Plan::grad_target(int value, DType dtype) {
   // A second consumer, or one computing in another dtype: write a partial gradient that
   // finish_contribution() casts and adds in.
   return add_buffer(name + ":partial" + std::to_string(partials_++), m.shape, dtype, m.layout, BufferRole::gradient);
+}
+
+int Plan::grad_target_in_place(int value, DType dtype, int reuse) {
+  int& g = grad_[static_cast<size_t>(value)];
+  const BufferMeta home = meta_[static_cast<size_t>(act_[static_cast<size_t>(value)])];
+  const BufferMeta r = meta_[static_cast<size_t>(reuse)];
+  if (options_.memory == MemoryLevel::O0 || g >= 0 || dtype != home.dtype || r.dtype != home.dtype ||
+      r.shape != home.shape || r.layout != home.layout)
+    return grad_target(value, dtype);
+  g = reuse;
+  return g;
 }
 
 void Plan::finish_contribution(int value, int target) {
@@ -285,9 +301,12 @@ void Plan::emit_backward(int id) {
   const Model::NodeSlots s = model_.slots(id);
   const NodeKernels& k = kernels_[static_cast<size_t>(id)];
   const int xv = n.inputs[0];
-  const int x = x_in_[static_cast<size_t>(id)];
   const bool need_dx = xv != 0;  // the input batch needs no gradient
-  const int y = act_[static_cast<size_t>(id)];
+  // Forward values read here come from for_backward(), which at O2 first regenerates them.
+  const bool reads_x = attrs_if<ConvAttrs>(n) || attrs_if<LinearAttrs>(n) || attrs_if<BatchNormAttrs>(n);
+  const bool reads_y = attrs_if<BatchNormAttrs>(n) || (attrs_if<ReluAttrs>(n) && need_dx);
+  const int x = reads_x ? for_backward(x_in_[static_cast<size_t>(id)]) : -1;
+  const int y = reads_y ? for_backward(act_[static_cast<size_t>(id)]) : -1;
   const DType dt = node_dtype(id);
 
   if (attrs_if<ConvAttrs>(n)) {
@@ -320,7 +339,9 @@ void Plan::emit_backward(int id) {
     const int sm = saved0_[static_cast<size_t>(id)], si = saved1_[static_cast<size_t>(id)];
     const int rv = b->fuse == BnFuse::add_relu ? n.inputs[1] : -1;
     RN_CHECK(rv != xv) << "plan: batch_norm '" << n.name << "' uses one value as input and residual";
-    const int dx = need_dx ? grad_target(xv, dt) : -1;
+    // dx overwrites dy in place (dy has no reader after this step) except at O0, where every
+    // gradient keeps its own buffer for inspection.
+    const int dx = need_dx ? grad_target_in_place(xv, dt, dy) : -1;
     const int dr = rv >= 0 && rv != 0 ? grad_target(rv, dt) : -1;
     RN_CHECK(dx >= 0) << "plan: batch_norm '" << n.name << "' directly on the input is not supported";
     RN_CHECK(rv < 0 || dr >= 0) << "plan: residual of '" << n.name << "' is the input batch";
@@ -357,6 +378,54 @@ void Plan::emit_backward(int id) {
   } else {
     RN_FAIL() << "plan: no backward for node '" << n.name << "'";
   }
+}
+
+void Plan::add_recipe(int b, const Recipe& r) {
+  auto depth_of = [&](int v) {
+    auto it = chain_depth_.find(v);
+    return v < 0 || it == chain_depth_.end() ? 0 : it->second;
+  };
+  const int depth = 1 + std::max(depth_of(r.src), depth_of(r.residual));
+  if (depth > kMaxRecomputeChain) return;  // kept: it ends the chains of the values computed from it
+  recipes_[b] = r;
+  chain_depth_[b] = depth;
+}
+
+int Plan::for_backward(int b) {
+  if (options_.memory != MemoryLevel::O2) return b;
+  if (auto it = recomputed_.find(b); it != recomputed_.end()) return it->second;
+  const auto rit = recipes_.find(b);
+  if (rit == recipes_.end()) return b;  // kept: a convolution, pooling or linear output, the input
+  const Recipe rc = rit->second;
+  // Inputs first: a block's output needs the previous block's output, regenerated too.
+  const int src = for_backward(rc.src);
+  const int res = rc.residual >= 0 ? for_backward(rc.residual) : -1;
+  const BufferMeta m = meta_[static_cast<size_t>(b)];
+  const std::string name = buffers_[static_cast<size_t>(b)].name;
+  const int out = add_buffer(name + ":recomputed", m.shape, m.dtype, m.layout, m.role);
+  // (In a dry plan the kernels are null; its steps never run.)
+  if (rc.node < 0) {
+    CastKernel* cast = rc.cast;
+    add_step("recompute " + name, {src}, {out}, [this, cast, src, out] { cast->forward(view(out), view(src)); });
+  } else if (attrs_if<BatchNormAttrs>(model_.graph().node(rc.node))) {
+    BatchNormKernel* bn = kernels_[static_cast<size_t>(rc.node)].bn;
+    const Model::NodeSlots s = model_.slots(rc.node);
+    const int sm = rc.saved_mean, si = rc.saved_invstd;
+    auto run = [this, bn, out, src, res, sm, si, s] {
+      Tensor rt = res >= 0 ? view(res) : Tensor{};
+      bn->forward_recompute(view(out), view(src), res >= 0 ? &rt : nullptr, model_.param(s.weight),
+                            model_.param(s.bias), view(sm), view(si));
+    };
+    if (res >= 0)
+      add_step("recompute " + name, {src, res, sm, si}, {out}, run);
+    else
+      add_step("recompute " + name, {src, sm, si}, {out}, run);
+  } else {
+    ReluKernel* relu = kernels_[static_cast<size_t>(rc.node)].relu;
+    add_step("recompute " + name, {src}, {out}, [this, relu, src, out] { relu->forward(view(out), view(src)); });
+  }
+  recomputed_[b] = out;
+  return out;
 }
 
 void Plan::run_steps(size_t begin, size_t end) {
@@ -412,11 +481,54 @@ MemoryReport Plan::memory() const {
   MemoryReport r;
   r.arena_bytes = arena_bytes_;
   r.buffers = static_cast<int>(buffers_.size());
+  r.recomputed_buffers = static_cast<int>(recomputed_.size());
   for (size_t i = 0; i < buffers_.size(); ++i) r.by_role[static_cast<int>(meta_[i].role)] += buffers_[i].bytes;
+  // Live bytes per step (a buffer is live from its first write to its last read; persistent
+  // ones always), by a difference array over steps.
+  const int steps = num_steps();
+  std::vector<std::array<int64_t, 4>> delta(static_cast<size_t>(steps) + 1, std::array<int64_t, 4>{});
+  for (size_t i = 0; i < buffers_.size(); ++i) {
+    const BufferSpec& b = buffers_[i];
+    const int first = b.persistent ? 0 : b.first, last = b.persistent ? steps - 1 : std::max(b.first, b.last);
+    if (first < 0 || last < first) continue;
+    const int role = static_cast<int>(meta_[i].role);
+    delta[static_cast<size_t>(first)][role] += static_cast<int64_t>(b.bytes);
+    delta[static_cast<size_t>(last) + 1][role] -= static_cast<int64_t>(b.bytes);
+  }
+  std::array<int64_t, 4> live{};
+  for (int step = 0; step < steps; ++step) {
+    int64_t total = 0;
+    for (int role = 0; role < 4; ++role) total += live[role] += delta[static_cast<size_t>(step)][role];
+    if (static_cast<size_t>(total) > r.peak_live_bytes) {
+      r.peak_live_bytes = static_cast<size_t>(total);
+      r.peak_step = step;
+      for (int role = 0; role < 4; ++role) r.peak_by_role[role] = static_cast<size_t>(live[role]);
+    }
+  }
   if (options_.dtype != DType::f32)
     r.half_weight_bytes = static_cast<size_t>(model_.params().total) * dtype_size(options_.dtype);
+  if (backend_) r.workspace_bytes = backend_->workspace_bytes();
   return r;
 }
+
+PlannedPeak Plan::planned_peak(int optimizer_copies) const {
+  const MemoryReport r = memory();
+  PlannedPeak p;
+  p.arena = r.arena_bytes;
+  p.activations = r.peak_by_role[static_cast<int>(BufferRole::io)] +
+                  r.peak_by_role[static_cast<int>(BufferRole::activation)] +
+                  r.peak_by_role[static_cast<int>(BufferRole::saved)];
+  p.gradients = r.peak_by_role[static_cast<int>(BufferRole::gradient)];
+  const size_t flat = static_cast<size_t>(model_.params().total) * sizeof(float);
+  p.parameters = flat;
+  p.parameter_grads = flat;
+  p.optimizer_state = flat * static_cast<size_t>(std::max(0, optimizer_copies));
+  p.half_weights = r.half_weight_bytes;
+  p.workspace = r.workspace_bytes;
+  return p;
+}
+
+RangeResidency Plan::arena_residency() const { return resident_range(arena_.base(), arena_.bytes()); }
 
 std::vector<std::string> Plan::step_names() const {
   std::vector<std::string> names;

@@ -7,6 +7,16 @@
 //                 model.zero_grads(); plan.forward(); plan.backward(loss_scale);
 // Parameter gradients (fp32, in the model's flat gradient buffer) accumulate; with a
 // loss scale s they hold s * dL/dw.
+//
+// Memory levels (memory_planner.h): O0 gives every buffer its own memory; O1 shares memory
+// between buffers that are never live at once; O2 also stops keeping what is cheap to
+// recompute. At O2 the outputs of batch norm (with its fused ReLU / add+ReLU), of ReLU and
+// of casts live only until their last forward reader; backward regenerates each, just
+// before its first backward reader, from what is kept (convolution outputs, BN saved
+// statistics, pooling outputs) with BatchNormKernel::forward_recompute, ReLU or the cast,
+// recursively (a block's output needs the previous block's output as its residual; every
+// seventh block output in a chain is kept, see kMaxRecomputeChain). The recomputed values
+// are bit-identical, so gradients at O2 equal those at O0 and O1.
 #pragma once
 
 #include <functional>
@@ -16,6 +26,7 @@
 #include <vector>
 
 #include "model/memory_planner.h"
+#include "model/memory_usage.h"
 #include "model/model.h"
 #include "ops/backend.h"
 
@@ -40,9 +51,26 @@ enum class BufferRole : uint8_t { io, activation, saved, gradient };
 struct MemoryReport {
   size_t arena_bytes = 0;    // planned peak of the arena
   size_t by_role[4] = {};    // sum of buffer sizes per BufferRole (without reuse)
+  // The step at which the most arena bytes are live, and the live bytes per role there:
+  // the planned peak of activations (io + activation + saved) and of gradients.
+  int peak_step = -1;
+  size_t peak_live_bytes = 0;
+  size_t peak_by_role[4] = {};
+  int recomputed_buffers = 0;    // O2: buffers that backward regenerates
   size_t half_weight_bytes = 0;  // the half-precision copy of the weights (dtype != fp32)
-  size_t workspace_bytes = 0;    // scratch held by the backend's kernels (0 when not known)
+  size_t workspace_bytes = 0;    // the backend's shared kernel scratch (0 for a dry plan)
   int buffers = 0;
+};
+
+// A plan's planned training memory: the arena (split at its peak step into activations,
+// counting the input batch and saved statistics, and activation gradients) plus the
+// model's flat fp32 buffers (parameters, their gradients, `optimizer_copies` optimizer
+// states of the same size: 1 for momentum SGD and LARS), the half weight copy and the
+// backend's workspace.
+struct PlannedPeak {
+  size_t arena = 0, activations = 0, gradients = 0;
+  size_t parameters = 0, parameter_grads = 0, optimizer_state = 0, half_weights = 0, workspace = 0;
+  size_t total() const { return arena + parameters + parameter_grads + optimizer_state + half_weights + workspace; }
 };
 
 class Plan {
@@ -65,13 +93,17 @@ class Plan {
   void forward();
   void backward(float loss_scale = 1.0f);
 
-  // Gradient of the input batch is never computed. Gradients of activations are
-  // available for tests: the gradient buffer of node `id`'s output (valid right after
-  // backward() only at MemoryLevel::O0, where nothing is reused).
+  // Gradient of the input batch is never computed. Activations and their gradients are
+  // available for tests: the buffers of node `id`'s output and of its gradient (valid
+  // right after forward() / backward() only at MemoryLevel::O0, where nothing is reused).
   Tensor activation(int node) const;
   Tensor activation_grad(int node) const;
 
   MemoryReport memory() const;
+  PlannedPeak planned_peak(int optimizer_copies = 1) const;
+  // What the steps run so far have touched of the arena (its pages are released when the
+  // plan is made): the measured high-water mark to hold against arena_bytes.
+  RangeResidency arena_residency() const;
   const std::vector<BufferSpec>& buffers() const { return buffers_; }
   int num_steps() const { return static_cast<int>(steps_.size()); }
   // Step names in program order ("fwd layer1.0.conv1", "bwd_data fc", ...).
@@ -106,7 +138,14 @@ class Plan {
   // step's `dtype`; finish_contribution() casts and sums it into v's gradient.
   int grad_target(int value, DType dtype);
   void finish_contribution(int value, int target);
+  // grad_target(), but where allowed (not O0; v's first contribution; same dtype, shape and
+  // layout) the gradient is written in place over `reuse`, a gradient nothing reads later.
+  int grad_target_in_place(int value, DType dtype, int reuse);
   DType node_dtype(int id) const;
+
+  // The buffer a backward step reads forward buffer `b` from: `b` itself, or at O2, for a
+  // value freed after forward, the buffer it is recomputed into (made on first use).
+  int for_backward(int b);
 
   void build_forward();
   void build_backward();
@@ -130,6 +169,23 @@ class Plan {
   std::vector<int> saved0_, saved1_;  // node -> BN saved mean/invstd, max-pool workspace
   std::vector<int> x_in_;             // node -> the buffer its first input was read from
   std::unordered_map<int64_t, int> casts_of_;  // value * 8 + dtype -> cast buffer
+  // How to regenerate a buffer at O2 from other buffers: BN (kernel bn; src = x, residual,
+  // saved statistics), ReLU or cast (src).
+  struct Recipe {
+    int node = -1;  // BN / ReLU node (its kernel and parameters); -1 for a cast
+    int src = -1, residual = -1, saved_mean = -1, saved_invstd = -1;
+    CastKernel* cast = nullptr;
+  };
+  std::unordered_map<int, Recipe> recipes_;  // forward buffer -> recipe
+  // Regenerating a block's output regenerates the previous block's first, so a stage's
+  // outputs would all be live at once in backward. A value whose chain of recompute steps
+  // would exceed kMaxRecomputeChain is kept instead, a checkpoint that ends the chains after
+  // it. 6 gives the smallest O2 arena for ResNet-50/101/152 (ResNet-101: 6.7 GiB at batch
+  // 100 instead of 8.0 GiB with unbounded chains).
+  std::unordered_map<int, int> chain_depth_;  // forward buffer -> recompute steps to regenerate it
+  static constexpr int kMaxRecomputeChain = 6;
+  void add_recipe(int buffer, const Recipe& recipe);
+  std::unordered_map<int, int> recomputed_;  // forward buffer -> recomputed buffer
   int input_ = -1, labels_ = -1, logits_ = -1, probs_ = -1, loss_ = -1;
   float loss_scale_ = 1.0f;
   bool profiling_ = false;

@@ -38,6 +38,10 @@ class Backend {
   virtual std::unique_ptr<LinearKernel> make_linear(const LinearDesc& d) = 0;
   virtual std::unique_ptr<SoftmaxCrossEntropyKernel> make_softmax_cross_entropy(const SoftmaxCrossEntropyDesc& d) = 0;
 
+  // The one scratch buffer all of this backend's kernels share (sized, at kernel creation,
+  // for the largest need), in bytes; 0 when the backend keeps none.
+  virtual size_t workspace_bytes() const { return 0; }
+
   // Waits for all queued work (no-op on synchronous backends).
   virtual void synchronize() {}
 };

@@ -31,38 +31,47 @@ std::string BatchNormDesc::str() const {
   return s.str();
 }
 
+namespace {
+// The arguments every forward form shares: y, x, the residual iff add_relu, gamma, beta and
+// two per-channel fp32 statistics (running or saved, named as given).
+void check_forward(const BatchNormDesc& d, const Tensor& y, const Tensor& x, const Tensor* residual,
+                   const Tensor& gamma, const Tensor& beta, const Tensor& stat0, const char* name0, const Tensor& stat1,
+                   const char* name1) {
+  const auto op = d.str();
+  const Shape xs = d.x_shape(), cs = {d.channels};
+  check_tensor(y, xs, d.dtype, d.layout, "y", op);
+  check_tensor(x, xs, d.dtype, d.layout, "x", op);
+  RN_CHECK((residual != nullptr) == (d.fuse == BnFuse::add_relu)) << op << ": residual given iff add_relu";
+  if (residual) check_tensor(*residual, xs, d.dtype, d.layout, "residual", op);
+  check_tensor(gamma, cs, DType::f32, "gamma", op);
+  check_tensor(beta, cs, DType::f32, "beta", op);
+  check_tensor(stat0, cs, DType::f32, name0, op);
+  check_tensor(stat1, cs, DType::f32, name1, op);
+}
+}  // namespace
+
 void BatchNormKernel::forward_training(const Tensor& y, const Tensor& saved_mean, const Tensor& saved_invstd,
                                        const Tensor& x, const Tensor* residual, const Tensor& gamma,
                                        const Tensor& beta, const Tensor& running_mean, const Tensor& running_var) {
+  check_forward(desc_, y, x, residual, gamma, beta, running_mean, "running_mean", running_var, "running_var");
   const auto op = desc_.str();
-  const Shape xs = desc_.x_shape(), cs = {desc_.channels};
-  check_tensor(y, xs, desc_.dtype, desc_.layout, "y", op);
-  check_tensor(x, xs, desc_.dtype, desc_.layout, "x", op);
-  RN_CHECK((residual != nullptr) == (desc_.fuse == BnFuse::add_relu)) << op << ": residual given iff add_relu";
-  if (residual) check_tensor(*residual, xs, desc_.dtype, desc_.layout, "residual", op);
+  const Shape cs = {desc_.channels};
   check_tensor(saved_mean, cs, DType::f32, "saved_mean", op);
   check_tensor(saved_invstd, cs, DType::f32, "saved_invstd", op);
-  check_tensor(gamma, cs, DType::f32, "gamma", op);
-  check_tensor(beta, cs, DType::f32, "beta", op);
-  check_tensor(running_mean, cs, DType::f32, "running_mean", op);
-  check_tensor(running_var, cs, DType::f32, "running_var", op);
   do_forward_training(y, saved_mean, saved_invstd, x, residual, gamma, beta, running_mean, running_var);
 }
 
 void BatchNormKernel::forward_inference(const Tensor& y, const Tensor& x, const Tensor* residual,
                                         const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
                                         const Tensor& running_var) {
-  const auto op = desc_.str();
-  const Shape xs = desc_.x_shape(), cs = {desc_.channels};
-  check_tensor(y, xs, desc_.dtype, desc_.layout, "y", op);
-  check_tensor(x, xs, desc_.dtype, desc_.layout, "x", op);
-  RN_CHECK((residual != nullptr) == (desc_.fuse == BnFuse::add_relu)) << op << ": residual given iff add_relu";
-  if (residual) check_tensor(*residual, xs, desc_.dtype, desc_.layout, "residual", op);
-  check_tensor(gamma, cs, DType::f32, "gamma", op);
-  check_tensor(beta, cs, DType::f32, "beta", op);
-  check_tensor(running_mean, cs, DType::f32, "running_mean", op);
-  check_tensor(running_var, cs, DType::f32, "running_var", op);
+  check_forward(desc_, y, x, residual, gamma, beta, running_mean, "running_mean", running_var, "running_var");
   do_forward_inference(y, x, residual, gamma, beta, running_mean, running_var);
+}
+
+void BatchNormKernel::forward_recompute(const Tensor& y, const Tensor& x, const Tensor* residual, const Tensor& gamma,
+                                        const Tensor& beta, const Tensor& saved_mean, const Tensor& saved_invstd) {
+  check_forward(desc_, y, x, residual, gamma, beta, saved_mean, "saved_mean", saved_invstd, "saved_invstd");
+  do_forward_recompute(y, x, residual, gamma, beta, saved_mean, saved_invstd);
 }
 
 void BatchNormKernel::backward(const Tensor& dx, const Tensor* dresidual, const Tensor& dgamma, const Tensor& dbeta,

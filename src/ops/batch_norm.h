@@ -9,7 +9,10 @@
 //   running_var  = (1-momentum)*running_var  + momentum*var*n/(n-1)
 // x, y, residual, dx, dy, dresidual have the activation dtype; gamma, beta, saved and
 // running stats and their gradients are fp32. dx, dresidual are overwritten; dgamma,
-// dbeta accumulate. Backward reads y for the ReLU mask (y > 0) when fused.
+// dbeta accumulate. Backward reads y for the ReLU mask (y > 0) when fused; dx may be dy
+// itself (in place).
+// forward_recompute regenerates the y of an earlier forward_training bit for bit (memory
+// level O2 frees y after forward and rebuilds it just before backward needs it).
 #pragma once
 
 #include <string>
@@ -46,6 +49,12 @@ class BatchNormKernel {
                         const Tensor& running_var);
   void forward_inference(const Tensor& y, const Tensor& x, const Tensor* residual, const Tensor& gamma,
                          const Tensor& beta, const Tensor& running_mean, const Tensor& running_var);
+  // Rewrites exactly the y that forward_training wrote from the same x, residual, gamma and
+  // beta, given the saved statistics it returned. Running statistics are not touched. The
+  // batch statistics are computed again and must equal saved_mean/saved_invstd bit for bit;
+  // otherwise (changed inputs, a nondeterministic kernel) it throws rn::Error.
+  void forward_recompute(const Tensor& y, const Tensor& x, const Tensor* residual, const Tensor& gamma,
+                         const Tensor& beta, const Tensor& saved_mean, const Tensor& saved_invstd);
   // dresidual must be non-null iff fuse == add_relu (it receives dy * relu_mask).
   void backward(const Tensor& dx, const Tensor* dresidual, const Tensor& dgamma, const Tensor& dbeta,
                 const Tensor& dy, const Tensor& x, const Tensor& y, const Tensor& gamma, const Tensor& saved_mean,
@@ -57,6 +66,8 @@ class BatchNormKernel {
                                    const Tensor& running_mean, const Tensor& running_var) = 0;
   virtual void do_forward_inference(const Tensor& y, const Tensor& x, const Tensor* residual, const Tensor& gamma,
                                     const Tensor& beta, const Tensor& running_mean, const Tensor& running_var) = 0;
+  virtual void do_forward_recompute(const Tensor& y, const Tensor& x, const Tensor* residual, const Tensor& gamma,
+                                    const Tensor& beta, const Tensor& saved_mean, const Tensor& saved_invstd) = 0;
   virtual void do_backward(const Tensor& dx, const Tensor* dresidual, const Tensor& dgamma, const Tensor& dbeta,
                            const Tensor& dy, const Tensor& x, const Tensor& y, const Tensor& gamma,
                            const Tensor& saved_mean, const Tensor& saved_invstd) = 0;

@@ -44,7 +44,8 @@ constexpr EnumItem<DeviceChoice> kDeviceChoices[] = {{DeviceChoice::auto_select,
                                                      {DeviceChoice::cpu, "cpu"},
                                                      {DeviceChoice::ref, "ref"},
                                                      {DeviceChoice::cuda, "cuda"}};
-constexpr EnumItem<MemoryLevel> kMemoryLevels[] = {{MemoryLevel::O0, "O0"}, {MemoryLevel::O1, "O1"}};
+constexpr EnumItem<MemoryLevel> kMemoryLevels[] = {
+    {MemoryLevel::O0, "O0"}, {MemoryLevel::O1, "O1"}, {MemoryLevel::O2, "O2"}};
 // Only the half types are valid for precision.half_dtype.
 constexpr EnumItem<BadFilePolicy> kBadFilePolicies[] = {{BadFilePolicy::skip, "skip"}, {BadFilePolicy::error, "error"}};
 constexpr EnumItem<DType> kHalfTypes[] = {{DType::bf16, "bf16"}, {DType::f16, "fp16"}};
@@ -472,7 +473,12 @@ std::vector<Field> build_fields() {
   f.push_back(RN_CONFIG_FIELD(run.checkpoint.keep_last, "periodic checkpoints kept; 0: all", at_least(0)));
   f.push_back(RN_CONFIG_FIELD(run.checkpoint.keep_best, "also keep the checkpoint with the best validation top-1"));
   // memory
-  f.push_back(RN_CONFIG_FIELD(memory.level, "O0 no buffer reuse; O1 reuse by liveness"));
+  f.push_back(RN_CONFIG_FIELD(memory.level,
+                              "O0 no buffer reuse (debugging); O1 reuse by liveness; O2 also recompute BN and ReLU "
+                              "outputs in backward (about half of O1's activation memory, same results)"));
+  f.push_back(RN_CONFIG_FIELD(memory.schedule,
+                              "switch levels at epoch boundaries: 'EPOCH:LEVEL, ...', each from that many completed "
+                              "epochs on ('60:O2': memory.level for 60 epochs, then O2); empty: no switch"));
   return f;
 }
 
@@ -638,6 +644,53 @@ void Config::validate() const {
   }
   RN_CHECK(!optimizer.nesterov || optimizer.momentum > 0)
       << where << "key 'optimizer.nesterov' = true needs optimizer.momentum > 0";
+  parse_memory_schedule(memory.schedule);
+}
+
+std::vector<MemorySwitch> parse_memory_schedule(const std::string& text) {
+  std::vector<MemorySwitch> out;
+  const auto fail = [&](const std::string& entry, const std::string& why) {
+    RN_FAIL() << "config: key 'memory.schedule' = '" << text << "': entry '" << entry << "' " << why
+              << " (expected 'EPOCH:LEVEL, ...' with EPOCH >= 1 increasing and LEVEL one of O0, O1, O2, as in "
+                 "'60:O2')";
+  };
+  if (text.find_first_not_of(" \t") == std::string::npos) return out;  // no schedule
+  std::vector<std::string> entries(1);
+  for (char ch : text) {
+    if (ch == ',')
+      entries.emplace_back();
+    else if (ch != ' ' && ch != '\t')
+      entries.back() += ch;
+  }
+  for (const std::string& entry : entries) {
+    if (entry.empty()) fail(entry, "is empty");
+    const size_t colon = entry.find(':');
+    if (colon == std::string::npos) fail(entry, "has no ':'");
+    MemorySwitch sw;
+    const std::string epoch = entry.substr(0, colon), level = entry.substr(colon + 1);
+    size_t used = 0;
+    try {
+      sw.epoch = std::stoll(epoch, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != epoch.size()) fail(entry, "does not start with a whole number of epochs");
+    if (sw.epoch < 1) fail(entry, "switches before epoch 1 (set memory.level instead)");
+    if (!out.empty() && sw.epoch <= out.back().epoch) fail(entry, "is not after the previous switch");
+    bool known = false;
+    for (const auto& item : kMemoryLevels)
+      if (level == item.name) sw.level = item.value, known = true;
+    if (!known) fail(entry, "names an unknown level '" + level + "'");
+    out.push_back(sw);
+  }
+  return out;
+}
+
+MemoryLevel memory_level_at_epoch(const MemoryConfig& memory, int64_t epoch) {
+  MemoryLevel level = memory.level;
+  for (const MemorySwitch& sw : parse_memory_schedule(memory.schedule))
+    if (epoch >= sw.epoch) level = sw.level;
+  return level;
 }
 
 std::string Config::to_yaml() const {

@@ -155,8 +155,23 @@ struct RunConfig {
 
 struct MemoryConfig {
   MemoryLevel level = MemoryLevel::O1;
+  // Level changes at epoch boundaries: "EPOCH:LEVEL[, EPOCH:LEVEL ...]", each applying from
+  // that many completed epochs on ("60:O2": memory.level for the first 60 epochs, then O2).
+  // Empty: memory.level throughout.
+  std::string schedule;
   bool operator==(const MemoryConfig&) const = default;
 };
+
+struct MemorySwitch {
+  int64_t epoch = 0;  // completed epochs before the switch (>= 1)
+  MemoryLevel level = MemoryLevel::O1;
+  bool operator==(const MemorySwitch&) const = default;
+};
+// Parses memory.schedule; throws rn::Error naming the key, the bad entry and the expected
+// form. Epochs must be increasing.
+std::vector<MemorySwitch> parse_memory_schedule(const std::string& text);
+// The level for 0-based epoch `epoch` (the number of epochs completed before it).
+MemoryLevel memory_level_at_epoch(const MemoryConfig& memory, int64_t epoch);
 
 struct Config {
   ModelConfig model;

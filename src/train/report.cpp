@@ -207,6 +207,27 @@ std::string run_name(const std::string& run_dir) {
   return p.filename().string();
 }
 
+// The planned and measured memory of each level the run trained at ("memory" records).
+std::string memory_table(const std::vector<json>& records) {
+  auto mib = [](const json& r, const char* key) {
+    const double v = number(r, key);
+    return std::isfinite(v) ? fmt::format("{:.1f} MiB", v / 1048576.0) : std::string("n/a");
+  };
+  std::string rows;
+  for (const json& r : records) {
+    if (r["kind"].get_ref<const std::string&>() != "memory") continue;
+    rows += fmt::format("<tr><td>{:g}</td><td>O{:g}</td><td>{:g}</td>", number(r, "epoch"), number(r, "level"),
+                        number(r, "batch"));
+    for (const char* key : {"planned_arena", "planned_total", "arena_high_water", "resident", "peak_resident"})
+      rows += "<td>" + mib(r, key) + "</td>";
+    rows += "</tr>\n";
+  }
+  if (rows.empty()) return "<p class=\"nodata\">no memory records yet (written after the first epoch)</p>\n";
+  return "<table class=\"summary\">\n<tr><th>after epoch</th><th>level</th><th>batch</th><th>planned arena</th>"
+         "<th>planned total</th><th>arena high-water</th><th>resident</th><th>peak resident</th></tr>\n" +
+         rows + "</table>\n";
+}
+
 // The input-pipeline analysis of each epoch ("pipeline" records): loader stage times per
 // batch, the data-wait share and the verdict.
 std::string pipeline_table(const std::vector<json>& records) {
@@ -245,6 +266,7 @@ std::string render_report_html(const std::vector<json>& records, const std::stri
   }
   html += "<h2>Input pipeline</h2>\n" + pipeline_table(records);
   html += "<h2>Plots</h2>\n" + plots(h);
+  html += "<h2>Memory</h2>\n" + memory_table(records);
   html += "<h2>Configuration</h2>\n";
   html += config_yaml.empty() ? "<p>no config.yaml in the run folder</p>\n"
                               : "<pre>" + html_escape(config_yaml) + "</pre>\n";

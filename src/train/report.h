@@ -6,6 +6,7 @@
 //   plots      training (and validation) loss vs step; validation top-1/top-5 vs epoch;
 //              learning rate vs step; loss scale vs step (log2 axis); images/s vs step;
 //              data-wait share vs step
+//   memory     planned and measured peak memory after the first epoch at each memory level
 //   config     RUN_DIR/config.yaml verbatim, when present
 //
 // A resumed run appends to metrics.jsonl after rewinding to its checkpoint, so the file may

@@ -9,6 +9,7 @@
 #include "core/rng.h"
 #include "core/thread_pool.h"
 #include "data/loader.h"
+#include "model/memory_usage.h"
 #include "model/model.h"
 #include "model/plan.h"
 #include "model/zoo.h"
@@ -34,6 +35,33 @@ std::atomic<bool> g_stop{false};
 extern "C" void on_stop_signal(int) { g_stop = true; }
 
 namespace fs = std::filesystem;
+
+// The planned and the measured memory of a training plan, as a log line and a "memory"
+// record in metrics.jsonl (bytes; level 0, 1, 2 for O0, O1, O2).
+void log_measured_memory(const Plan& plan, MetricsLog& metrics, int64_t epoch, int64_t step) {
+  const PlannedPeak p = plan.planned_peak(1);
+  const RangeResidency arena = plan.arena_residency();
+  const ProcessMemory process = process_memory();
+  const double MiB = 1048576.0;
+  RN_LOG_INFO(
+      "memory at level {} after epoch {}: planned arena {:.1f} MiB, total {:.1f} MiB; measured arena "
+      "high-water {:.1f} MiB, resident {:.1f} MiB, peak resident {:.1f} MiB",
+      memory_level_name(plan.options().memory), epoch, p.arena / MiB, p.total() / MiB, arena.high_water / MiB,
+      process.resident / MiB, process.peak_resident / MiB);
+  metrics.append(MetricsRecord("memory", epoch, step)
+                     .add("level", static_cast<int64_t>(plan.options().memory))
+                     .add("batch", plan.options().batch)
+                     .add("planned_arena", p.arena)
+                     .add("planned_activations", p.activations)
+                     .add("planned_gradients", p.gradients)
+                     .add("planned_parameters", p.parameters + p.parameter_grads + p.half_weights)
+                     .add("planned_optimizer", p.optimizer_state)
+                     .add("planned_workspace", p.workspace)
+                     .add("planned_total", p.total())
+                     .add("arena_high_water", arena.high_water)
+                     .add("resident", process.resident)
+                     .add("peak_resident", process.peak_resident));
+}
 
 // A fresh run never writes into a folder that already holds a run: it takes the first free
 // "<out_dir>-N" instead.
@@ -73,6 +101,16 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
     const std::string path = run_dir + "/config.yaml";
     RN_CHECK(fs::exists(path)) << "cannot resume from '" << run_dir << "': it has no config.yaml";
     cfg = load_config(path, {});
+    // Only settings that cannot change results may differ from the run's: the memory level.
+    for (const std::string& o : options.resume_overrides) {
+      RN_CHECK(o.rfind("memory.", 0) == 0) << "cannot change '" << o << "' when resuming " << run_dir
+                                           << ": only memory.* settings may change (they do not change results)";
+      apply_config_override(cfg, o);
+    }
+    if (!options.resume_overrides.empty()) {
+      cfg.validate();
+      write_file_atomic(path, cfg.to_yaml());
+    }
   } else {
     run_dir = fresh_run_dir(cfg.run.out_dir);
     write_file_atomic(run_dir + "/config.yaml", cfg.to_yaml());
@@ -110,7 +148,8 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
   RN_CHECK(steps_per_epoch > 0) << "the training set (" << train_loader.dataset().size()
                                 << " samples) has no full batch of " << cfg.data.batch_size;
 
-  // Plans.
+  // Plans: made once the starting epoch is known (its memory level may come from
+  // memory.schedule), and made again at an epoch boundary where the level changes.
   PlanOptions po;
   po.batch = cfg.data.batch_size;
   po.dtype = policy.conv_dtype;
@@ -118,11 +157,39 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
   po.layout = layout;
   po.memory = cfg.memory.level;
   po.label_smoothing = static_cast<float>(cfg.loss.label_smoothing);
-  Plan plan(model, backend.get(), po);
-  RN_LOG_INFO("training plan: batch {}, memory level {}, arena {:.1f} MiB", po.batch, memory_level_name(po.memory),
-              plan.memory().arena_bytes / 1048576.0);
-  Evaluator evaluator(model, *backend, po);
-  TrainStep step(plan, optimizer, scaler, policy);
+  std::unique_ptr<Plan> plan;
+  std::unique_ptr<TrainStep> step;
+  std::unique_ptr<Evaluator> evaluator;
+  bool memory_logged = false;  // the measured peak is reported after the first epoch at each level
+  auto plan_at = [&](MemoryLevel level, int64_t epoch) {
+    const size_t old_arena = plan ? plan->memory().arena_bytes : 0;
+    const MemoryLevel old_level = po.memory;
+    step.reset();
+    evaluator.reset();
+    plan.reset();  // the old arena goes first: the new plan may need that memory
+    po.memory = level;
+    plan = std::make_unique<Plan>(model, backend.get(), po);
+    evaluator = std::make_unique<Evaluator>(model, *backend, po);
+    step = std::make_unique<TrainStep>(*plan, optimizer, scaler, policy);
+    const PlannedPeak p = plan->planned_peak(1);
+    if (old_arena > 0)
+      RN_LOG_INFO("epoch {}: memory level {} -> {}, re-planned: arena {:.1f} MiB -> {:.1f} MiB", epoch + 1,
+                  memory_level_name(old_level), memory_level_name(level), old_arena / 1048576.0, p.arena / 1048576.0);
+    RN_LOG_INFO(
+        "training plan: batch {}, memory level {}, arena {:.1f} MiB; planned peak {:.1f} MiB "
+        "(+ parameters, gradients, optimizer state {:.1f} MiB, workspace {:.1f} MiB)",
+        po.batch, memory_level_name(level), p.arena / 1048576.0, p.total() / 1048576.0,
+        (p.parameters + p.parameter_grads + p.optimizer_state + p.half_weights) / 1048576.0, p.workspace / 1048576.0);
+    // The arena is allocated lazily by the system: a plan that cannot fit would only fail
+    // later, killed mid-epoch. Say so now, with what to do about it.
+    if (const size_t avail = available_memory(); avail > 0 && p.total() > avail)
+      RN_LOG_WARN(
+          "the planned peak {:.1f} MiB at memory level {} exceeds the {:.1f} MiB of memory available: "
+          "lower data.batch_size or use memory.level=O2 (resnet bench --find-max-batch --memory-cap shows "
+          "what fits)",
+          p.total() / 1048576.0, memory_level_name(level), avail / 1048576.0);
+    memory_logged = false;
+  };
 
   const int64_t global_batch = cfg.data.batch_size;  // one rank for now
   const LrSchedule schedule(cfg.schedule, scaled_peak_lr(cfg.optimizer, global_batch), steps_per_epoch);
@@ -146,6 +213,7 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
     }
   }
   st.config_yaml = cfg.to_yaml();
+  plan_at(memory_level_at_epoch(cfg.memory, st.epoch), st.epoch);
 
   MetricsLog metrics(run_dir);
   ProgressPrinter progress;
@@ -163,6 +231,8 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
   const int64_t epochs = cfg.schedule.epochs;
   bool stop = false;
   while (st.epoch < epochs && !stop) {
+    if (const MemoryLevel level = memory_level_at_epoch(cfg.memory, st.epoch); level != po.memory)
+      plan_at(level, st.epoch);
     train_loader.start_epoch(st.epoch, st.batch_in_epoch);
     // Interval statistics for the log lines.
     double interval_loss = 0;
@@ -176,10 +246,10 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
       RN_CHECK(b->size == po.batch) << "partial training batch of " << b->size << " (data.drop_last=false is not "
                                     << "supported for training yet)";
       const double copy_us = trace_now_us();
-      copy_batch(plan, *b);
+      copy_batch(*plan, *b);
       const double step_us = trace_now_us();
       const double lr = schedule.lr(st.step);
-      step.run(lr);
+      step->run(lr);
       const double end_us = trace_now_us();
       pipeline.copy += 1e-6 * (step_us - copy_us);
       pipeline.compute += 1e-6 * (end_us - step_us);
@@ -189,7 +259,7 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
       }
       ++st.step;
       ++st.batch_in_epoch;
-      const float loss = plan.loss();
+      const float loss = plan->loss();
       interval_loss += loss;
       ++interval_steps;
       interval_images += b->size;
@@ -239,6 +309,10 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
         save(false, std::nullopt);
     }
     if (stop) break;
+    if (!memory_logged) {
+      log_measured_memory(*plan, metrics, st.epoch + 1, st.step);
+      memory_logged = true;
+    }
     pipeline.loader = train_loader.epoch_times();
     pipeline.workers = train_loader.workers();
     pipeline.wait = train_loader.epoch_wait_seconds();
@@ -271,7 +345,7 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
     const bool last = st.epoch == epochs;
     std::optional<double> top1;
     if (last || (cfg.run.eval_interval_epochs > 0 && st.epoch % cfg.run.eval_interval_epochs == 0)) {
-      const EvalResult ev = evaluator.run(val_loader, done_epoch);
+      const EvalResult ev = evaluator->run(val_loader, done_epoch);
       result.final_eval = ev;
       top1 = ev.top1;
       EvalMetrics em;

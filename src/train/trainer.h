@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "model/zoo.h"
 #include "train/config.h"
@@ -28,6 +29,9 @@ struct TrainResult {
 struct TrainOptions {
   std::string resume_dir;   // continue the run in this folder (its config.yaml wins)
   int64_t max_steps = 0;    // stop (with a checkpoint) after this many optimizer steps in total; 0: no limit
+  // "memory.level=O2"-style overrides applied to the resumed run's config (and saved in it).
+  // Only memory.* keys: a checkpoint taken at one memory level resumes at another.
+  std::vector<std::string> resume_overrides;
 };
 
 TrainResult train(const Config& config, const TrainOptions& options = {});

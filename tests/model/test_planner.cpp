@@ -22,17 +22,20 @@ std::vector<BufferSpec> random_buffers(Rng& rng, int n, int steps) {
   return b;
 }
 
-TEST(MemoryPlanner, RandomProgramsValidateAtBothLevels) {
+TEST(MemoryPlanner, RandomProgramsValidateAtEveryLevel) {
   Rng rng(7);
   for (int trial = 0; trial < 200; ++trial) {
     const int steps = 2 + static_cast<int>(rng.below(60));
     auto buffers = random_buffers(rng, 1 + static_cast<int>(rng.below(80)), steps);
-    auto o0 = buffers, o1 = buffers;
+    auto o0 = buffers, o1 = buffers, o2 = buffers;
     const size_t a0 = plan_memory(o0, MemoryLevel::O0, steps);
     const size_t a1 = plan_memory(o1, MemoryLevel::O1, steps);
+    const size_t a2 = plan_memory(o2, MemoryLevel::O2, steps);
     validate_plan(o0, a0, steps);
     validate_plan(o1, a1, steps);
+    validate_plan(o2, a2, steps);
     EXPECT_LE(a1, a0);
+    EXPECT_LE(a2, a0);
   }
 }
 
@@ -53,8 +56,8 @@ TEST(MemoryPlanner, EveryZooModelPlansAndValidates) {
       o.num_classes = 10;
     }
     Model model(build_model(name, o));
-    size_t arena[2];
-    for (MemoryLevel level : {MemoryLevel::O0, MemoryLevel::O1}) {
+    size_t arena[3];
+    for (MemoryLevel level : {MemoryLevel::O0, MemoryLevel::O1, MemoryLevel::O2}) {
       PlanOptions po;
       po.batch = 4;
       po.memory = level;
@@ -63,6 +66,7 @@ TEST(MemoryPlanner, EveryZooModelPlansAndValidates) {
       validate_plan(plan.buffers(), plan.memory().arena_bytes, plan.num_steps());
     }
     EXPECT_LT(arena[1], arena[0]) << name;
+    EXPECT_LT(arena[2], arena[1]) << name;
     // Issue 8's goal for ResNet-50: O1 at most 60% of O0.
     if (name == "resnet50") {
       EXPECT_LT(static_cast<double>(arena[1]), 0.6 * static_cast<double>(arena[0]));

@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <memory>
@@ -406,6 +407,29 @@ void run(const BatchNormCase& c, DType t, Backends b, Rng& rng, Results& out) {
   compare(out, "running_mean", rmean);
   compare(out, "running_var", rvar);
 
+  // Recompute (memory level O2): each backend rebuilds its own y bit for bit from its own
+  // saved statistics and leaves the running statistics alone.
+  auto bytes_of = [](const HostTensor& h) {
+    const char* p = static_cast<const char*>(h.view().data);
+    return std::vector<char>(p, p + h.view().bytes());
+  };
+  const std::vector<std::vector<char>> running_before = {bytes_of(rmean.ref), bytes_of(rvar.ref), bytes_of(rmean.dut),
+                                                         bytes_of(rvar.dut)};
+  Twin y_again = nan_twin(xs, t, d.layout);
+  kr->forward_recompute(y_again.ref, x.ref, rr, gamma.ref, beta.ref, mean.ref, invstd.ref);
+  kd->forward_recompute(y_again.dut, x.dut, rdut, gamma.dut, beta.dut, mean.dut, invstd.dut);
+  EXPECT_EQ(bytes_of(y_again.ref), bytes_of(y.ref)) << d.str() << ": ref's recomputed y differs from its forward y";
+  EXPECT_EQ(bytes_of(y_again.dut), bytes_of(y.dut))
+      << d.str() << ": " << kBackendUnderTest << "'s recomputed y differs from its forward y";
+  const std::vector<std::vector<char>> running_after = {bytes_of(rmean.ref), bytes_of(rvar.ref), bytes_of(rmean.dut),
+                                                        bytes_of(rvar.dut)};
+  EXPECT_TRUE(running_before == running_after) << d.str() << ": recompute changed the running statistics";
+  // Recomputing from another input is caught, not silently wrong.
+  const float x0 = x.ref.ptr<float>()[0];
+  x.ref.ptr<float>()[0] = x0 + 1.0f;
+  EXPECT_THROW(kr->forward_recompute(y_again.ref, x.ref, rr, gamma.ref, beta.ref, mean.ref, invstd.ref), Error);
+  x.ref.ptr<float>()[0] = x0;
+
   // Backward on identical inputs: the reference's y and saved statistics.
   Twin y_in = twin_from_ref(y.ref, t), mean_in = twin_from_ref(mean.ref, DType::f32),
        invstd_in = twin_from_ref(invstd.ref, DType::f32);
@@ -420,6 +444,18 @@ void run(const BatchNormCase& c, DType t, Backends b, Rng& rng, Results& out) {
   if (add) compare(out, "dresidual", dres);
   compare_increment(out, "dgamma", dgamma, dg0);
   compare_increment(out, "dbeta", dbeta, db0);
+
+  // In place (memory levels O1/O2 write dx over dy): the same dx, bit for bit, on each backend.
+  Twin inplace = twin_from_ref(dy.ref, t);
+  std::memcpy(inplace.dut.view().data, dy.dut.view().data, dy.dut.view().bytes());
+  Twin dres2 = nan_twin(xs, t, d.layout);
+  kr->backward(inplace.ref, add ? &dres2.ref.view() : nullptr, dgamma.ref, dbeta.ref, inplace.ref, x.ref, y_in.ref,
+               gamma.ref, mean_in.ref, invstd_in.ref);
+  kd->backward(inplace.dut, add ? &dres2.dut.view() : nullptr, dgamma.dut, dbeta.dut, inplace.dut, x.dut, y_in.dut,
+               gamma.dut, mean_in.dut, invstd_in.dut);
+  EXPECT_EQ(bytes_of(inplace.ref), bytes_of(dx.ref)) << d.str() << ": ref's in-place dx differs";
+  EXPECT_EQ(bytes_of(inplace.dut), bytes_of(dx.dut))
+      << d.str() << ": " << kBackendUnderTest << "'s in-place dx differs";
 }
 
 void run(const ReluCase& c, DType t, Backends b, Rng& rng, Results& out) {

@@ -133,6 +133,25 @@ TEST(Report, EmptyMetricsSayNoData) {
   EXPECT_NE(html.find("no config.yaml"), std::string::npos);
 }
 
+TEST(Report, ShowsPlannedAndMeasuredMemoryPerLevel) {
+  const std::vector<nlohmann::json> records = {
+      nlohmann::json::parse(R"({"kind":"train","epoch":0,"step":4,"loss":2.0})"),
+      nlohmann::json::parse(R"({"kind":"memory","epoch":1,"step":4,"level":1,"batch":32,"planned_arena":10485760,)"
+                            R"("planned_total":20971520,"arena_high_water":10485760,"resident":31457280,)"
+                            R"("peak_resident":41943040})"),
+      nlohmann::json::parse(R"({"kind":"memory","epoch":2,"step":8,"level":2,"batch":32,"planned_arena":5242880,)"
+                            R"("planned_total":15728640,"arena_high_water":5242880,"resident":26214400,)"
+                            R"("peak_resident":41943040})")};
+  const std::string html = render_report_html(records, "", "t");
+  EXPECT_NE(html.find("<h2>Memory</h2>"), std::string::npos);
+  EXPECT_NE(html.find("<td>O1</td><td>32</td><td>10.0 MiB</td><td>20.0 MiB</td><td>10.0 MiB</td><td>30.0 MiB</td>"
+                      "<td>40.0 MiB</td>"),
+            std::string::npos)
+      << html;
+  EXPECT_NE(html.find("<td>O2</td>"), std::string::npos);
+  EXPECT_NE(render_report_html({}, "", "t").find("no memory records yet"), std::string::npos);
+}
+
 TEST(Report, MissingMetricsSayNoDataButMissingFolderIsAnError) {
   TestDir dir;
   write_report(dir.path().string());

@@ -9,9 +9,14 @@
 //   add_relu: oneDNN 2.6 has no fuse_norm_add_relu, so forward is batch norm then one
 //     binary add + relu pass (in place on y); backward writes dy*(y>0) into dresidual, which
 //     is also the batch norm's incoming gradient.
+//   recompute (memory level O2): the training primitive again on the same input, with the
+//     statistics going to scratch instead of the saved/running ones; oneDNN's reduction
+//     order is fixed for a fixed thread count, so y comes out the same bits, and the
+//     scratch statistics are compared with the saved ones to prove it.
 //   backward: oneDNN wants the variance, recovered as 1/invstd^2 - eps; dgamma and dbeta are
 //     staged and then added (parameter gradients accumulate).
 #include <algorithm>
+#include <bit>
 #include <cmath>
 
 #include "backends/cpu/cpu_common.h"
@@ -33,6 +38,8 @@ class CpuBatchNorm final : public BatchNormKernel {
                            const Tensor& running_var) override;
   void do_forward_inference(const Tensor& y, const Tensor& x, const Tensor* residual, const Tensor& gamma,
                             const Tensor& beta, const Tensor& running_mean, const Tensor& running_var) override;
+  void do_forward_recompute(const Tensor& y, const Tensor& x, const Tensor* residual, const Tensor& gamma,
+                            const Tensor& beta, const Tensor& saved_mean, const Tensor& saved_invstd) override;
   void do_backward(const Tensor& dx, const Tensor* dresidual, const Tensor& dgamma, const Tensor& dbeta,
                    const Tensor& dy, const Tensor& x, const Tensor& y, const Tensor& gamma, const Tensor& saved_mean,
                    const Tensor& saved_invstd) override;
@@ -42,6 +49,7 @@ class CpuBatchNorm final : public BatchNormKernel {
   dnnl::memory::desc data_md_, stat_md_, ws_md_;
   Step train_, infer_, bwd_;
   size_t ws_at_ = 0;  // forward training: discarded relu workspace
+  size_t re_mean_at_ = 0, re_var_at_ = 0;  // recompute: scratch batch statistics
   // backward: variance, staged dgamma and dbeta, and an unread shift (oneDNN 2.6 demands a
   // SHIFT argument with use_shift although the gradient does not depend on beta)
   size_t var_at_ = 0, dscale_at_ = 0, dshift_at_ = 0, shift_at_ = 0;
@@ -65,6 +73,9 @@ CpuBatchNorm::CpuBatchNorm(const ContextPtr& ctx, const BatchNormDesc& d) : Batc
   train_ = make_step<bn_fwd_t>(train_pd, t_train);
   ws_md_ = train_pd.workspace_desc();
   ws_at_ = t_train.add(ws_md_.get_size());
+  const size_t stat_bytes = static_cast<size_t>(d.channels) * sizeof(float);
+  re_mean_at_ = t_train.add(stat_bytes);
+  re_var_at_ = t_train.add(stat_bytes);
 
   const auto infer_pd = make_pd<bn_fwd_t::primitive_desc>(
       op, "inference batch normalization",
@@ -81,7 +92,6 @@ CpuBatchNorm::CpuBatchNorm(const ContextPtr& ctx, const BatchNormDesc& d) : Batc
       op, "backward batch normalization", bn_bwd_t::desc(dnnl::prop_kind::backward, data_md_, data_md_, d.eps, affine),
       attr, eng, hint_pd);
   bwd_ = make_step<bn_bwd_t>(bwd_pd, t_bwd);
-  const size_t stat_bytes = static_cast<size_t>(d.channels) * sizeof(float);
   var_at_ = t_bwd.add(stat_bytes);
   dscale_at_ = t_bwd.add(stat_bytes);
   dshift_at_ = t_bwd.add(stat_bytes);
@@ -137,6 +147,32 @@ void CpuBatchNorm::do_forward_inference(const Tensor& y, const Tensor& x, const 
            {DNNL_ARG_MEAN, wrap(c, stat_md_, running_mean.data)},
            {DNNL_ARG_VARIANCE, wrap(c, stat_md_, running_var.data)}});
   if (residual != nullptr) add_relu_.run(c, y.data, y.data, residual->data);
+}
+
+void CpuBatchNorm::do_forward_recompute(const Tensor& y, const Tensor& x, const Tensor* residual, const Tensor& gamma,
+                                        const Tensor& beta, const Tensor& saved_mean, const Tensor& saved_invstd) {
+  Context& c = *ctx_;
+  std::unordered_map<int, dnnl::memory> args = {{DNNL_ARG_SRC, wrap(c, data_md_, x.data)},
+                                                {DNNL_ARG_DST, wrap(c, data_md_, y.data)},
+                                                {DNNL_ARG_SCALE, wrap(c, stat_md_, gamma.data)},
+                                                {DNNL_ARG_SHIFT, wrap(c, stat_md_, beta.data)},
+                                                {DNNL_ARG_MEAN, wrap_temp(c, stat_md_, re_mean_at_)},
+                                                {DNNL_ARG_VARIANCE, wrap_temp(c, stat_md_, re_var_at_)}};
+  if (ws_md_.get_size() > 0) args.emplace(DNNL_ARG_WORKSPACE, wrap_temp(c, ws_md_, ws_at_));
+  execute(c, train_, std::move(args));
+  if (residual != nullptr) add_relu_.run(c, y.data, y.data, residual->data);
+
+  // The statistics must be the saved ones, bit for bit (invstd as forward_training made it).
+  // Bits, not ==: a NaN statistic (an overflowing step that will be skipped) recomputes too.
+  const float* mean = reinterpret_cast<const float*>(c.temp() + re_mean_at_);
+  const float* var = reinterpret_cast<const float*>(c.temp() + re_var_at_);
+  for (int64_t ch = 0; ch < desc_.channels; ++ch) {
+    const float invstd = static_cast<float>(1.0 / std::sqrt(static_cast<double>(var[ch]) + desc_.eps));
+    RN_CHECK(std::bit_cast<uint32_t>(mean[ch]) == std::bit_cast<uint32_t>(saved_mean.ptr<float>()[ch]) &&
+             std::bit_cast<uint32_t>(invstd) == std::bit_cast<uint32_t>(saved_invstd.ptr<float>()[ch]))
+        << desc_.str() << ": recomputed batch statistics of channel " << ch
+        << " differ from the saved ones (the input changed since forward_training)";
+  }
 }
 
 void CpuBatchNorm::do_backward(const Tensor& dx, const Tensor* dresidual, const Tensor& dgamma, const Tensor& dbeta,

@@ -182,6 +182,7 @@ class CpuBackend final : public Backend {
   Device device() const override { return Device::cpu; }
   Layout preferred_layout() const override { return Layout::nhwc; }
   bool supports_dtype(DType dtype, std::string* why_not) const override { return ctx_->supports_dtype(dtype, why_not); }
+  size_t workspace_bytes() const override { return ctx_->temp_bytes(); }
 
   std::unique_ptr<Conv2dKernel> make_conv2d(const Conv2dDesc& d) override { return cpu::make_conv2d(ctx_, d); }
   std::unique_ptr<BatchNormKernel> make_batch_norm(const BatchNormDesc& d) override {

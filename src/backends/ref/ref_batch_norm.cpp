@@ -8,6 +8,8 @@
 //   dbeta += sum g;  dgamma += sum g xhat;  dresidual = g
 //   dx = gamma invstd (g - sum g / M - xhat sum(g xhat) / M)
 // Every pass reads an element before writing it, so outputs may alias inputs element-wise.
+#include <atomic>
+#include <bit>
 #include <cmath>
 
 #include "backends/ref/ref_kernels.h"
@@ -33,19 +35,11 @@ class RefBatchNorm final : public BatchNormKernel {
     const float* xp = x.ptr<float>();
     const float* rp = residual ? residual->ptr<float>() : nullptr;
     float* yp = y.ptr<float>();
-    const double momentum = desc_.momentum, eps = desc_.eps;
+    const double momentum = desc_.momentum;
     ThreadPool::global().parallel_for(desc_.channels, [&](int64_t begin, int64_t end) {
       for (int64_t c = begin; c < end; ++c) {
-        double sum = 0.0;
-        for_each(c, [&](int64_t i) { sum += xp[i]; });
-        const double mean = sum / static_cast<double>(m_);
-        double sq = 0.0;
-        for_each(c, [&](int64_t i) {
-          const double d = xp[i] - mean;
-          sq += d * d;
-        });
-        const double var = sq / static_cast<double>(m_);
-        const double invstd = 1.0 / std::sqrt(var + eps);
+        double mean, var, invstd;
+        batch_stats(xp, c, &mean, &var, &invstd);
         normalize(yp, xp, rp, c, mean, invstd, gamma.ptr<float>()[c], beta.ptr<float>()[c]);
         saved_mean.ptr<float>()[c] = static_cast<float>(mean);
         saved_invstd.ptr<float>()[c] = static_cast<float>(invstd);
@@ -56,6 +50,30 @@ class RefBatchNorm final : public BatchNormKernel {
         rv = static_cast<float>((1.0 - momentum) * rv + momentum * unbiased);
       }
     });
+  }
+
+  // The same statistics and normalisation as training, in the same order, so y is the
+  // same bits; running statistics are left alone.
+  void do_forward_recompute(const Tensor& y, const Tensor& x, const Tensor* residual, const Tensor& gamma,
+                            const Tensor& beta, const Tensor& saved_mean, const Tensor& saved_invstd) override {
+    const float* xp = x.ptr<float>();
+    const float* rp = residual ? residual->ptr<float>() : nullptr;
+    float* yp = y.ptr<float>();
+    std::atomic<int64_t> mismatch{-1};
+    ThreadPool::global().parallel_for(desc_.channels, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c) {
+        double mean, var, invstd;
+        batch_stats(xp, c, &mean, &var, &invstd);
+        // Bits, not ==: a NaN statistic (an overflowing step that will be skipped) recomputes too.
+        if (std::bit_cast<uint32_t>(static_cast<float>(mean)) != std::bit_cast<uint32_t>(saved_mean.ptr<float>()[c]) ||
+            std::bit_cast<uint32_t>(static_cast<float>(invstd)) !=
+                std::bit_cast<uint32_t>(saved_invstd.ptr<float>()[c]))
+          mismatch = c;
+        normalize(yp, xp, rp, c, mean, invstd, gamma.ptr<float>()[c], beta.ptr<float>()[c]);
+      }
+    });
+    RN_CHECK(mismatch < 0) << desc_.str() << ": recomputed batch statistics of channel " << mismatch.load()
+                           << " differ from the saved ones (the input changed since forward_training)";
   }
 
   void do_forward_inference(const Tensor& y, const Tensor& x, const Tensor* residual, const Tensor& gamma,
@@ -105,6 +123,20 @@ class RefBatchNorm final : public BatchNormKernel {
   }
 
  private:
+  // Two-pass batch mean and biased variance of channel c, and 1 / sqrt(var + eps).
+  void batch_stats(const float* xp, int64_t c, double* mean, double* var, double* invstd) const {
+    double sum = 0.0;
+    for_each(c, [&](int64_t i) { sum += xp[i]; });
+    *mean = sum / static_cast<double>(m_);
+    double sq = 0.0;
+    for_each(c, [&](int64_t i) {
+      const double d = xp[i] - *mean;
+      sq += d * d;
+    });
+    *var = sq / static_cast<double>(m_);
+    *invstd = 1.0 / std::sqrt(*var + desc_.eps);
+  }
+
   // Calls fn(element offset) for every element of channel c, in a fixed order.
   template <typename Fn>
   void for_each(int64_t c, Fn&& fn) const {
