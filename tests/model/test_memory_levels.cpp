@@ -214,8 +214,9 @@ TEST(MemoryLevels, O2PlansLessThanO1) {
     }
     EXPECT_LT(arena[2], arena[1]) << name;
     // Deep stages (ResNet-101's 23 blocks) need kept checkpoints to stay below 60%.
-    if (name == "resnet50" || name == "resnet101" || name == "resnet152")
+    if (name == "resnet50" || name == "resnet101" || name == "resnet152") {
       EXPECT_LE(static_cast<double>(arena[2]), 0.6 * static_cast<double>(arena[1])) << name;
+    }
   }
 }
 
