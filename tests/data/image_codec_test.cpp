@@ -227,11 +227,16 @@ TEST(ImageCodec, EncodeRoundTrips) {
   EXPECT_THROW(encode_jpeg(rgb.data(), 64, 48, 0, jpeg), Error);
 }
 
+// The baseline JPEG at full size: the source of the resize references.
+DecodedImage baseline_pixels() {
+  DecodedImage full;
+  decode_image(encoded("baseline.jpg"), DecodeRequest{}, full);
+  return full;
+}
+
 TEST(ImageResize, CropThenResizeMatchesPil) {
   REQUIRE_IMAGES();
-  const EncodedImage e = encoded("baseline.jpg");
-  DecodedImage full;
-  decode_image(e, DecodeRequest{}, full);
+  const DecodedImage full = baseline_pixels();
   const ImageView src{full.pixels.data(), full.width, full.height, 3, 0};
   ResizeScratch scratch;
   const nlohmann::json m = manifest();
@@ -264,9 +269,7 @@ TEST(ImageResize, CropThenResizeMatchesPil) {
 
 TEST(ImageResize, ResizeThenCentreCropMatchesTorchvisionEval) {
   REQUIRE_IMAGES();
-  const EncodedImage e = encoded("baseline.jpg");
-  DecodedImage full;
-  decode_image(e, DecodeRequest{}, full);
+  const DecodedImage full = baseline_pixels();
   const ImageView src{full.pixels.data(), full.width, full.height, 3, 0};
   ResizeScratch scratch;
   const nlohmann::json m = manifest();
