@@ -44,6 +44,8 @@ std::vector<std::string> data_sets(const std::string& path) {
 }
 
 int run_train(const TrainArgs& a) {
+  RN_CHECK(a.resume.empty() || (a.data.empty() && a.config.empty()))
+      << "--resume continues a run with the config in its folder; --data and --config cannot change it";
   std::vector<std::string> sets = data_sets(a.data);
   sets.insert(sets.end(), a.sets.begin(), a.sets.end());
   // Resuming, the run's own config wins; --set may change only memory.* (checked by train()).

@@ -117,6 +117,9 @@ TEST(ImageFolderE2E, TrainEvalAndBenchOnAGeneratedFolder) {
           &out),
       0);
   EXPECT_NE(out.find("broken.jpg"), std::string::npos) << out;
+  // A resumed run keeps its own data: --data with --resume is refused, not ignored.
+  EXPECT_NE(run("train --resume " + run_dir.string() + " --data " + (root / "data").string(), &out), 0);
+  EXPECT_NE(out.find("cannot change it"), std::string::npos) << out;
   // A missing folder is an error at start.
   EXPECT_NE(run("train --data " + (root / "nope").string() + " --set run.out_dir=" + (root / "x").string(), &out), 0);
   EXPECT_NE(out.find("is not a folder"), std::string::npos) << out;
