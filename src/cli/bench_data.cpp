@@ -73,14 +73,7 @@ int run_data_bench(const DataBenchArgs& a) {
     if (timed_epoch) {
       seconds = std::chrono::duration<double>(Clock::now() - t0).count();
       times = loader.epoch_times();
-      times.read -= before.read;
-      times.decode -= before.decode;
-      times.augment -= before.augment;
-      times.collate -= before.collate;
-      times.samples -= before.samples;
-      times.batches -= before.batches;
-      times.cache_hits -= before.cache_hits;
-      times.skipped -= before.skipped;
+      times.subtract(before);
     }
   }
   RN_CHECK(images > 0) << a.path << " has too few images for " << a.warmup << " warmup batches of " << a.batch
@@ -104,7 +97,7 @@ int run_data_bench(const DataBenchArgs& a) {
   span.workers = workers;
   span.wall = seconds;
   span.wait = seconds;  // nothing else runs: the consumer only waits
-  fmt::print("{}\n", format_pipeline(span, analyse_pipeline(span)).substr(0, std::string::npos));
+  fmt::print("{}\n", format_pipeline(span, analyse_pipeline(span)));
   return 0;
 }
 

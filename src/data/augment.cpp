@@ -123,6 +123,41 @@ std::string ResizeCenterCrop::name() const {
   return s.str();
 }
 
+void fit_shorter_side(int width, int height, int max_short, int* out_w, int* out_h) {
+  *out_w = width;
+  *out_h = height;
+  const int shorter = std::min(width, height);
+  if (max_short <= 0 || shorter <= max_short) return;
+  const double scale = static_cast<double>(max_short) / shorter;
+  if (width <= height) {
+    *out_w = max_short;
+    *out_h = std::max(1, static_cast<int>(std::lround(height * scale)));
+  } else {
+    *out_h = max_short;
+    *out_w = std::max(1, static_cast<int>(std::lround(width * scale)));
+  }
+}
+
+void decode_fitted(const EncodedImage& image, int max_short, AugmentScratch& scratch, std::vector<uint8_t>& out, int* w,
+                   int* h) {
+  const ImageInfo info = image_info(image);
+  fit_shorter_side(info.width, info.height, max_short, w, h);
+  DecodeRequest request;
+  request.min_width = *w;
+  request.min_height = *h;
+  decode_image(image, request, scratch.decoded);
+  const DecodedImage& d = scratch.decoded;
+  const size_t bytes = static_cast<size_t>(*w) * static_cast<size_t>(*h) * 3;
+  if (d.width == *w && d.height == *h) {
+    out.assign(d.pixels.begin(), d.pixels.begin() + static_cast<std::ptrdiff_t>(bytes));
+    return;
+  }
+  out.resize(bytes);
+  resize_bilinear_aa(ImageView{d.pixels.data(), d.width, d.height, 3, 0},
+                     ResizeBox{d.region_x0, d.region_y0, d.region_x1, d.region_y1}, out.data(), *w, *h, 0, false,
+                     scratch.resize);
+}
+
 void render(const DecodedImage& d, const CropPlan& plan, uint8_t* out, size_t out_stride, ResizeScratch& scratch) {
   const ImageView src{d.pixels.data(), d.width, d.height, 3, 0};
   const ResizeBox box{d.region_x0, d.region_y0, d.region_x1, d.region_y1};

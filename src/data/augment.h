@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/rng.h"
 #include "data/image_codec.h"
@@ -83,6 +84,17 @@ struct AugmentScratch {
   DecodedImage decoded;
   ResizeScratch resize;
 };
+
+// The size of a width x height image with its shorter side scaled down to `max_short` and
+// the other side in proportion (rounded, at least 1); unchanged when the shorter side is
+// already at most max_short, or max_short <= 0.
+void fit_shorter_side(int width, int height, int max_short, int* out_w, int* out_h);
+
+// Decodes the whole image with its shorter side at most `max_short` (DCT scaling, then the
+// antialiased resize when still larger): RGB HWC into `out`, its size into *w and *h. What
+// the packer stores and the decoded-image cache keeps.
+void decode_fitted(const EncodedImage& image, int max_short, AugmentScratch& scratch, std::vector<uint8_t>& out, int* w,
+                   int* h);
 
 // Renders the plan from an image decoded for it (decoded.region_* locate the plan's region)
 // into `out`: out_height x out_width x 3 bytes, rows `out_stride` apart (0: packed).

@@ -20,7 +20,7 @@ const CachedImage* DecodedCache::find(int64_t index) const {
   return slots_[static_cast<size_t>(index)].load(std::memory_order_acquire);
 }
 
-const CachedImage* DecodedCache::insert(int64_t index, CachedImage image) {
+const CachedImage* DecodedCache::insert(int64_t index, const CachedImage& image) {
   RN_CHECK(index >= 0 && index < size()) << "cache index " << index << " outside [0, " << size() << ")";
   auto& slot = slots_[static_cast<size_t>(index)];
   if (const CachedImage* existing = slot.load(std::memory_order_acquire)) return existing;
@@ -30,7 +30,7 @@ const CachedImage* DecodedCache::insert(int64_t index, CachedImage image) {
   do {
     if (used + bytes > capacity_) return nullptr;
   } while (!used_.compare_exchange_weak(used, used + bytes, std::memory_order_relaxed));
-  auto* entry = new CachedImage(std::move(image));
+  auto* entry = new CachedImage(image);
   CachedImage* expected = nullptr;
   if (!slot.compare_exchange_strong(expected, entry, std::memory_order_acq_rel)) {
     used_.fetch_sub(bytes, std::memory_order_relaxed);  // another thread cached it first

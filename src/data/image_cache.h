@@ -31,9 +31,10 @@ class DecodedCache {
 
   // The entry for image `index`, or nullptr.
   const CachedImage* find(int64_t index) const;
-  // Stores `image` for `index` if it fits. Returns the entry now cached for `index` (this
-  // one, or one another thread stored first), or nullptr when the cache is full.
-  const CachedImage* insert(int64_t index, CachedImage image);
+  // Stores a copy of `image` for `index` if it fits (nothing is copied when it does not).
+  // Returns the entry now cached for `index` (this one, or one another thread stored
+  // first), or nullptr when the cache is full.
+  const CachedImage* insert(int64_t index, const CachedImage& image);
 
   int short_side() const { return short_side_; }
   size_t capacity_bytes() const { return capacity_; }

@@ -224,29 +224,7 @@ int DataLoader::load_encoded(int64_t index, Rng& rng, uint8_t* out, WorkerState&
         CachedImage& fresh = st.fresh;
         fresh.label = encoded_->read(index, st.encoded);
         times.read += seconds_since(t);
-        const ImageInfo info = image_info(st.encoded);
-        const int s = cache_->short_side();
-        int tw = info.width, th = info.height;
-        if (std::min(tw, th) > s) {
-          if (tw <= th) {
-            th = static_cast<int>(static_cast<int64_t>(s) * th / tw);
-            tw = s;
-          } else {
-            tw = static_cast<int>(static_cast<int64_t>(s) * tw / th);
-            th = s;
-          }
-        }
-        DecodeRequest request;
-        request.min_width = tw;
-        request.min_height = th;
-        decode_image(st.encoded, request, st.augment.decoded);
-        const DecodedImage& d = st.augment.decoded;
-        fresh.width = tw;
-        fresh.height = th;
-        fresh.pixels.resize(static_cast<size_t>(tw) * static_cast<size_t>(th) * 3);
-        resize_bilinear_aa(ImageView{d.pixels.data(), d.width, d.height, 3, 0},
-                           ResizeBox{d.region_x0, d.region_y0, d.region_x1, d.region_y1}, fresh.pixels.data(), tw, th,
-                           0, false, st.augment.resize);
+        decode_fitted(st.encoded, cache_->short_side(), st.augment, fresh.pixels, &fresh.width, &fresh.height);
         times.decode += seconds_since(t);
         image = cache_->insert(index, fresh);
         if (!image) image = &fresh;

@@ -21,6 +21,7 @@
 #include "core/atomic_file.h"
 #include "core/check.h"
 #include "core/log.h"
+#include "data/augment.h"
 #include "data/image_codec.h"
 #include "data/image_folder.h"
 #include "data/image_resize.h"
@@ -60,22 +61,6 @@ std::string options_fingerprint(const PackOptions& o, int64_t records_per_shard)
                      records_per_shard);
 }
 
-// The shorter side scaled to `max_short`, the other side in proportion (rounded, >= 1).
-void target_size(int width, int height, int max_short, int& out_w, int& out_h) {
-  out_w = width;
-  out_h = height;
-  const int shorter = std::min(width, height);
-  if (max_short <= 0 || shorter <= max_short) return;
-  const double scale = static_cast<double>(max_short) / shorter;
-  if (width <= height) {
-    out_w = max_short;
-    out_h = std::max(1, static_cast<int>(std::lround(height * scale)));
-  } else {
-    out_h = max_short;
-    out_w = std::max(1, static_cast<int>(std::lround(width * scale)));
-  }
-}
-
 // One worker's buffers, reused for every record.
 class RecordPacker {
  public:
@@ -88,30 +73,15 @@ class RecordPacker {
     bytes_in += enc_.bytes.size();
     const ImageInfo info = image_info(enc_);
     int w = 0, h = 0;
-    target_size(info.width, info.height, o_.max_short_side, w, h);
+    fit_shorter_side(info.width, info.height, o_.max_short_side, &w, &h);
     const bool resize = w != info.width || h != info.height;
     if (!o_.raw && !resize && (info.codec == ImageCodec::jpeg || info.codec == ImageCodec::png)) {
       // Kept as it is; decoded (JPEG at 1/8 scale, cheaply) only to reject corrupt files.
-      decode_image(enc_, DecodeRequest{.min_width = 1, .min_height = 1}, decoded_);
+      decode_image(enc_, DecodeRequest{.min_width = 1, .min_height = 1}, scratch_.decoded);
       return finish(rec, enc_.bytes, info.codec, info.width, info.height);
     }
-    DecodeRequest request;
-    if (resize) {
-      request.min_width = w;
-      request.min_height = h;
-    }
-    decode_image(enc_, request, decoded_);
-    const uint8_t* pixels = decoded_.pixels.data();
-    if (resize) {
-      const ImageView view{decoded_.pixels.data(), decoded_.width, decoded_.height, 3, 0};
-      const ResizeBox box{decoded_.region_x0, decoded_.region_y0, decoded_.region_x1, decoded_.region_y1};
-      resized_.resize(static_cast<size_t>(w) * h * 3);
-      resize_bilinear_aa(view, box, resized_.data(), w, h, 0, false, scratch_);
-      pixels = resized_.data();
-    } else {
-      RN_CHECK(decoded_.width == w && decoded_.height == h)
-          << "decoded " << decoded_.width << "x" << decoded_.height << ", expected " << w << "x" << h;
-    }
+    decode_fitted(enc_, o_.max_short_side, scratch_, resized_, &w, &h);
+    const uint8_t* pixels = resized_.data();
     if (o_.raw) {
       const std::string header = make_npy_header(h, w);
       out_.assign(header.begin(), header.end());
@@ -135,8 +105,7 @@ class RecordPacker {
 
   const PackOptions& o_;
   EncodedImage enc_;
-  DecodedImage decoded_;
-  ResizeScratch scratch_;
+  AugmentScratch scratch_;
   std::vector<uint8_t> resized_, out_;
 };
 

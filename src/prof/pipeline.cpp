@@ -17,6 +17,17 @@ void PipelineTimes::add(const PipelineTimes& o) {
   skipped += o.skipped;
 }
 
+void PipelineTimes::subtract(const PipelineTimes& o) {
+  read -= o.read;
+  decode -= o.decode;
+  augment -= o.augment;
+  collate -= o.collate;
+  samples -= o.samples;
+  batches -= o.batches;
+  cache_hits -= o.cache_hits;
+  skipped -= o.skipped;
+}
+
 PipelineVerdict analyse_pipeline(const PipelineSpan& s, double threshold) {
   PipelineVerdict v;
   const double n = static_cast<double>(s.loader.samples);

@@ -22,6 +22,7 @@ struct PipelineTimes {
   int64_t skipped = 0;  // bad files replaced by another sample
 
   void add(const PipelineTimes& o);
+  void subtract(const PipelineTimes& o);  // what came after an earlier snapshot `o`
   double busy() const { return read + decode + augment + collate; }
 };
 

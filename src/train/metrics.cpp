@@ -92,6 +92,24 @@ void MetricsLog::log_train(const TrainMetrics& m) {
   append(r);
 }
 
+MetricsRecord& MetricsRecord::add_fields(const nlohmann::json& object) {
+  RN_CHECK(object.is_object()) << "metrics fields must be a JSON object, got " << object.type_name();
+  for (const auto& [key, value] : object.items()) {
+    if (value.is_boolean()) {
+      add(key, value.get<bool>());
+    } else if (value.is_number_integer()) {
+      add(key, value.get<int64_t>());
+    } else if (value.is_number()) {
+      add(key, value.get<double>());
+    } else {
+      RN_CHECK(value.is_string()) << "metrics field '" << key << "' is a " << value.type_name()
+                                  << ", not a number, boolean or string";
+      add(key, std::string_view(value.get_ref<const std::string&>()));
+    }
+  }
+  return *this;
+}
+
 void MetricsLog::log_eval(const EvalMetrics& m) {
   MetricsRecord r("eval", m.epoch, m.step);
   r.add("loss", m.loss).add("top1", m.top1).add("top5", m.top5);

@@ -59,6 +59,10 @@ class MetricsRecord {
     return *this;
   }
 
+  // Every field of a flat JSON object of numbers, booleans and strings (what a module
+  // outside train reports, e.g. prof's pipeline_json), in its order.
+  MetricsRecord& add_fields(const nlohmann::json& object);
+
   const nlohmann::ordered_json& fields() const { return fields_; }
 
  private:

@@ -319,23 +319,8 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
     pipeline.wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_t0).count();
     const PipelineVerdict verdict = analyse_pipeline(pipeline);
     RN_LOG_INFO("epoch {} {}", st.epoch + 1, format_pipeline(pipeline, verdict));
-    {
-      // 1-based completed epochs, as eval records.
-      MetricsRecord r("pipeline", st.epoch + 1, st.step);
-      const nlohmann::json fields = pipeline_json(pipeline, verdict);
-      for (const auto& [key, value] : fields.items()) {
-        if (value.is_boolean()) {
-          r.add(key, value.get<bool>());
-        } else if (value.is_number_integer()) {
-          r.add(key, value.get<int64_t>());
-        } else if (value.is_number()) {
-          r.add(key, value.get<double>());
-        } else if (value.is_string()) {
-          r.add(key, std::string_view(value.get_ref<const std::string&>()));
-        }
-      }
-      metrics.append(r);
-    }
+    // 1-based completed epochs, as eval records.
+    metrics.append(MetricsRecord("pipeline", st.epoch + 1, st.step).add_fields(pipeline_json(pipeline, verdict)));
     if (train_loader.bad_file_count() > 0)
       RN_LOG_WARN("{} bad image files skipped so far (each logged once above)", train_loader.bad_file_count());
     if (trace) trace->write(run_dir + "/trace.json");

@@ -217,3 +217,22 @@ TEST(ProgressPrinter, BarRedrawsInPlaceAtMostTenTimesASecond) {
 
 }  // namespace
 }  // namespace rn
+
+namespace rn {
+namespace {
+
+TEST(MetricsRecord, AddFieldsKeepsTypesAndRefusesNesting) {
+  MetricsRecord r("pipeline", 1, 10);
+  r.add_fields(nlohmann::json{{"wait_share", 0.25}, {"batches", 7}, {"input_bound", true}, {"verdict", "ok"}});
+  const auto& f = r.fields();
+  EXPECT_TRUE(f["batches"].is_number_integer());
+  EXPECT_EQ(f["batches"].get<int64_t>(), 7);
+  EXPECT_DOUBLE_EQ(f["wait_share"].get<double>(), 0.25);
+  EXPECT_TRUE(f["input_bound"].get<bool>());
+  EXPECT_EQ(f["verdict"].get<std::string>(), "ok");
+  EXPECT_THROW(r.add_fields(nlohmann::json{{"nested", {{"a", 1}}}}), Error);
+  EXPECT_THROW(r.add_fields(nlohmann::json::array()), Error);
+}
+
+}  // namespace
+}  // namespace rn
