@@ -15,5 +15,8 @@ Runner add_train_command(CLI::App& app);
 Runner add_eval_command(CLI::App& app);
 Runner add_export_command(CLI::App& app);
 Runner add_pack_command(CLI::App& app);
+Runner add_doctor_command(CLI::App& app);
+Runner add_profile_command(CLI::App& app);
+Runner add_summary_command(CLI::App& app);
 
 }  // namespace rn::cli

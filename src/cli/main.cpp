@@ -18,6 +18,9 @@ int main(int argc, char** argv) {
   runners.push_back(rn::cli::add_bench_command(app));
   runners.push_back(rn::cli::add_export_command(app));
   runners.push_back(rn::cli::add_pack_command(app));
+  runners.push_back(rn::cli::add_doctor_command(app));
+  runners.push_back(rn::cli::add_profile_command(app));
+  runners.push_back(rn::cli::add_summary_command(app));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

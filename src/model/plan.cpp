@@ -74,7 +74,15 @@ void Plan::add_step(std::string name, std::initializer_list<int> reads, std::ini
     if (b.first < 0) b.first = index;
     b.last = std::max(b.last, index);
   }
-  steps_.push_back({std::move(name), std::move(run)});
+  steps_.push_back({std::move(name), std::move(run), reads, writes});
+}
+
+Plan::StepBytes Plan::step_bytes(int i) const {
+  const Step& s = steps_.at(static_cast<size_t>(i));
+  StepBytes b;
+  for (int r : s.reads) b.read += buffers_[static_cast<size_t>(r)].bytes;
+  for (int w : s.writes) b.written += buffers_[static_cast<size_t>(w)].bytes;
+  return b;
 }
 
 Tensor Plan::weight(int param_index) const {

@@ -108,6 +108,13 @@ class Plan {
   int num_steps() const { return static_cast<int>(steps_.size()); }
   // Step names in program order ("fwd layer1.0.conv1", "bwd_data fc", ...).
   std::vector<std::string> step_names() const;
+  // The arena bytes step `i` reads and writes (its input and output buffers; weights and
+  // parameter gradients live outside the arena and are not counted): the per-layer profile's
+  // "bytes that must move".
+  struct StepBytes {
+    size_t read = 0, written = 0;
+  };
+  StepBytes step_bytes(int i) const;
 
   // Per-step wall time, accumulated over runs while profiling is on (seconds, program order).
   void set_profiling(bool on);
@@ -123,6 +130,7 @@ class Plan {
   struct Step {
     std::string name;
     std::function<void()> run;
+    std::vector<int> reads, writes;  // buffers
   };
 
   int add_buffer(const std::string& name, Shape shape, DType dtype, Layout layout, BufferRole role,

@@ -479,6 +479,34 @@ std::vector<Field> build_fields() {
   f.push_back(RN_CONFIG_FIELD(memory.schedule,
                               "switch levels at epoch boundaries: 'EPOCH:LEVEL, ...', each from that many completed "
                               "epochs on ('60:O2': memory.level for 60 epochs, then O2); empty: no switch"));
+  // diagnostics
+  f.push_back(RN_CONFIG_FIELD(diagnostics.grad_monitor_interval,
+                              "steps between gradient statistics (per tensor norms, update/weight ratio, log "
+                              "histogram, zero/inf/NaN fractions) written to grad_summary.jsonl; 0: off",
+                              at_least(0)));
+  f.push_back(RN_CONFIG_FIELD(diagnostics.device_monitor,
+                              "sample the device while training (GPU: power, clocks, temperature, utilisation, "
+                              "memory via NVML; CPU: per-core utilisation, frequency, resident memory) into "
+                              "metrics.jsonl"));
+  f.push_back(RN_CONFIG_FIELD(diagnostics.device_monitor_interval, "seconds between device samples", above(0)));
+  f.push_back(RN_CONFIG_FIELD(diagnostics.variance_threshold,
+                              "spread of step times (robust coefficient of variation over variance_window steps) "
+                              "past which one warning names the likely cause",
+                              above(0)));
+  f.push_back(RN_CONFIG_FIELD(diagnostics.variance_window, "steps in the variance analysis' rolling window",
+                              at_least(8)));
+  f.push_back(RN_CONFIG_FIELD(diagnostics.doctor_max_grad_diff,
+                              "resnet doctor fails when a tensor's gradient differs from fp32 by more than this "
+                              "(relative L2 norm, first step)",
+                              at_least(0)));
+  f.push_back(RN_CONFIG_FIELD(diagnostics.doctor_max_underflow,
+                              "resnet doctor fails when more than this fraction of a tensor's gradient values "
+                              "underflow to zero in the half dtype at the loss scale",
+                              closed(0, 1)));
+  f.push_back(RN_CONFIG_FIELD(diagnostics.doctor_max_overflow,
+                              "resnet doctor fails when more than this fraction of a tensor's gradient values "
+                              "overflow in the half dtype at the loss scale",
+                              closed(0, 1)));
   return f;
 }
 

@@ -162,6 +162,21 @@ struct MemoryConfig {
   bool operator==(const MemoryConfig&) const = default;
 };
 
+// Troubleshooting tools (docs/troubleshooting.md): the gradient-distribution monitor, the
+// device monitor and the throughput-variance analysis during training, and the thresholds
+// at which `resnet doctor` fails.
+struct DiagnosticsConfig {
+  int64_t grad_monitor_interval = 100;  // steps between gradient statistics; 0: off
+  bool device_monitor = true;           // sample power/clocks/utilisation (GPU) or cores/frequency/RSS (CPU)
+  double device_monitor_interval = 1.0; // seconds between device samples
+  double variance_threshold = 0.10;     // robust CV of step time that triggers a variance warning
+  int64_t variance_window = 50;         // steps in the rolling window
+  double doctor_max_grad_diff = 0.5;    // relative gradient difference (mixed vs fp32) at which doctor fails
+  double doctor_max_underflow = 0.01;   // fraction of a tensor's gradient values that underflow
+  double doctor_max_overflow = 0;       // fraction of a tensor's gradient values that overflow
+  bool operator==(const DiagnosticsConfig&) const = default;
+};
+
 struct MemorySwitch {
   int64_t epoch = 0;  // completed epochs before the switch (>= 1)
   MemoryLevel level = MemoryLevel::O1;
@@ -182,6 +197,7 @@ struct Config {
   PrecisionConfig precision;
   RunConfig run;
   MemoryConfig memory;
+  DiagnosticsConfig diagnostics;
 
   // Throws rn::Error naming the first key that is out of range or inconsistent with another.
   void validate() const;

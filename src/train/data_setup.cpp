@@ -137,7 +137,8 @@ DataLoaderOptions loader_options(const Config& cfg, DType dtype, Layout layout) 
   return lo;
 }
 
-Loaders make_loaders(const Config& cfg, DType dtype, Layout layout, std::shared_ptr<TraceRecorder> trace) {
+Loaders make_loaders(const Config& cfg, DType dtype, Layout layout, std::shared_ptr<TraceRecorder> trace,
+                     const DatasetWrapper& wrap_train) {
   const DataConfig& d = cfg.data;
   DataLoaderOptions lo = loader_options(cfg, dtype, layout);
   lo.trace = std::move(trace);
@@ -166,6 +167,7 @@ Loaders make_loaders(const Config& cfg, DType dtype, Layout layout, std::shared_
         check_fits(cfg, *set);
         check_fixed_geometry(cfg, *set);
       }
+      if (wrap_train) train = wrap_train(std::move(train));
       CropFlipNormalizeOptions to;
       to.pad = static_cast<int>(d.augment.random_crop_padding);
       to.flip_prob = d.augment.flip ? 0.5f : 0.0f;

@@ -31,6 +31,7 @@ double number(const json& record, const char* key) {
 // dropped (see report.h).
 struct History {
   std::vector<const json*> train, eval;
+  std::vector<const json*> grad, device, variance, variance_warnings;  // diagnostics.h
   int rewinds = 0;
 };
 
@@ -71,6 +72,10 @@ History build_history(const std::vector<json>& records) {
     const std::string& kind = (*r)["kind"].get_ref<const std::string&>();
     if (kind == "train") h.train.push_back(r);
     if (kind == "eval") h.eval.push_back(r);
+    if (kind == "grad") h.grad.push_back(r);
+    if (kind == "device") h.device.push_back(r);
+    if (kind == "variance") h.variance.push_back(r);
+    if (kind == "variance_warning") h.variance_warnings.push_back(r);
   }
   return h;
 }
@@ -186,6 +191,65 @@ std::string plots(const History& h) {
   return html + "</div>\n";
 }
 
+bool has_field(const std::vector<const json*>& records, const char* key) {
+  return std::any_of(records.begin(), records.end(), [&](const json* r) { return std::isfinite(number(*r, key)); });
+}
+
+// The gradient monitor's totals ("grad" records), the device monitor's samples ("device")
+// and the throughput-variance analysis ("variance", "variance_warning").
+std::string diagnostics_section(const History& h) {
+  std::string html;
+  if (!h.variance.empty() || !h.variance_warnings.empty()) {
+    html += "<table class=\"summary\">\n";
+    if (!h.variance.empty()) {
+      const json& v = *h.variance.back();
+      html += fmt::format("<tr><th>throughput CV</th><td>{:.2f} % over {:g} steps (mean step {:.2f} ms; largest "
+                          "window spread {:.2f} %)</td></tr>\n",
+                          100 * number(v, "throughput_cv"), number(v, "steps"), 1e3 * number(v, "mean_step_s"),
+                          100 * number(v, "max_window_spread"));
+    }
+    for (const json* w : h.variance_warnings)
+      html += fmt::format("<tr><th>variance warning at step {:g}</th><td>{}: {}</td></tr>\n", number(*w, "step"),
+                          html_escape(w->value("cause", std::string())), html_escape(w->value("evidence", std::string())));
+    html += "</table>\n";
+  }
+  std::vector<std::string> svgs;
+  if (!h.grad.empty()) {
+    svgs.push_back(svg_line_plot({series_of(h.grad, "step", "grad_norm", "gradient norm"),
+                                  series_of(h.grad, "step", "weight_norm", "weight norm")},
+                                 {.title = "Gradient and weight norms (all tensors)", .x_label = "step",
+                                  .y_label = "L2 norm (log)", .y_scale = PlotScale::log10}));
+    svgs.push_back(svg_line_plot({series_of(h.grad, "step", "max_update_ratio", "largest update / weight")},
+                                 {.title = "Update-to-weight ratio (largest tensor)", .x_label = "step",
+                                  .y_label = "ratio (log)", .y_scale = PlotScale::log10}));
+    svgs.push_back(svg_line_plot({series_of(h.grad, "step", "zero_fraction", "zero", 100),
+                                  series_of(h.grad, "step", "inf_fraction", "inf", 100),
+                                  series_of(h.grad, "step", "nan_fraction", "NaN", 100)},
+                                 {.title = "Gradient values zero / inf / NaN", .x_label = "step",
+                                  .y_label = "share of values (%)", .y_min = 0.0}));
+  }
+  struct DevicePlot {
+    const char* key;
+    const char* title;
+    const char* y_label;
+    double factor;
+  };
+  const DevicePlot device_plots[] = {
+      {"gpu_util", "GPU utilisation", "%", 1},       {"cpu_util", "CPU utilisation (mean of cores)", "%", 1},
+      {"sm_clock_mhz", "SM clock", "MHz", 1},         {"cpu_mhz", "CPU frequency", "MHz", 1},
+      {"power_w", "GPU power", "W", 1},               {"temperature_c", "GPU temperature", "C", 1},
+      {"mem_used_bytes", "GPU memory used", "GiB", 1.0 / 1073741824}, {"rss_bytes", "Resident memory", "GiB", 1.0 / 1073741824}};
+  for (const DevicePlot& p : device_plots)
+    if (has_field(h.device, p.key))
+      svgs.push_back(svg_line_plot({series_of(h.device, "time", p.key, p.title, p.factor)},
+                                   {.title = p.title, .x_label = "training time (s)", .y_label = p.y_label, .y_min = 0.0}));
+  if (svgs.empty() && html.empty())
+    return "<p class=\"nodata\">no diagnostics records (diagnostics.grad_monitor_interval, diagnostics.device_monitor)</p>\n";
+  html += "<div class=\"plots\">\n";
+  for (const std::string& svg : svgs) html += "<figure>" + svg + "</figure>\n";
+  return html + "</div>\n";
+}
+
 constexpr const char* kStyle = R"(
 body { font-family: sans-serif; color: #222; margin: 24px auto; max-width: 1180px; padding: 0 16px; }
 h1 { font-size: 22px; margin-bottom: 4px; }
@@ -266,6 +330,7 @@ std::string render_report_html(const std::vector<json>& records, const std::stri
   }
   html += "<h2>Input pipeline</h2>\n" + pipeline_table(records);
   html += "<h2>Plots</h2>\n" + plots(h);
+  html += "<h2>Diagnostics</h2>\n" + diagnostics_section(h);
   html += "<h2>Memory</h2>\n" + memory_table(records);
   html += "<h2>Configuration</h2>\n";
   html += config_yaml.empty() ? "<p>no config.yaml in the run folder</p>\n"

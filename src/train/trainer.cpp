@@ -19,6 +19,7 @@
 #include "train/checkpoint_file.h"
 #include "train/data_setup.h"
 #include "train/device.h"
+#include "train/diagnostics.h"
 #include "train/evaluate.h"
 #include "train/metrics.h"
 #include "train/precision.h"
@@ -141,7 +142,7 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
   const Layout layout = backend->preferred_layout();
   std::shared_ptr<TraceRecorder> trace = cfg.run.trace ? std::make_shared<TraceRecorder>() : nullptr;
   if (trace) trace->name_thread("trainer");
-  Loaders loaders = make_loaders(cfg, policy.activation_dtype, layout, trace);
+  Loaders loaders = make_loaders(cfg, policy.activation_dtype, layout, trace, options.wrap_train_dataset);
   DataLoader& train_loader = *loaders.train;
   DataLoader& val_loader = *loaders.val;
   const int64_t steps_per_epoch = train_loader.batches_per_epoch();
@@ -216,6 +217,8 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
   plan_at(memory_level_at_epoch(cfg.memory, st.epoch), st.epoch);
 
   MetricsLog metrics(run_dir);
+  // Gradient monitor, device monitor, throughput variance (docs/troubleshooting.md).
+  TrainDiagnostics diag(cfg, model, backend->device(), run_dir, &metrics);
   ProgressPrinter progress;
   TrainResult result;
   result.run_dir = run_dir;
@@ -234,6 +237,7 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
     if (const MemoryLevel level = memory_level_at_epoch(cfg.memory, st.epoch); level != po.memory)
       plan_at(level, st.epoch);
     train_loader.start_epoch(st.epoch, st.batch_in_epoch);
+    diag.begin_epoch(train_loader.epoch_wait_seconds());
     // Interval statistics for the log lines.
     double interval_loss = 0;
     int64_t interval_steps = 0, interval_images = 0;
@@ -249,7 +253,9 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
       copy_batch(*plan, *b);
       const double step_us = trace_now_us();
       const double lr = schedule.lr(st.step);
-      step->run(lr);
+      diag.before_step(st.step + 1);
+      const float scale_used = scaler.scale();
+      const bool applied = step->run(lr);
       const double end_us = trace_now_us();
       pipeline.copy += 1e-6 * (step_us - copy_us);
       pipeline.compute += 1e-6 * (end_us - step_us);
@@ -259,6 +265,12 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
       }
       ++st.step;
       ++st.batch_in_epoch;
+      diag.after_step({.epoch = st.epoch,
+                       .step = st.step,
+                       .images = b->size,
+                       .wait_total = train_loader.epoch_wait_seconds(),
+                       .loss_scale = scale_used,
+                       .applied = applied});
       const float loss = plan->loss();
       interval_loss += loss;
       ++interval_steps;
@@ -350,6 +362,7 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
   result.steps = st.step;
   result.best_top1 = st.best_top1;
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  diag.finish(st.epoch, st.step);
   if (scaler.skipped_steps() > 0) RN_LOG_INFO("{} steps were skipped for inf/NaN gradients", scaler.skipped_steps());
   write_report(run_dir);
   RN_LOG_INFO("{} after {} steps in {:.1f} s; report: {}/report.html", stop ? "stopped" : "finished", st.step,

@@ -9,6 +9,7 @@
 
 #include "model/zoo.h"
 #include "train/config.h"
+#include "train/data_setup.h"
 
 namespace rn {
 
@@ -27,11 +28,13 @@ struct TrainResult {
 };
 
 struct TrainOptions {
-  std::string resume_dir;   // continue the run in this folder (its config.yaml wins)
-  int64_t max_steps = 0;    // stop (with a checkpoint) after this many optimizer steps in total; 0: no limit
+  std::string resume_dir;  // continue the run in this folder (its config.yaml wins)
+  int64_t max_steps = 0;   // stop (with a checkpoint) after this many optimizer steps in total; 0: no limit
   // "memory.level=O2"-style overrides applied to the resumed run's config (and saved in it).
   // Only memory.* keys: a checkpoint taken at one memory level resumes at another.
   std::vector<std::string> resume_overrides;
+  // Tests: wraps the training dataset (Fashion-MNIST or synthetic), e.g. to make it slow.
+  DatasetWrapper wrap_train_dataset;
 };
 
 TrainResult train(const Config& config, const TrainOptions& options = {});

@@ -1,0 +1,65 @@
+// What the trainer runs beside each step for troubleshooting (docs/troubleshooting.md):
+// the gradient-distribution monitor, the device monitor and the throughput-variance
+// analysis, behind four calls so that the training loop stays readable:
+//
+//   TrainDiagnostics diag(cfg, model, device, run_dir, &metrics);   // metrics null: not the writer rank
+//   diag.begin_epoch(loader.epoch_wait_seconds());
+//   diag.before_step(step + 1);  ...step...  diag.after_step({...});
+//   diag.finish();                          // logs the variance summary, writes a "variance" record
+//
+// Only the writer (rank 0 in a distributed run) writes files and records; every rank may
+// analyse. Communication and host-sync seconds are filled in by the caller where it knows
+// them (0 otherwise).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "model/model.h"
+#include "prof/device_monitor.h"
+#include "prof/step_variance.h"
+#include "train/config.h"
+#include "train/grad_monitor.h"
+#include "train/metrics.h"
+
+namespace rn {
+
+struct StepDiagnostics {
+  int64_t epoch = 0;      // 0-based
+  int64_t step = 0;       // 1-based optimizer step just done
+  int64_t images = 0;     // samples of the step (this rank)
+  double wait_total = 0;  // the loader's epoch_wait_seconds() after the step
+  double loss_scale = 1;  // the scale the step used
+  bool applied = true;
+  double comm_seconds = 0;       // communication not hidden behind compute (distributed runs)
+  double host_sync_seconds = 0;  // the host waiting for the device
+};
+
+class TrainDiagnostics {
+ public:
+  // `device` selects the monitor: Device::cuda tries NVML, anything else reads /proc.
+  TrainDiagnostics(const Config& cfg, const Model& model, Device device, const std::string& run_dir,
+                   MetricsLog* writer);
+  ~TrainDiagnostics();
+
+  void begin_epoch(double wait_total);
+  void before_step(int64_t step) { grads_.before_step(step); }
+  void after_step(const StepDiagnostics& s);
+  // The variance summary as a log line and a "variance" record.
+  void finish(int64_t epoch, int64_t step);
+
+  const StepVarianceAnalyser& variance() const { return variance_; }
+
+ private:
+  MetricsLog* writer_;
+  GradMonitor grads_;
+  StepVarianceAnalyser variance_;
+  std::unique_ptr<DeviceMonitor> device_;
+  double last_wait_ = 0;
+  std::chrono::steady_clock::time_point last_end_;
+  std::atomic<int64_t> epoch_{0}, step_{0};  // read by the device monitor's thread
+};
+
+}  // namespace rn

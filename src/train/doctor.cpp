@@ -1,0 +1,341 @@
+#include "train/doctor.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+
+#include "core/log.h"
+#include "core/thread_pool.h"
+#include "data/loader.h"
+#include "model/model.h"
+#include "model/plan.h"
+#include "train/data_setup.h"
+#include "train/device.h"
+#include "train/loss_scaler.h"
+#include "train/optimizer.h"
+#include "train/precision.h"
+#include "train/train_step.h"
+#include "train/trainer.h"
+
+namespace rn {
+
+namespace {
+
+struct HostBatch {
+  std::vector<float> images;  // f32, in the plan's layout
+  std::vector<int32_t> labels;
+};
+
+std::vector<HostBatch> take_batches(const Config& cfg, Layout layout, int steps) {
+  Loaders loaders = make_loaders(cfg, DType::f32, layout);
+  DataLoader& loader = *loaders.train;
+  loader.start_epoch(0);
+  std::vector<HostBatch> out;
+  for (int i = 0; i < steps; ++i) {
+    const Batch* b = loader.next();
+    RN_CHECK(b && b->size == cfg.data.batch_size)
+        << "doctor: the training set has fewer than " << steps << " full batches of " << cfg.data.batch_size
+        << " (lower --steps or data.batch_size)";
+    HostBatch h;
+    const float* px = b->images.ptr<const float>();
+    h.images.assign(px, px + b->images.numel());
+    h.labels.assign(b->label_data(), b->label_data() + b->size);
+    out.push_back(std::move(h));
+  }
+  return out;
+}
+
+void fill(Plan& plan, const HostBatch& b) {
+  const Tensor in = plan.input();
+  RN_CHECK(static_cast<size_t>(in.numel()) == b.images.size()) << "doctor: batch does not fit the plan's input";
+  convert(in.data, in.dtype, b.images.data(), DType::f32, b.images.size());
+  std::memcpy(plan.labels().data, b.labels.data(), b.labels.size() * sizeof(int32_t));
+}
+
+// One training trajectory: its own model (same seed), plan, optimizer and scaler.
+struct Run {
+  Model model;
+  ParamTable table;
+  Optimizer optimizer;
+  LossScaler scaler;
+  std::unique_ptr<Plan> plan;
+  std::unique_ptr<TrainStep> step;
+  PrecisionPolicy policy;
+
+  Run(const Config& cfg, const PrecisionPolicy& p, Backend& backend)
+      : model(build_model(cfg.model.name, model_options(cfg.model)), cfg.optimizer.decay_bn_and_bias),
+        table(params_of(model, cfg.optimizer)),
+        optimizer(cfg.optimizer, table),
+        scaler(p.loss_scale),
+        policy(p) {
+    model.init(static_cast<uint64_t>(cfg.run.seed));
+    PlanOptions po;
+    po.batch = cfg.data.batch_size;
+    po.dtype = p.conv_dtype;
+    po.activation_dtype = p.activation_dtype;
+    po.layout = backend.preferred_layout();
+    po.memory = cfg.memory.level;
+    po.label_smoothing = static_cast<float>(cfg.loss.label_smoothing);
+    plan = std::make_unique<Plan>(model, &backend, po);
+    step = std::make_unique<TrainStep>(*plan, optimizer, scaler, policy);
+  }
+  static ParamTable params_of(Model& m, const OptimizerConfig& oc) {
+    ParamTable t = m.params();
+    apply_optimizer_param_policy(t, oc);
+    return t;
+  }
+};
+
+std::string compute_dtype(ParamKind kind, const PrecisionPolicy& p) {
+  switch (kind) {
+    case ParamKind::conv_weight:
+    case ParamKind::conv_bias:
+    case ParamKind::linear_weight:
+    case ParamKind::linear_bias:
+      return std::string(dtype_name(p.conv_dtype));
+    case ParamKind::bn_gamma:
+    case ParamKind::bn_beta:
+      return fmt::format("fp32 BN, {} out", dtype_name(p.activation_dtype));
+  }
+  return "?";
+}
+
+// What the policy would be, also where the backend refuses it (for the dtype column).
+PrecisionPolicy intended_policy(const PrecisionConfig& pc) {
+  PrecisionPolicy p;
+  p.level = pc.level;
+  p.half = pc.half_dtype;
+  p.loss_scale = pc.loss_scale;
+  if (pc.level == PrecisionLevel::O0) return p;
+  p.conv_dtype = p.half;
+  p.activation_dtype = pc.level == PrecisionLevel::O1 ? DType::f32 : p.half;
+  p.round_master_to_half = pc.level == PrecisionLevel::O3;
+  return p;
+}
+
+std::string pct(double f) { return f < 0 ? "n/a" : fmt::format("{:.2f}%", 100 * f); }
+
+void decide(DoctorReport& r, const DiagnosticsConfig& d) {
+  const DoctorTensor* worst_diff = nullptr;
+  const DoctorTensor* worst_under = nullptr;
+  const DoctorTensor* worst_over = nullptr;
+  for (const DoctorTensor& t : r.tensors) {
+    if (t.rel_diff_first >= 0 && (!worst_diff || t.rel_diff_first > worst_diff->rel_diff_first)) worst_diff = &t;
+    if (!worst_under || t.underflow > worst_under->underflow) worst_under = &t;
+    if (!worst_over || t.overflow > worst_over->overflow) worst_over = &t;
+  }
+  auto count = [&](auto pred) { return std::count_if(r.tensors.begin(), r.tensors.end(), pred); };
+  const std::string rec =
+      std::isfinite(r.recommended_scale)
+          ? fmt::format("precision.loss_scale.initial={} (safe range {} .. {})", format_scale(r.recommended_scale),
+                        format_scale(r.safe.lo), format_scale(r.safe.hi))
+          : std::string("no loss scale fits every tensor: use bf16 or keep the affected layers in fp32");
+  if (worst_under && worst_under->underflow > d.doctor_max_underflow) {
+    const auto n = count([&](const DoctorTensor& t) { return t.underflow > d.doctor_max_underflow; });
+    r.problems.push_back(fmt::format(
+        "underflow: {} tensors lose more than {} of their gradient values to zero in {} at loss scale {} (worst {}: "
+        "{}); set {}",
+        n, pct(d.doctor_max_underflow), r.half, format_scale(r.loss_scale), worst_under->name,
+        pct(worst_under->underflow), rec));
+  }
+  if (worst_over && worst_over->overflow > d.doctor_max_overflow) {
+    const auto n = count([&](const DoctorTensor& t) { return t.overflow > d.doctor_max_overflow; });
+    r.problems.push_back(fmt::format(
+        "overflow: {} tensors have more than {} of their gradient values overflow {} at loss scale {} (worst {}: {}); "
+        "set {}",
+        n, pct(d.doctor_max_overflow), r.half, format_scale(r.loss_scale), worst_over->name, pct(worst_over->overflow),
+        rec));
+  }
+  if (worst_diff && worst_diff->rel_diff_first > d.doctor_max_grad_diff)
+    r.problems.push_back(
+        fmt::format("disagreement: the {} gradients differ from fp32 by up to {} (tensor {}; threshold {}, "
+                    "diagnostics.doctor_max_grad_diff)",
+                    r.level, pct(worst_diff->rel_diff_first), worst_diff->name, pct(d.doctor_max_grad_diff)));
+  r.pass = r.problems.empty();
+  if (!r.pass) {
+    r.verdict = "verdict: FAIL: " + r.problems.front() +
+                (r.problems.size() > 1 ? fmt::format(" (+{} more, see above)", r.problems.size() - 1) : "");
+    return;
+  }
+  std::string agree = r.mixed_ran && worst_diff
+                          ? fmt::format("{} {} gradients agree with fp32 within {} (largest: {})", r.level, r.half,
+                                        pct(worst_diff->rel_diff_first), worst_diff->name)
+                          : fmt::format("{} {} not run here ({}); ranges simulated from fp32 gradients", r.level,
+                                        r.half, r.not_run_why.empty() ? "level O0" : "see above");
+  r.verdict = fmt::format("verdict: OK: {}; underflow at most {} and overflow at most {} at loss scale {}; {}", agree,
+                          pct(worst_under ? worst_under->underflow : 0), pct(worst_over ? worst_over->overflow : 0),
+                          format_scale(r.loss_scale), "recommended " + rec);
+}
+
+}  // namespace
+
+std::string format_scale(double s) {
+  if (!std::isfinite(s)) return s > 0 ? "inf" : "n/a";
+  if (s == 0) return "0";
+  const double e = std::log2(s);
+  if (e == std::round(e)) return fmt::format("2^{}", static_cast<int>(e));
+  return fmt::format("{:g}", s);
+}
+
+DoctorReport run_doctor(const Config& cfg, const DoctorOptions& options) {
+  RN_CHECK(options.steps >= 1) << "doctor: --steps must be at least 1, got " << options.steps;
+  set_host_threads(static_cast<int>(cfg.run.threads));
+  auto backend = make_backend_for(cfg.run.device);
+  DoctorReport r;
+  r.model = cfg.model.name;
+  r.level = std::string(enum_name(cfg.precision.level));
+  r.half = std::string(dtype_name(cfg.precision.half_dtype));
+  r.steps = options.steps;
+  PrecisionPolicy mixed_policy = intended_policy(cfg.precision);
+  r.precision = mixed_policy.describe();
+  const bool scaled =
+      cfg.precision.level != PrecisionLevel::O0 && cfg.precision.loss_scale.policy != LossScalePolicy::none;
+  r.loss_scale = scaled ? cfg.precision.loss_scale.initial : 1.0;
+  if (cfg.precision.level == PrecisionLevel::O0) {
+    r.not_run_why = "precision.level is O0: nothing to compare; the ranges show what " + r.half + " would need";
+  } else {
+    try {
+      mixed_policy = make_precision_policy(cfg.precision, *backend);
+      r.mixed_ran = true;
+    } catch (const Error& e) {
+      r.not_run_why = e.what();
+    }
+  }
+  r.activation_dtype = std::string(dtype_name(mixed_policy.activation_dtype));
+  r.bn_dtype = "fp32 (parameters, statistics, arithmetic)";
+  r.loss_dtype = "fp32";
+  r.master_dtype = mixed_policy.round_master_to_half ? "fp32 rounded to " + r.half + " after every update" : "fp32";
+
+  const std::vector<HostBatch> batches = take_batches(cfg, backend->preferred_layout(), options.steps);
+  PrecisionPolicy fp32_policy;  // O0, no loss scale
+  fp32_policy.loss_scale.policy = LossScalePolicy::none;
+  Run ref(cfg, fp32_policy, *backend);
+  std::unique_ptr<Run> mixed = r.mixed_ran ? std::make_unique<Run>(cfg, mixed_policy, *backend) : nullptr;
+  const std::vector<ParamView>& views = ref.model.params().params;
+  std::vector<DoctorTensor> t(views.size());
+  for (size_t i = 0; i < views.size(); ++i) {
+    t[i].name = views[i].name;
+    t[i].kind = std::string(param_kind_name(views[i].kind));
+    t[i].compute = compute_dtype(views[i].kind, mixed_policy);
+    t[i].numel = views[i].numel;
+    t[i].safe = {0, std::numeric_limits<double>::infinity()};
+  }
+  const double underflow_tol = cfg.diagnostics.doctor_max_underflow;
+  for (int k = 0; k < options.steps; ++k) {
+    const double lr = cfg.optimizer.base_lr * 0.1;  // a small fixed step: the doctor looks at gradients
+    fill(*ref.plan, batches[static_cast<size_t>(k)]);
+    ref.step->run(lr);
+    r.loss_fp32.push_back(ref.plan->loss());
+    double scale = r.loss_scale;
+    if (mixed) {
+      fill(*mixed->plan, batches[static_cast<size_t>(k)]);
+      scale = mixed->scaler.scale();
+      mixed->step->run(lr);
+      r.loss_mixed.push_back(mixed->plan->loss());
+    }
+    const float* g = ref.model.grad_data();
+    for (size_t i = 0; i < views.size(); ++i) {
+      const ParamView& v = views[i];
+      const float* gi = g + v.offset;
+      if (k == 0) t[i].grad_norm = tensor_stats(gi, v.numel).norm();
+      const HalfRangeCounts c = half_range_counts(gi, v.numel, scale, cfg.precision.half_dtype);
+      t[i].underflow = std::max(t[i].underflow, c.underflow_fraction());
+      t[i].overflow = std::max(t[i].overflow, c.overflow_fraction());
+      t[i].safe = intersect(t[i].safe, safe_scale_range(gi, v.numel, cfg.precision.half_dtype, underflow_tol));
+      if (mixed) {
+        const double d = distance_norm(gi, mixed->model.grad_data() + v.offset, v.numel, 1.0 / scale).relative();
+        if (k == 0) t[i].rel_diff_first = d;
+        t[i].rel_diff_max = std::max(t[i].rel_diff_max, d);
+      }
+    }
+  }
+  if (mixed) {
+    r.overflow_skips = mixed->scaler.skipped_steps();
+    r.final_scale = mixed->scaler.scale();
+  } else {
+    r.final_scale = r.loss_scale;
+  }
+  r.safe = {0, std::numeric_limits<double>::infinity()};
+  for (const DoctorTensor& x : t) r.safe = intersect(r.safe, x.safe);
+  r.recommended_scale = recommended_scale(r.safe);
+  r.tensors.assign(t.rbegin(), t.rend());  // forward order
+  decide(r, cfg.diagnostics);
+  return r;
+}
+
+std::string DoctorReport::table() const {
+  std::string s;
+  s += fmt::format("precision doctor: {}, {} steps, same initial weights and batches in fp32 (O0) and {}\n", model,
+                   steps, level);
+  s += fmt::format("  {}\n", precision);
+  s += fmt::format("  activations {}; BN {}; loss {}; master weights {}; parameter gradients fp32\n", activation_dtype,
+                   bn_dtype, loss_dtype, master_dtype);
+  if (!mixed_ran) s += fmt::format("  {} run: not made: {}\n", level, not_run_why);
+  s += fmt::format(
+      "  underflow/overflow: fp32 gradients x loss scale {} checked against the {} range (computed, not "
+      "measured in {} arithmetic)\n",
+      format_scale(loss_scale), half, half);
+  std::string losses;
+  for (size_t i = 0; i < loss_fp32.size(); ++i)
+    losses += fmt::format("{}{:.4f}{}", i ? ", " : "", loss_fp32[i],
+                          i < loss_mixed.size() ? fmt::format(" / {:.4f}", loss_mixed[i]) : "");
+  s += fmt::format("  loss per step (fp32{}): {}\n", mixed_ran ? " / " + level : "", losses);
+  if (mixed_ran)
+    s += fmt::format("  overflow-skipped steps in the {} run: {} of {} (loss scale {} -> {})\n", level, overflow_skips,
+                     steps, format_scale(loss_scale), format_scale(final_scale));
+  s += fmt::format("\n{:<34} {:>9} {:<16} {:>10} {:>10} {:>10} {:>9} {:>9}  {}\n", "tensor", "numel", "computes in",
+                   "grad norm", "diff 1st", "diff max", "underflow", "overflow", "safe loss scales");
+  for (const DoctorTensor& x : tensors)
+    s += fmt::format("{:<34} {:>9} {:<16} {:>10.3e} {:>10} {:>10} {:>9} {:>9}  {} .. {}\n", x.name, x.numel, x.compute,
+                     x.grad_norm, pct(x.rel_diff_first), pct(x.rel_diff_max), pct(x.underflow), pct(x.overflow),
+                     format_scale(x.safe.lo), format_scale(x.safe.hi));
+  s += fmt::format("\nall tensors: safe loss scales {} .. {}; recommended initial scale {}\n", format_scale(safe.lo),
+                   format_scale(safe.hi), format_scale(recommended_scale));
+  for (const std::string& p : problems) s += "problem: " + p + "\n";
+  return s + verdict + "\n";
+}
+
+nlohmann::json DoctorReport::to_json() const {
+  auto num = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); };
+  nlohmann::json tj = nlohmann::json::array();
+  for (const DoctorTensor& x : tensors)
+    tj.push_back({{"name", x.name},
+                  {"kind", x.kind},
+                  {"compute", x.compute},
+                  {"numel", x.numel},
+                  {"grad_norm", x.grad_norm},
+                  {"rel_diff_first", x.rel_diff_first < 0 ? nlohmann::json(nullptr) : num(x.rel_diff_first)},
+                  {"rel_diff_max", x.rel_diff_max < 0 ? nlohmann::json(nullptr) : num(x.rel_diff_max)},
+                  {"underflow_fraction", x.underflow},
+                  {"overflow_fraction", x.overflow},
+                  {"safe_scale_lo", num(x.safe.lo)},
+                  {"safe_scale_hi", num(x.safe.hi)}});
+  return {{"model", model},
+          {"level", level},
+          {"half_dtype", half},
+          {"mixed_ran", mixed_ran},
+          {"not_run_why", not_run_why},
+          {"precision", precision},
+          {"activation_dtype", activation_dtype},
+          {"bn_dtype", bn_dtype},
+          {"loss_dtype", loss_dtype},
+          {"master_dtype", master_dtype},
+          {"loss_scale", loss_scale},
+          {"steps", steps},
+          {"overflow_skips", overflow_skips},
+          {"final_loss_scale", final_scale},
+          {"loss_fp32", loss_fp32},
+          {"loss_mixed", loss_mixed},
+          {"safe_scale_lo", num(safe.lo)},
+          {"safe_scale_hi", num(safe.hi)},
+          {"recommended_scale", num(recommended_scale)},
+          {"pass", pass},
+          {"problems", problems},
+          {"verdict", verdict},
+          {"tensors", tj}};
+}
+
+}  // namespace rn

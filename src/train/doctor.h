@@ -1,0 +1,70 @@
+// The precision doctor (`resnet doctor`): from the same initial weights and the same
+// batches, K training steps in fp32 (O0) and K at the configured precision level, and per
+// parameter tensor:
+//   - the relative difference of the gradients, ||g_mixed / scale - g_fp32|| / ||g_fp32||,
+//     at the first step (the precision error alone) and the largest over the K steps
+//     (which also holds the drift of the two trajectories);
+//   - the fractions of gradient values that would underflow to zero and overflow to
+//     infinity in the half dtype at the loss scale, computed from the fp32 gradients
+//     (scale * g against the dtype's limits: prof/tensor_stats.h);
+//   - the power-of-two loss scales that avoid both, and from their intersection over all
+//     tensors a recommended initial scale;
+//   - the dtype it computes in (the active level made visible), with BN, loss and master
+//     weights; and the overflow-skip count of the mixed run.
+// When the configured dtype cannot run on this backend (fp16 on the CPU), only the fp32
+// run is made, and the underflow/overflow figures are the analytic ones: "simulated".
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "prof/tensor_stats.h"
+#include "train/config.h"
+
+namespace rn {
+
+struct DoctorOptions {
+  int steps = 3;
+};
+
+struct DoctorTensor {
+  std::string name;
+  std::string kind;     // conv_weight, bn_gamma, ...
+  std::string compute;  // the dtype it computes in: "bf16", "fp32 (BN)"
+  int64_t numel = 0;
+  double grad_norm = 0;        // fp32 gradient, first step
+  double rel_diff_first = -1;  // -1: not measured (no mixed run)
+  double rel_diff_max = -1;
+  double underflow = 0, overflow = 0;  // largest fractions over the steps, at the scale of each step
+  ScaleRange safe;                     // over all steps
+};
+
+struct DoctorReport {
+  std::string model, level, half;
+  bool mixed_ran = false;
+  std::string not_run_why;  // when !mixed_ran
+  std::string precision;    // PrecisionPolicy::describe() (or what it would be)
+  std::string bn_dtype, loss_dtype, master_dtype, activation_dtype;
+  double loss_scale = 1;  // the scale the doctor checked (configured initial)
+  int steps = 0;
+  int64_t overflow_skips = 0;
+  double final_scale = 1;
+  std::vector<double> loss_fp32, loss_mixed;
+  std::vector<DoctorTensor> tensors;  // forward order (stem first)
+  ScaleRange safe;
+  double recommended_scale = 0;
+  bool pass = true;
+  std::vector<std::string> problems;
+  std::string verdict;  // one line
+
+  std::string table() const;  // the per-tensor table, header lines and the verdict
+  nlohmann::json to_json() const;
+};
+
+DoctorReport run_doctor(const Config& cfg, const DoctorOptions& options);
+
+// "2^7 (128)" style for scales.
+std::string format_scale(double s);
+
+}  // namespace rn

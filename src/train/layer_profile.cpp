@@ -1,0 +1,367 @@
+#include "train/layer_profile.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+
+#include "core/rng.h"
+#include "core/thread_pool.h"
+#include "model/model.h"
+#include "model/plan.h"
+#include "model/zoo.h"
+#include "prof/trace.h"
+#include "train/device.h"
+#include "train/loss_scaler.h"
+#include "train/optimizer.h"
+#include "train/precision.h"
+#include "train/train_step.h"
+
+namespace rn {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+void fill_input(Plan& plan, int64_t classes, uint64_t seed) {
+  Rng rng(seed);
+  const Tensor in = plan.input();
+  std::vector<float> px(static_cast<size_t>(in.numel()));
+  for (float& v : px) v = rng.normal();
+  convert(in.data, in.dtype, px.data(), DType::f32, px.size());
+  for (int64_t i = 0; i < plan.options().batch; ++i)
+    plan.labels().ptr<int32_t>()[i] = static_cast<int32_t>(rng.below(static_cast<uint64_t>(classes)));
+}
+
+// Mean seconds of plan step `name` over `reps` forward passes (after one warm-up).
+double time_forward_step(Plan& plan, const std::string& name, int reps) {
+  plan.forward();
+  plan.set_profiling(true);
+  for (int i = 0; i < reps; ++i) plan.forward();
+  const auto names = plan.step_names();
+  const auto it = std::find(names.begin(), names.end(), name);
+  RN_CHECK(it != names.end()) << "peak benchmark: no plan step '" << name << "'";
+  const double s = plan.step_seconds()[static_cast<size_t>(it - names.begin())] / reps;
+  plan.set_profiling(false);
+  return s;
+}
+
+const char* node_kind(const Node& n) {
+  if (attrs_if<ConvAttrs>(n)) return "conv";
+  if (attrs_if<BatchNormAttrs>(n)) return "bn";
+  if (attrs_if<ReluAttrs>(n)) return "relu";
+  if (attrs_if<MaxPoolAttrs>(n)) return "maxpool";
+  if (attrs_if<GlobalAvgPoolAttrs>(n)) return "avgpool";
+  if (attrs_if<LinearAttrs>(n)) return "linear";
+  return "input";
+}
+
+// Forward multiply-accumulates per sample of a conv or linear node; 0 otherwise.
+double node_macs(const Graph& g, const Node& n) {
+  if (const auto* c = attrs_if<ConvAttrs>(n)) {
+    const Conv2dParams& p = c->p;
+    return static_cast<double>(n.shape.numel()) * static_cast<double>(p.in_channels / p.groups) *
+           static_cast<double>(p.kernel_h * p.kernel_w);
+  }
+  if (const auto* l = attrs_if<LinearAttrs>(n)) return static_cast<double>(l->in_features * l->out_features);
+  (void)g;
+  return 0;
+}
+
+// Approximate elementwise flops per output element of the other layers (forward, backward).
+std::pair<double, double> elementwise_flops(const Node& n) {
+  if (const auto* b = attrs_if<BatchNormAttrs>(n)) {
+    const double fuse = b->fuse == BnFuse::none ? 0 : b->fuse == BnFuse::relu ? 1 : 2;
+    return {5 + fuse, 9 + fuse};  // statistics + normalise (+ add / relu); their gradients
+  }
+  if (attrs_if<ReluAttrs>(n)) return {1, 1};
+  if (const auto* m = attrs_if<MaxPoolAttrs>(n)) return {static_cast<double>(m->kernel * m->kernel), 1};
+  return {0, 0};
+}
+
+struct Accum {
+  LayerProfile p;
+  int order = 0;
+};
+
+}  // namespace
+
+DevicePeaks measure_peaks(DeviceChoice device, DType dtype) {
+  auto backend = make_backend_for(device);
+  const bool gpu = backend->device() == Device::cuda;
+  DevicePeaks peaks;
+  PlanOptions po;
+  po.mode = PlanMode::eval;
+  po.dtype = dtype;
+  po.activation_dtype = dtype;
+  po.layout = backend->preferred_layout();
+  {  // GEMM: [M, K] x [K, N] through a linear layer.
+    const int64_t n = gpu ? 8192 : 1024;
+    Graph g;
+    g.name = "peak_gemm";
+    int x = g.input(n, 1, 1);
+    x = g.global_avg_pool(x, "gap");
+    g.linear(x, "gemm", n, false);
+    Model m(std::move(g));
+    m.init(1);
+    po.batch = n;
+    Plan plan(m, backend.get(), po);
+    fill_input(plan, n, 1);
+    const double s = time_forward_step(plan, "fwd gemm", gpu ? 20 : 3);
+    peaks.flops_per_s = 2.0 * static_cast<double>(n) * n * n / s;
+  }
+  {  // Streaming: ReLU over a tensor much larger than the caches (read + write).
+    const int64_t c = 64, hw = gpu ? 1024 : 512, batch = gpu ? 8 : 2;
+    Graph g;
+    g.name = "peak_stream";
+    int x = g.input(c, hw, hw);
+    x = g.relu(x, "stream");
+    x = g.global_avg_pool(x, "gap");
+    g.linear(x, "fc", 2, false);
+    Model m(std::move(g));
+    m.init(1);
+    po.batch = batch;
+    Plan plan(m, backend.get(), po);
+    fill_input(plan, 2, 2);
+    const double s = time_forward_step(plan, "fwd stream", gpu ? 20 : 3);
+    peaks.bytes_per_s = 2.0 * static_cast<double>(batch * c * hw * hw) * static_cast<double>(dtype_size(dtype)) / s;
+  }
+  return peaks;
+}
+
+ProfileReport run_profile(const ProfileOptions& o) {
+  RN_CHECK(o.steps >= 1 && o.warmup >= 0) << "profile: --steps must be at least 1";
+  set_host_threads(o.threads);
+  ModelOptions mo;
+  mo.in_channels = o.channels;
+  mo.height = o.height;
+  mo.width = o.width;
+  mo.num_classes = o.classes;
+  Model model(build_model(o.model, mo));
+  model.init(1);
+  auto backend = make_backend_for(o.device);
+  PrecisionConfig pc;
+  pc.level = o.dtype == DType::f32 ? PrecisionLevel::O0 : PrecisionLevel::O2;
+  if (o.dtype != DType::f32) pc.half_dtype = o.dtype;
+  const PrecisionPolicy policy = make_precision_policy(pc, *backend);
+
+  ProfileReport r;
+  r.model = o.model;
+  r.device = backend->name();
+  r.dtype = std::string(dtype_name(o.dtype));
+  r.batch = o.batch;
+  r.steps = o.steps;
+  r.peaks = measure_peaks(o.device, o.dtype);
+
+  PlanOptions po;
+  po.batch = o.batch;
+  po.dtype = policy.conv_dtype;
+  po.activation_dtype = policy.activation_dtype;
+  po.layout = backend->preferred_layout();
+  po.memory = o.memory;
+  Plan plan(model, backend.get(), po);
+  OptimizerConfig oc;
+  ParamTable table = model.params();
+  apply_optimizer_param_policy(table, oc);
+  Optimizer opt(oc, table);
+  LossScaler scaler(policy.loss_scale);
+  TrainStep step(plan, opt, scaler, policy);
+  fill_input(plan, o.classes, 7);
+  for (int i = 0; i < o.warmup; ++i) step.run(0.01);
+
+  // Alternate plain and profiled steps, so that both see the same machine.
+  std::vector<double> acc(static_cast<size_t>(plan.num_steps()), 0.0);
+  std::vector<double> plain, profiled, outside;
+  for (int i = 0; i < o.steps; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    step.run(0.01);
+    backend->synchronize();
+    plain.push_back(seconds_since(t0));
+    plan.set_profiling(true);
+    t0 = std::chrono::steady_clock::now();
+    step.run(0.01);
+    backend->synchronize();
+    const double wall = seconds_since(t0);
+    double in_plan = 0;
+    for (size_t k = 0; k < acc.size(); ++k) acc[k] += plan.step_seconds()[k], in_plan += plan.step_seconds()[k];
+    plan.set_profiling(false);
+    profiled.push_back(wall);
+    outside.push_back(wall - in_plan);
+  }
+  for (double& a : acc) a /= o.steps;
+
+  // Group plan steps into layers.
+  const Graph& g = model.graph();
+  std::map<std::string, int> node_of;
+  for (size_t i = 0; i < g.nodes().size(); ++i) node_of[g.nodes()[i].name] = static_cast<int>(i);
+  std::map<std::string, Accum> rows;
+  const auto names = plan.step_names();
+  const double N = static_cast<double>(o.batch);
+  const size_t wbytes = dtype_size(policy.conv_dtype);
+  for (size_t k = 0; k < names.size(); ++k) {
+    const std::string& full = names[k];
+    r.step_spans.emplace_back(full, acc[k]);
+    const size_t sp = full.find(' ');
+    const std::string verb = full.substr(0, sp);
+    const std::string rest = sp == std::string::npos ? "" : full.substr(sp + 1);
+    const Plan::StepBytes sb = plan.step_bytes(static_cast<int>(k));
+    double bytes = static_cast<double>(sb.read + sb.written);
+    std::string key = rest, kind;
+    double macs = 0, flops = 0;
+    const bool backward = verb.rfind("bwd", 0) == 0 || verb == "recompute";
+    if (auto it = node_of.find(rest); it != node_of.end() && (verb == "fwd" || verb == "bwd" || verb == "bwd_data" ||
+                                                              verb == "bwd_weights" || verb == "recompute")) {
+      const Node& n = g.node(it->second);
+      kind = node_kind(n);
+      const double m = node_macs(g, n) * N;
+      const auto [ef, eb] = elementwise_flops(n);
+      const double out_elems = static_cast<double>(n.shape.numel()) * N;
+      double weight_elems = 0;
+      if (const auto* c = attrs_if<ConvAttrs>(n))
+        weight_elems =
+            static_cast<double>(c->p.out_channels * (c->p.in_channels / c->p.groups) * c->p.kernel_h * c->p.kernel_w);
+      if (const auto* l = attrs_if<LinearAttrs>(n))
+        weight_elems = static_cast<double>(l->in_features * l->out_features);
+      if (verb == "fwd" || verb == "recompute") {
+        macs = verb == "fwd" ? m : 0;
+        flops = 2 * macs + ef * out_elems;
+        bytes += weight_elems * static_cast<double>(wbytes);
+      } else if (verb == "bwd_data") {
+        macs = m;
+        flops = 2 * m;
+        bytes += weight_elems * static_cast<double>(wbytes);
+      } else if (verb == "bwd_weights") {
+        macs = m;
+        flops = 2 * m;
+        bytes += weight_elems * 8.0;  // the fp32 parameter gradient, read and written (it accumulates)
+      } else {
+        flops = eb * out_elems;
+      }
+    } else if (rest == "loss") {
+      key = "loss", kind = "loss";
+    } else {
+      key = verb == "cast" || verb == "bwd"
+                ? (rest.rfind("cast", 0) == 0 || verb == "cast" ? "(casts)" : "(gradient sums)")
+                : "(" + verb + ")";
+      kind = key == "(casts)" ? "cast" : "add";
+      if (kind == "add")
+        flops = static_cast<double>(sb.written) / static_cast<double>(dtype_size(policy.activation_dtype));
+    }
+    Accum& a = rows[key];
+    if (a.p.name.empty()) {
+      a.p.name = key;
+      a.p.kind = kind;
+      a.order = static_cast<int>(k);
+    }
+    (backward ? a.p.bwd_s : a.p.fwd_s) += acc[k];
+    a.p.macs += macs;
+    a.p.flops += flops;
+    a.p.bytes += bytes;
+  }
+  for (auto& [key, a] : rows) {
+    a.p.roof = roofline(a.p.flops, a.p.bytes, a.p.seconds(), r.peaks);
+    r.layers.push_back(a.p);
+    r.layers_s += a.p.seconds();
+  }
+  std::sort(r.layers.begin(), r.layers.end(),
+            [](const LayerProfile& x, const LayerProfile& y) { return x.seconds() > y.seconds(); });
+  r.optimizer_s = median(outside);  // optimizer, overflow check, zeroing: what the step does outside the plan
+  r.profiled_step_s = r.layers_s + r.optimizer_s;
+  r.measured_step_s = median(plain);
+  r.discrepancy = (r.profiled_step_s - r.measured_step_s) / r.measured_step_s;
+  r.consistent = std::abs(r.discrepancy) <= kProfileMargin;
+  return r;
+}
+
+std::string ProfileReport::table(int top) const {
+  std::string s = fmt::format(
+      "per-layer profile: {}, batch {}, {}, {} ({} profiled steps, each plan step followed by a device sync)\n", model,
+      batch, dtype, device, steps);
+  s += fmt::format(
+      "peaks measured at start: {:.1f} GFLOP/s ({} GEMM), {:.1f} GB/s (streaming ReLU, read + write); "
+      "ridge {:.1f} flop/byte\n\n",
+      peaks.flops_per_s / 1e9, dtype, peaks.bytes_per_s / 1e9, peaks.ridge());
+  s += fmt::format("{:<28} {:<8} {:>9} {:>9} {:>6} {:>9} {:>9} {:>9} {:>8} {:>7} {:>8} {:>6}\n", "layer", "kind",
+                   "fwd ms", "bwd ms", "share", "GMAC", "MB", "GFLOP/s", "GB/s", "flop/B", "bound", "roof");
+  const double step = profiled_step_s > 0 ? profiled_step_s : 1;
+  int shown = 0;
+  double rest_s = 0;
+  for (const LayerProfile& l : layers) {
+    if (top > 0 && shown >= top) {
+      rest_s += l.seconds();
+      continue;
+    }
+    ++shown;
+    s += fmt::format(
+        "{:<28} {:<8} {:>9.3f} {:>9.3f} {:>5.1f}% {:>9.3f} {:>9.2f} {:>9.1f} {:>8.1f} {:>7.1f} {:>8} {:>5.0f}%\n",
+        l.name.size() > 28 ? l.name.substr(0, 27) + "~" : l.name, l.kind, 1e3 * l.fwd_s, 1e3 * l.bwd_s,
+        100 * l.seconds() / step, l.macs / 1e9, l.bytes / 1e6, l.roof.achieved_flops / 1e9, l.roof.achieved_bytes / 1e9,
+        l.roof.intensity, l.roof.bound, 100 * l.roof.roof_fraction);
+  }
+  if (rest_s > 0)
+    s += fmt::format("{:<28} {:<8} {:>19.3f} {:>5.1f}%\n", fmt::format("({} more layers)", layers.size() - shown), "",
+                     1e3 * rest_s, 100 * rest_s / step);
+  s += fmt::format("{:<28} {:<8} {:>19.3f} {:>5.1f}%\n", "(optimizer, overflow check, zeroing)", "", 1e3 * optimizer_s,
+                   100 * optimizer_s / step);
+  s += fmt::format(
+      "\nsum: layers {:.3f} ms + outside the plan {:.3f} ms = {:.3f} ms; measured step without profiling "
+      "{:.3f} ms (median of {}); difference {:+.1f}% ({} the stated {:.0f}% margin)\n",
+      1e3 * layers_s, 1e3 * optimizer_s, 1e3 * profiled_step_s, 1e3 * measured_step_s, steps, 100 * discrepancy,
+      consistent ? "within" : "OUTSIDE", 100 * kProfileMargin);
+  return s;
+}
+
+nlohmann::json ProfileReport::to_json() const {
+  nlohmann::json lj = nlohmann::json::array();
+  for (const LayerProfile& l : layers)
+    lj.push_back({{"name", l.name},
+                  {"kind", l.kind},
+                  {"fwd_s", l.fwd_s},
+                  {"bwd_s", l.bwd_s},
+                  {"macs", l.macs},
+                  {"flops", l.flops},
+                  {"bytes", l.bytes},
+                  {"achieved_flops_per_s", l.roof.achieved_flops},
+                  {"achieved_bytes_per_s", l.roof.achieved_bytes},
+                  {"intensity", l.roof.intensity},
+                  {"bound", l.roof.bound},
+                  {"roof_fraction", l.roof.roof_fraction}});
+  return {{"model", model},
+          {"device", device},
+          {"dtype", dtype},
+          {"batch", batch},
+          {"steps", steps},
+          {"peak_flops_per_s", peaks.flops_per_s},
+          {"peak_bytes_per_s", peaks.bytes_per_s},
+          {"layers_s", layers_s},
+          {"outside_plan_s", optimizer_s},
+          {"profiled_step_s", profiled_step_s},
+          {"measured_step_s", measured_step_s},
+          {"discrepancy", discrepancy},
+          {"margin", kProfileMargin},
+          {"consistent", consistent},
+          {"layers", lj}};
+}
+
+void ProfileReport::write_trace(const std::string& path) const {
+  TraceRecorder t;
+  t.name_thread("mean training step (plan steps laid end to end)");
+  double at = 0;
+  for (const auto& [name, s] : step_spans) {
+    t.complete(name, name.rfind("fwd", 0) == 0 ? "forward" : "backward", at, 1e6 * s);
+    at += 1e6 * s;
+  }
+  t.complete("optimizer, overflow check, zeroing", "optimizer", at, 1e6 * optimizer_s);
+  t.write(path);
+}
+
+}  // namespace rn

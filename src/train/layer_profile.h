@@ -1,0 +1,77 @@
+// The per-layer profile behind `resnet profile`: one training step of a zoo model on a
+// synthetic batch, timed per plan step (each followed by a device synchronisation), grouped
+// per layer (forward; backward = data + weight gradients + recomputation), with the work
+// each layer must do (multiply-accumulates, approximate elementwise flops) and the bytes
+// it must move (its arena inputs and outputs, weights, weight gradients), the achieved rate
+// and bandwidth, its share of the step, and the roof that bounds it against the device's
+// peaks, measured at start with a large GEMM and a large streaming elementwise op through
+// the same backend.
+//
+// Consistency: the layers plus the optimizer, overflow check and gradient zeroing add up to
+// the profiled step; the report compares that sum with the median step measured without
+// profiling (per-step synchronisation and clock reads cost a little) and says whether it is
+// within kProfileMargin.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "prof/roofline.h"
+#include "train/config.h"
+
+namespace rn {
+
+inline constexpr double kProfileMargin = 0.10;  // |sum - measured| / measured stated as consistent
+
+struct ProfileOptions {
+  std::string model = "resnet50";
+  int64_t channels = 3, height = 224, width = 224, classes = 1000;
+  int64_t batch = 32;
+  DType dtype = DType::f32;  // f32 (O0) or a half dtype (O2)
+  DeviceChoice device = DeviceChoice::auto_select;
+  MemoryLevel memory = MemoryLevel::O1;
+  int steps = 5, warmup = 2;
+  int threads = 0;
+};
+
+struct LayerProfile {
+  std::string name;             // graph node ("layer1.0.conv1"), "loss", or a group ("casts", "gradient sums")
+  std::string kind;             // conv, bn, relu, pool, linear, loss, cast, ...
+  double fwd_s = 0, bwd_s = 0;  // mean seconds per step
+  double macs = 0;              // per step, forward and backward
+  double flops = 0;             // 2 x macs + elementwise estimate
+  double bytes = 0;             // per step
+  RooflinePoint roof;
+  double seconds() const { return fwd_s + bwd_s; }
+};
+
+struct ProfileReport {
+  std::string model, device, dtype;
+  int64_t batch = 0;
+  int steps = 0;
+  DevicePeaks peaks;
+  std::vector<LayerProfile> layers;  // by time, slowest first
+  double optimizer_s = 0, overflow_check_s = 0, zero_grads_s = 0;
+  double layers_s = 0;         // sum of the layers
+  double profiled_step_s = 0;  // sum of everything timed
+  double measured_step_s = 0;  // median step without profiling
+  double discrepancy = 0;      // (profiled_step_s - measured_step_s) / measured_step_s
+  bool consistent = false;     // |discrepancy| <= kProfileMargin
+
+  std::string table(int top = 0) const;  // top 0: every layer
+  nlohmann::json to_json() const;
+  // The mean step as a Chrome trace: one span per plan step laid end to end (means, not
+  // one particular step), args with flops and bytes.
+  void write_trace(const std::string& path) const;
+
+  std::vector<std::pair<std::string, double>> step_spans;  // plan steps in program order, mean seconds
+};
+
+ProfileReport run_profile(const ProfileOptions& options);
+
+// The peaks of `backend`-like device in `dtype`, measured through plans of two tiny
+// graphs (a GEMM, a ReLU over a large tensor).
+DevicePeaks measure_peaks(DeviceChoice device, DType dtype);
+
+}  // namespace rn
