@@ -58,14 +58,21 @@ std::optional<VarianceWarning> StepVarianceAnalyser::add(int64_t step, const Ste
   if (window_.size() < static_cast<size_t>(options_.window)) return std::nullopt;
   const double spread = window_spread();
   max_spread_ = std::max(max_spread_, spread);
-  if (!armed_) {
-    if (spread < 0.8 * options_.threshold) armed_ = true;
+  if (spread < 0.8 * options_.threshold) {
+    // Calm for a whole window: the next spread is a new episode. (A window that is briefly
+    // all slow, in the middle of a slow stretch, is not calm enough to warn again when the
+    // stretch ends.)
+    if (++calm_steps_ >= options_.window) episode_causes_.clear();
     return std::nullopt;
   }
+  calm_steps_ = 0;
   if (spread <= options_.threshold) return std::nullopt;
-  armed_ = false;
-  ++warnings_;
   VarianceWarning w = explain(step, spread);
+  // One warning per cause and episode: a second cause within the same spread (a slow loader
+  // on top of a noisy machine) still gets its line.
+  if (std::find(episode_causes_.begin(), episode_causes_.end(), w.cause) != episode_causes_.end()) return std::nullopt;
+  episode_causes_.push_back(w.cause);
+  ++warnings_;
   causes_[w.cause] = causes_.value(w.cause, 0) + 1;
   return w;
 }

@@ -17,8 +17,9 @@
 //   clocks or power       the device clock (or power) was lower in the slow steps
 //   compute               none of those: the step itself varies (other processes on the
 //                         machine, thermal limits the monitor does not see)
-// The warning fires once when the spread passes the threshold and re-arms only after the
-// spread has fallen below 80% of it.
+// The warning fires once per cause when the spread passes the threshold, and again only
+// after the spread has stayed below 80% of it for a whole window (a new episode). Explaining costs a sort of
+// the window, and only happens while the spread is past the threshold.
 #pragma once
 
 #include <cmath>
@@ -85,7 +86,8 @@ class StepVarianceAnalyser {
   VarianceOptions options_;
   std::deque<StepSample> window_;
   int64_t seen_ = 0, count_ = 0, warnings_ = 0;
-  bool armed_ = true;
+  int64_t calm_steps_ = 0;
+  std::vector<std::string> episode_causes_;  // warned since the spread last fell below 80% of the threshold
   double max_spread_ = 0;
   // Welford over per-step throughput.
   double tp_mean_ = 0, tp_m2_ = 0, sec_sum_ = 0;

@@ -52,12 +52,20 @@ void TrainDiagnostics::begin_epoch(double wait_total) {
   last_end_ = std::chrono::steady_clock::now();
 }
 
+void TrainDiagnostics::before_step(int64_t step) {
+  if (!grads_.due(step)) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  grads_.before_step(step);  // copies the weights: the monitor's time, not the step's
+  excluded_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 void TrainDiagnostics::after_step(const StepDiagnostics& s) {
   const auto now = std::chrono::steady_clock::now();
   epoch_ = s.epoch;
   step_ = s.step;
   StepSample sample;
-  sample.seconds = std::chrono::duration<double>(now - last_end_).count();
+  sample.seconds = std::chrono::duration<double>(now - last_end_).count() - excluded_;
+  excluded_ = 0;
   sample.data_wait = s.wait_total - last_wait_;
   sample.comm = s.comm_seconds;
   sample.host_sync = s.host_sync_seconds;

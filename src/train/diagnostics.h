@@ -45,7 +45,7 @@ class TrainDiagnostics {
   ~TrainDiagnostics();
 
   void begin_epoch(double wait_total);
-  void before_step(int64_t step) { grads_.before_step(step); }
+  void before_step(int64_t step);
   void after_step(const StepDiagnostics& s);
   // The variance summary as a log line and a "variance" record.
   void finish(int64_t epoch, int64_t step);
@@ -59,6 +59,7 @@ class TrainDiagnostics {
   std::unique_ptr<DeviceMonitor> device_;
   double last_wait_ = 0;
   std::chrono::steady_clock::time_point last_end_;
+  double excluded_ = 0;                      // seconds the monitors spent inside the current step's interval
   std::atomic<int64_t> epoch_{0}, step_{0};  // read by the device monitor's thread
 };
 

@@ -1,0 +1,344 @@
+// The troubleshooting tools at the train level: the gradient monitor against hand-computed
+// values, `summary`'s comparison finding a perturbed layer, the precision doctor finding a
+// planted underflow and a planted overflow, the per-layer profile adding up, and a training
+// run whose loader is slow for a stretch getting one input-bound variance warning.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <thread>
+
+#include "core/rng.h"
+#include "core/thread_pool.h"
+#include "data/dataset.h"
+#include "model/model.h"
+#include "model/plan.h"
+#include "model/zoo.h"
+#include "test_dir.h"
+#include "train/config.h"
+#include "train/device.h"
+#include "train/doctor.h"
+#include "train/grad_monitor.h"
+#include "train/layer_profile.h"
+#include "train/metrics.h"
+#include "train/optimizer.h"
+#include "train/precision.h"
+#include "train/run_summary.h"
+#include "train/train_step.h"
+#include "train/trainer.h"
+
+namespace rn {
+namespace {
+
+// resnet20 on 8x8 synthetic images: every tool runs in well under a second per step.
+Config small_config(const std::string& out_dir) {
+  return load_config_from_string(
+      "model: {name: resnet20, in_channels: 1, image_size: [8, 8], num_classes: 10}\n"
+      "data: {dataset: synthetic, train_subset: 256, val_subset: 64, batch_size: 16, workers: 1, mean: [0.5], "
+      "std: [0.25]}\n"
+      "run: {threads: 1, out_dir: '" +
+      out_dir + "', log_interval_steps: 10}\n");
+}
+
+// A model with one linear layer (weight [2, 1], bias [2]) whose numbers are set by hand.
+Graph tiny_graph() {
+  Graph g;
+  int x = g.input(1, 1, 1);
+  x = g.global_avg_pool(x, "gap");
+  g.linear(x, "fc", 2, true);
+  return g;
+}
+
+TEST(GradMonitor, StatisticsMatchHandComputedValues) {
+  Model m(tiny_graph());
+  const ParamView* w = m.params().find("fc.weight");
+  const ParamView* b = m.params().find("fc.bias");
+  ASSERT_TRUE(w && b);
+  float* p = m.param_data();
+  float* g = m.grad_data();
+  // Before the step: w = {3, 4}, b = {0, 1}. The gradients hold loss scale 2 x dL/dw.
+  p[w->offset] = 3, p[w->offset + 1] = 4, p[b->offset] = 0, p[b->offset + 1] = 1;
+  g[w->offset] = 2, g[w->offset + 1] = -4, g[b->offset] = 0, g[b->offset + 1] = std::nanf("");
+  GradMonitor mon(m, 5, "");
+  mon.before_step(4);  // not due
+  EXPECT_FALSE(mon.after_step(0, 4, 2.0, true));
+  mon.before_step(5);
+  p[w->offset + 1] = 3;  // the update: w = {3, 3}, |dw| = 1, |w| = 5
+  const auto r = mon.after_step(0, 5, 2.0, true);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->step, 5);
+  const LayerGradStats* lw = nullptr;
+  const LayerGradStats* lb = nullptr;
+  for (const auto& l : r->layers) (l.name == "fc.weight" ? lw : lb) = &l;
+  ASSERT_TRUE(lw && lb);
+  EXPECT_DOUBLE_EQ(lw->grad.norm(), std::sqrt(1.0 + 4.0));  // {1, -2} unscaled
+  EXPECT_DOUBLE_EQ(lw->grad.max_abs, 2.0);
+  EXPECT_DOUBLE_EQ(lw->weight_norm, 5.0);
+  EXPECT_DOUBLE_EQ(lw->update_ratio, 0.2);
+  EXPECT_EQ(lw->grad.hist[11], 2);  // 1 and 2 in [1, 10)
+  EXPECT_EQ(lb->grad.zeros, 1);
+  EXPECT_EQ(lb->grad.nans, 1);
+  EXPECT_DOUBLE_EQ(lb->weight_norm, 1.0);
+  EXPECT_DOUBLE_EQ(lb->update_ratio, 0.0);
+  const nlohmann::json f = grad_metrics_fields(*r);
+  EXPECT_DOUBLE_EQ(f["nan_fraction"].get<double>(), 0.25);
+  EXPECT_DOUBLE_EQ(f["zero_fraction"].get<double>(), 0.25);
+  EXPECT_DOUBLE_EQ(f["weight_norm"].get<double>(), std::sqrt(26.0));
+  // JSON round trip.
+  const GradRecord back = GradRecord::from_json(r->to_json());
+  ASSERT_EQ(back.layers.size(), r->layers.size());
+  EXPECT_DOUBLE_EQ(back.layers[0].grad.norm(), r->layers[0].grad.norm());
+  EXPECT_EQ(back.layers[0].grad.hist, r->layers[0].grad.hist);
+}
+
+// K monitored steps of resnet20 on fixed synthetic batches; `perturb` scales one tensor's
+// initial weights.
+std::vector<GradRecord> monitored_run(const std::string& perturb, int steps) {
+  set_host_threads(1);  // identical runs must give identical statistics
+  ModelOptions mo;
+  mo.in_channels = 1, mo.height = 8, mo.width = 8, mo.num_classes = 10;
+  Model model(build_model("resnet20", mo));
+  model.init(3);
+  if (!perturb.empty()) {
+    const ParamView* v = model.params().find(perturb);
+    for (int64_t i = 0; i < v->numel; ++i) model.param_data()[v->offset + i] *= 1.01f;
+  }
+  auto backend = make_backend_for(DeviceChoice::cpu);
+  PlanOptions po;
+  po.batch = 8;
+  po.layout = backend->preferred_layout();
+  Plan plan(model, backend.get(), po);
+  OptimizerConfig oc;
+  ParamTable table = model.params();
+  apply_optimizer_param_policy(table, oc);
+  Optimizer opt(oc, table);
+  PrecisionPolicy policy;
+  policy.loss_scale.policy = LossScalePolicy::none;
+  LossScaler scaler(policy.loss_scale);
+  TrainStep step(plan, opt, scaler, policy);
+  GradMonitor mon(model, 1, "");
+  std::vector<GradRecord> out;
+  Rng rng(11);
+  for (int s = 1; s <= steps; ++s) {
+    for (int64_t i = 0; i < plan.input().numel(); ++i) plan.input().ptr<float>()[i] = rng.normal();
+    for (int64_t i = 0; i < 8; ++i) plan.labels().ptr<int32_t>()[i] = static_cast<int32_t>(rng.below(10));
+    mon.before_step(s);
+    const bool applied = step.run(0.05);
+    out.push_back(*mon.after_step(0, s, 1.0, applied));
+  }
+  return out;
+}
+
+TEST(Summary, FindsThePerturbedLayerFirst) {
+  const auto a = monitored_run("", 3);
+  const auto same = monitored_run("", 3);
+  const RunComparison agree = compare_grad_runs(a, same, 1e-6);
+  EXPECT_EQ(agree.common_steps, 3);
+  EXPECT_EQ(agree.first_step, -1) << agree.text();
+  for (const char* layer : {"layer2.1.conv2.weight", "layer1.0.bn1.weight"}) {
+    const auto b = monitored_run(layer, 3);
+    const RunComparison c = compare_grad_runs(a, b, 1e-3);
+    EXPECT_EQ(c.first_step, 1) << c.text();
+    EXPECT_EQ(c.first_reason, "weights");
+    EXPECT_EQ(c.first_tensor, layer) << c.text();
+    EXPECT_NE(c.text().find(std::string("weights of ") + layer), std::string::npos);
+  }
+  const std::string one = summarize_grad_run(a);
+  EXPECT_NE(one.find("layer3.2.conv2.weight"), std::string::npos);
+  EXPECT_NE(one.find("3 monitored steps"), std::string::npos) << one;
+}
+
+TEST(Summary, SummaryFileRoundTripAndErrors) {
+  TestDir dir;
+  EXPECT_THROW(grad_summary_path(dir.path().string()), Error);
+  {
+    std::ofstream f(dir.file("grad_summary.jsonl"));
+    f << "{\"not\": \"a record\"}\n{}\n";
+  }
+  EXPECT_THROW(read_grad_summary(grad_summary_path(dir.path().string())), Error);
+}
+
+TEST(Doctor, FindsPlantedUnderflowAndOverflowAndRecommendsBetween) {
+  TestDir dir;
+  Config cfg = small_config(dir.file("run"));
+  cfg.precision.level = PrecisionLevel::O2;
+  cfg.precision.half_dtype = DType::f16;  // on the CPU: analytic only
+  cfg.precision.loss_scale.policy = LossScalePolicy::static_scale;
+  const double tiny = std::ldexp(1.0, -30), huge = std::ldexp(1.0, 40);
+  cfg.precision.loss_scale.initial = tiny;
+  const DoctorReport under = run_doctor(cfg, {.steps = 2});
+  cfg.precision.loss_scale.initial = huge;
+  const DoctorReport over = run_doctor(cfg, {.steps = 2});
+
+  EXPECT_FALSE(under.pass);
+  ASSERT_FALSE(under.problems.empty());
+  EXPECT_EQ(under.problems[0].rfind("underflow", 0), 0u) << under.problems[0];
+  EXPECT_NE(under.verdict.find("FAIL"), std::string::npos);
+  double max_under = 0, max_over = 0;
+  for (const auto& t : under.tensors) max_under = std::max(max_under, t.underflow);
+  for (const auto& t : over.tensors) max_over = std::max(max_over, t.overflow);
+  EXPECT_GT(max_under, 0.5);
+  EXPECT_FALSE(over.pass);
+  EXPECT_EQ(over.problems[0].rfind("overflow", 0), 0u) << over.problems[0];
+  EXPECT_GT(max_over, 0.5);
+  // Same weights and batches: the same safe range, strictly between the planted scales.
+  EXPECT_EQ(under.recommended_scale, over.recommended_scale);
+  EXPECT_GT(under.safe.lo, tiny);
+  EXPECT_LT(under.safe.hi, huge);
+  EXPECT_GE(under.recommended_scale, under.safe.lo);
+  EXPECT_LE(under.recommended_scale, under.safe.hi);
+  // And at the recommended scale the doctor is satisfied (no fp16 run here to disagree).
+  cfg.precision.loss_scale.initial = under.recommended_scale;
+  const DoctorReport ok = run_doctor(cfg, {.steps = 2});
+  EXPECT_TRUE(ok.pass) << ok.table();
+  EXPECT_FALSE(ok.mixed_ran);
+  EXPECT_NE(ok.not_run_why.find("fp16"), std::string::npos);
+  // The active level made visible: convs in fp16, BN in fp32.
+  for (const auto& t : ok.tensors) {
+    if (t.kind == "conv_weight") EXPECT_EQ(t.compute, "fp16");
+    if (t.kind == "bn_gamma") EXPECT_EQ(t.compute.rfind("fp32", 0), 0u);
+  }
+  const nlohmann::json j = ok.to_json();
+  EXPECT_EQ(j["tensors"].size(), ok.tensors.size());
+  EXPECT_TRUE(j["pass"].get<bool>());
+}
+
+TEST(Doctor, MeasuresBf16GradientDifferencesWhereTheCpuRunsBf16) {
+  TestDir dir;
+  Config cfg = small_config(dir.file("run"));
+  cfg.precision.level = PrecisionLevel::O2;
+  cfg.precision.half_dtype = DType::bf16;
+  std::string why;
+  if (!make_backend_for(DeviceChoice::cpu)->supports_dtype(DType::bf16, &why)) GTEST_SKIP() << why;
+  const DoctorReport r = run_doctor(cfg, {.steps = 2});
+  EXPECT_TRUE(r.mixed_ran);
+  double worst = 0;
+  for (const auto& t : r.tensors) {
+    ASSERT_GE(t.rel_diff_first, 0) << t.name;
+    EXPECT_GE(t.rel_diff_max, t.rel_diff_first);
+    worst = std::max(worst, t.rel_diff_first);
+  }
+  EXPECT_GT(worst, 0) << "bf16 arithmetic differs from fp32 somewhere";
+  EXPECT_LT(worst, 2.0);
+  EXPECT_EQ(r.loss_mixed.size(), 2u);
+  EXPECT_NEAR(r.loss_mixed[0], r.loss_fp32[0], 0.05 * r.loss_fp32[0]);
+  // A threshold of 0 makes any disagreement fail the gate.
+  cfg.diagnostics.doctor_max_grad_diff = 0;
+  EXPECT_FALSE(run_doctor(cfg, {.steps = 1}).pass);
+}
+
+TEST(Profile, LayersAddUpAndWorkIsCounted) {
+  ProfileOptions o;
+  o.model = "resnet20";
+  o.channels = 1, o.height = 8, o.width = 8, o.classes = 10;
+  o.batch = 16;
+  o.device = DeviceChoice::cpu;
+  o.steps = 9;
+  o.threads = 1;
+  const ProfileReport r = run_profile(o);
+  ASSERT_FALSE(r.layers.empty());
+  double sum = 0;
+  for (const auto& l : r.layers) sum += l.seconds();
+  EXPECT_NEAR(sum, r.layers_s, 1e-12);
+  EXPECT_NEAR(r.profiled_step_s, r.layers_s + r.optimizer_s, 1e-12);
+  EXPECT_GT(r.peaks.flops_per_s, 0);
+  EXPECT_GT(r.peaks.bytes_per_s, 0);
+  // Sorted by time.
+  for (size_t i = 1; i < r.layers.size(); ++i) EXPECT_GE(r.layers[i - 1].seconds(), r.layers[i].seconds());
+  // The stem conv (1 -> 16 channels, 3x3, 8x8 output): forward and weight gradient, no data
+  // gradient (the input's is never computed).
+  const double stem = 16.0 * 8 * 8 * 1 * 9 * o.batch;
+  for (const auto& l : r.layers) {
+    if (l.name == "conv1") EXPECT_DOUBLE_EQ(l.macs, 2 * stem);
+    if (l.name == "layer1.0.conv1") EXPECT_DOUBLE_EQ(l.macs, 3 * 16.0 * 8 * 8 * 16 * 9 * o.batch);
+    EXPECT_TRUE(l.roof.bound == "compute" || l.roof.bound == "memory");
+  }
+  // The per-layer sum against the step measured without profiling. The machine running the
+  // tests is shared with other work that can stall either measurement, so the bound here is
+  // loose and a profile gets three tries; `resnet profile` states 10%. A systematic error
+  // (overhead not accounted for, a step missed) fails all three.
+  double best = std::abs(r.discrepancy);
+  for (int retry = 0; retry < 2 && best >= 0.3; ++retry) best = std::min(best, std::abs(run_profile(o).discrepancy));
+  EXPECT_LT(best, 0.3) << r.table();
+}
+
+// A training dataset that sleeps in load() for the samples numbered [from, to) in load
+// order: a loader that is slow for a stretch of steps.
+class SlowStretchDataset : public Dataset {
+ public:
+  SlowStretchDataset(std::shared_ptr<const Dataset> inner, int64_t from, int64_t to, int ms)
+      : inner_(std::move(inner)), from_(from), to_(to), ms_(ms) {}
+  int64_t size() const override { return inner_->size(); }
+  int num_classes() const override { return inner_->num_classes(); }
+  SampleGeometry geometry() const override { return inner_->geometry(); }
+  std::string name() const override { return "slow(" + inner_->name() + ")"; }
+  void load(int64_t index, Sample& out) const override {
+    const int64_t n = loads_++;
+    if (n >= from_ && n < to_) std::this_thread::sleep_for(std::chrono::milliseconds(ms_));
+    inner_->load(index, out);
+  }
+
+ private:
+  std::shared_ptr<const Dataset> inner_;
+  int64_t from_, to_;
+  int ms_;
+  mutable std::atomic<int64_t> loads_{0};
+};
+
+TEST(TrainDiagnostics, SlowLoaderStretchIsNamedInputBound) {
+  TestDir dir;
+  Config cfg = small_config(dir.file("run"));
+  cfg.data.batch_size = 8;
+  cfg.data.train_subset = 8 * 80;  // 80 steps
+  cfg.run.threads = 1;             // steady steps on a machine shared with other work
+  cfg.schedule.epochs = 1;
+  cfg.diagnostics.grad_monitor_interval = 25;
+  cfg.diagnostics.variance_window = 20;
+  cfg.diagnostics.variance_threshold = 0.3;  // well above the noise of few-ms steps on a busy machine
+  cfg.diagnostics.device_monitor_interval = 0.2;
+  cfg.run.checkpoint.every_epoch = false;
+  TrainOptions o;
+  // Batches ~35-45 take 8 x 40 ms to load: far longer than a step, even on a busy machine.
+  o.wrap_train_dataset = [](std::shared_ptr<const Dataset> d) -> std::shared_ptr<const Dataset> {
+    return std::make_shared<SlowStretchDataset>(std::move(d), 8 * 35, 8 * 45, 40);
+  };
+  const TrainResult r = train(cfg, o);
+  const auto records = read_metrics(r.run_dir + "/metrics.jsonl");
+  int input_bound = 0, grads = 0, devices = 0, variance = 0;
+  std::string all_warnings;
+  for (const auto& rec : records) {
+    const std::string kind = rec["kind"];
+    if (kind == "variance_warning") all_warnings += rec.dump() + "\n";
+    // On a machine shared with other work an unrelated "compute" warning may come too;
+    // the stretch must be named input-bound.
+    if (kind == "variance_warning" && rec["cause"] == "input-bound") {
+      ++input_bound;
+      EXPECT_GE(rec["step"].get<int64_t>(), 30) << rec.dump();
+      EXPECT_LE(rec["step"].get<int64_t>(), 50) << rec.dump();
+    }
+    grads += kind == "grad";
+    devices += kind == "device";
+    if (kind == "variance") {
+      ++variance;
+      EXPECT_GT(rec["throughput_cv"].get<double>(), 0);
+    }
+  }
+  EXPECT_EQ(input_bound, 1) << "one warning for the stretch; all warnings:\n" << all_warnings;
+  EXPECT_EQ(grads, 3);  // steps 25, 50, 75
+  EXPECT_GE(devices, 1);
+  EXPECT_EQ(variance, 1);
+  EXPECT_EQ(read_grad_summary(r.run_dir + "/grad_summary.jsonl").size(), 3u);
+  std::ifstream log(r.run_dir + "/train.log");
+  const std::string text{std::istreambuf_iterator<char>(log), std::istreambuf_iterator<char>()};
+  EXPECT_NE(text.find("likely cause: input-bound"), std::string::npos);
+  std::ifstream html(r.run_dir + "/report.html");
+  const std::string page{std::istreambuf_iterator<char>(html), std::istreambuf_iterator<char>()};
+  EXPECT_NE(page.find("Gradient and weight norms"), std::string::npos);
+  EXPECT_NE(page.find("Resident memory"), std::string::npos);
+  EXPECT_NE(page.find("throughput CV"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace rn
