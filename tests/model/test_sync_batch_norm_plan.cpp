@@ -62,7 +62,7 @@ Batch make_batch(const Model& model, int64_t classes) {
 StepResult train_step(Model& model, Plan& plan, const Batch& batch, int64_t first) {
   const Tensor in = plan.input();
   const int64_t n = plan.options().batch, per_sample = in.numel() / n;
-  std::memcpy(in.data, batch.input.data() + first * per_sample, static_cast<size_t>(in.numel()) * sizeof(float));
+  convert(in.data, in.dtype, batch.input.data() + first * per_sample, DType::f32, static_cast<size_t>(in.numel()));
   std::memcpy(plan.labels().data, batch.labels.data() + first, static_cast<size_t>(n) * sizeof(int32_t));
   model.zero_grads();
   plan.forward();
@@ -114,14 +114,23 @@ int count_batch_norms(const Model& m) {
 // RN_SYNC_PRINT=1 prints the measured errors.
 struct PlanCase {
   std::string backend;
-  // ||mean over ranks - whole batch|| / ||whole batch|| bound for everything against the
-  // synchronised whole batch, and for the loss and running statistics against the plain one.
-  // Measured: ref 4e-8 (gradients vs synchronised), 2e-8 (running statistics vs plain);
-  // cpu 3e-7 and 7e-8; the loss 1e-7 or exact. 1e-5 leaves margin for other compilers and
-  // thread counts while a count off by one in any BN (1/1568 in var) would still show.
-  double tolerance;
+  DType dtype;  // convolutions and activations
+  // ||mean over ranks - whole batch|| / ||whole batch|| bounds.
+  // Against the synchronised whole batch, everything: measured ref 4e-8, cpu 3e-7 (fp32)
+  // and 1.5e-7 (bf16) for the gradients, the loss and running statistics 1e-7 or exact.
+  // 1e-5 leaves margin for other compilers and thread counts while a count off by one in
+  // any BN (1/1568 in var) would still show.
+  double synchronised;
+  // Against the plain whole batch, the loss and running statistics: fp32 measured 2e-8
+  // (ref) and 7e-8 (cpu): 1e-5. bf16 measured 7e-4 (loss) and 3e-4 (running statistics):
+  // the whole batch's oneDNN BN rounds differently (bn(x) to bf16 before the residual add),
+  // and bf16 activations pass that on from layer to layer: 5e-3.
+  double plain_forward;
+  // And the gradients (see above); < 0: not compared. In bf16 the ReLU masks differ in
+  // many elements, and gradients move by 22% (as much as bf16 itself moves them from fp32,
+  // measured 25%), so only the synchronised comparison means anything there.
+  double plain_gradients;
 };
-constexpr double kPlainGradientBound = 2e-2;
 
 // A single rank's all-reduce: the values are already the sums.
 struct OneRank final : BatchStatsReducer {
@@ -141,8 +150,11 @@ TEST_P(SyncBatchNormPlan, RanksEqualOnePlanOfTheWholeBatch) {
   auto reset_state = [&](Model& m) { std::copy(state0.begin(), state0.end(), m.state_data()); };
   const Batch batch = make_batch(whole_model, 10);
   auto whole_backend = make_backend(pc.backend);
+  std::string why;
+  if (!whole_backend->supports_dtype(pc.dtype, &why)) GTEST_SKIP() << why;
   PlanOptions po;
   po.layout = whole_backend->preferred_layout();
+  po.dtype = po.activation_dtype = pc.dtype;
 
   std::vector<std::unique_ptr<Model>> models;
   std::vector<std::unique_ptr<Backend>> backends;
@@ -152,7 +164,8 @@ TEST_P(SyncBatchNormPlan, RanksEqualOnePlanOfTheWholeBatch) {
   }
   std::vector<StepResult> at_o1;
   for (MemoryLevel level : {MemoryLevel::O1, MemoryLevel::O2}) {
-    const std::string where = std::string(memory_level_name(level)) + " on " + pc.backend;
+    const std::string where =
+        std::string(memory_level_name(level)) + " on " + pc.backend + " " + std::string(dtype_name(pc.dtype));
     po.memory = level;
     po.batch = kRanks * kB;
     StepResult whole[2];  // [0]: synchronised over one rank, [1]: plain
@@ -191,16 +204,18 @@ TEST_P(SyncBatchNormPlan, RanksEqualOnePlanOfTheWholeBatch) {
       const double le = loss_error(mean_loss, w.loss), ge = rel_error(mean_grads, w.grads);
       const double se = rel_error(ranks[0].state, w.state);
       if (print) std::printf("%s: loss %.3g gradients %.3g running stats %.3g\n", vs.c_str(), le, ge, se);
-      EXPECT_LE(le, pc.tolerance) << vs << ": loss";
-      EXPECT_LE(se, pc.tolerance) << vs << ": running statistics";
-      EXPECT_LE(ge, plain ? kPlainGradientBound : pc.tolerance) << vs << ": gradients averaged over ranks";
+      const double forward_bound = plain ? pc.plain_forward : pc.synchronised;
+      EXPECT_LE(le, forward_bound) << vs << ": loss";
+      EXPECT_LE(se, forward_bound) << vs << ": running statistics";
+      if (!plain || pc.plain_gradients >= 0)
+        EXPECT_LE(ge, plain ? pc.plain_gradients : pc.synchronised) << vs << ": gradients averaged over ranks";
       if (plain) continue;
       // Per parameter tensor too, so that a small tensor's error does not hide in the norm.
       for (const ParamView& v : whole_model.params().params) {
         const float* a = mean_grads.data() + v.offset;
         const float* b = w.grads.data() + v.offset;
         const double e = rel_error({a, a + v.numel}, {b, b + v.numel});
-        EXPECT_LE(e, pc.tolerance) << vs << ": gradient of " << v.name;
+        EXPECT_LE(e, pc.synchronised) << vs << ": gradient of " << v.name;
       }
     }
     for (int r = 1; r < kRanks; ++r)
@@ -219,8 +234,13 @@ TEST_P(SyncBatchNormPlan, RanksEqualOnePlanOfTheWholeBatch) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, SyncBatchNormPlan, ::testing::Values(PlanCase{"ref", 1e-5}, PlanCase{"cpu", 1e-5}),
-                         [](const auto& info) { return info.param.backend; });
+INSTANTIATE_TEST_SUITE_P(Backends, SyncBatchNormPlan,
+                         ::testing::Values(PlanCase{"ref", DType::f32, 1e-5, 1e-5, 2e-2},
+                                           PlanCase{"cpu", DType::f32, 1e-5, 1e-5, 2e-2},
+                                           PlanCase{"cpu", DType::bf16, 1e-5, 5e-3, -1.0}),
+                         [](const auto& info) {
+                           return info.param.backend + "_" + std::string(dtype_name(info.param.dtype));
+                         });
 
 // Evaluation plans use the running statistics: bn_sync is ignored there and never called.
 TEST(SyncBatchNormPlan, EvalPlanIgnoresTheReducer) {
