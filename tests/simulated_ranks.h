@@ -24,7 +24,8 @@ namespace rn::testing {
 
 class SimulatedRanks {
  public:
-  explicit SimulatedRanks(int ranks) : ranks_(ranks), slots_(static_cast<size_t>(ranks)), barrier_(ranks) {}
+  explicit SimulatedRanks(int ranks)
+      : ranks_(ranks), slots_(static_cast<size_t>(ranks)), calls_(static_cast<size_t>(ranks), 0), barrier_(ranks) {}
 
   int ranks() const { return ranks_; }
   // How often each rank called sum() in the last run() (the same for all, or the test fails).

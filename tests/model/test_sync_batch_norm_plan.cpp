@@ -207,8 +207,9 @@ TEST_P(SyncBatchNormPlan, RanksEqualOnePlanOfTheWholeBatch) {
       const double forward_bound = plain ? pc.plain_forward : pc.synchronised;
       EXPECT_LE(le, forward_bound) << vs << ": loss";
       EXPECT_LE(se, forward_bound) << vs << ": running statistics";
-      if (!plain || pc.plain_gradients >= 0)
+      if (!plain || pc.plain_gradients >= 0) {
         EXPECT_LE(ge, plain ? pc.plain_gradients : pc.synchronised) << vs << ": gradients averaged over ranks";
+      }
       if (plain) continue;
       // Per parameter tensor too, so that a small tensor's error does not hide in the norm.
       for (const ParamView& v : whole_model.params().params) {
