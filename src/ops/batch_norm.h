@@ -73,7 +73,10 @@ class BatchNormKernel {
   // Rewrites exactly the y that forward_training wrote from the same x, residual, gamma and
   // beta, given the saved statistics it returned. Running statistics are not touched. The
   // batch statistics are computed again and must equal saved_mean/saved_invstd bit for bit;
-  // otherwise (changed inputs, a nondeterministic kernel) it throws rn::Error.
+  // otherwise (changed inputs, a nondeterministic kernel) it throws rn::Error. With a stats
+  // reducer it does not communicate: it normalises with saved_mean/saved_invstd, which must
+  // be those of the last forward_training, as must this rank's local sums of x (else
+  // rn::Error).
   void forward_recompute(const Tensor& y, const Tensor& x, const Tensor* residual, const Tensor& gamma,
                          const Tensor& beta, const Tensor& saved_mean, const Tensor& saved_invstd);
   // dresidual must be non-null iff fuse == add_relu (it receives dy * relu_mask).
