@@ -496,8 +496,12 @@ std::vector<Field> build_fields() {
   f.push_back(RN_CONFIG_FIELD(diagnostics.variance_window, "steps in the variance analysis' rolling window",
                               at_least(8)));
   f.push_back(RN_CONFIG_FIELD(diagnostics.doctor_max_grad_diff,
-                              "resnet doctor fails when a tensor's gradient differs from fp32 by more than this "
-                              "(relative L2 norm, first step)",
+                              "resnet doctor fails when the whole gradient (all tensors) differs from fp32 by more "
+                              "than this (relative L2 norm, first step)",
+                              at_least(0)));
+  f.push_back(RN_CONFIG_FIELD(diagnostics.doctor_max_tensor_grad_diff,
+                              "resnet doctor fails when one tensor's gradient differs from fp32 by more than this "
+                              "(relative L2 norm, first step; small BN tensors near the input differ most)",
                               at_least(0)));
   f.push_back(RN_CONFIG_FIELD(diagnostics.doctor_max_underflow,
                               "resnet doctor fails when more than this fraction of a tensor's gradient values "

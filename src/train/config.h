@@ -166,14 +166,15 @@ struct MemoryConfig {
 // device monitor and the throughput-variance analysis during training, and the thresholds
 // at which `resnet doctor` fails.
 struct DiagnosticsConfig {
-  int64_t grad_monitor_interval = 100;  // steps between gradient statistics; 0: off
-  bool device_monitor = true;           // sample power/clocks/utilisation (GPU) or cores/frequency/RSS (CPU)
-  double device_monitor_interval = 1.0; // seconds between device samples
-  double variance_threshold = 0.10;     // robust CV of step time that triggers a variance warning
-  int64_t variance_window = 50;         // steps in the rolling window
-  double doctor_max_grad_diff = 0.5;    // relative gradient difference (mixed vs fp32) at which doctor fails
-  double doctor_max_underflow = 0.01;   // fraction of a tensor's gradient values that underflow
-  double doctor_max_overflow = 0;       // fraction of a tensor's gradient values that overflow
+  int64_t grad_monitor_interval = 100;   // steps between gradient statistics; 0: off
+  bool device_monitor = true;            // sample power/clocks/utilisation (GPU) or cores/frequency/RSS (CPU)
+  double device_monitor_interval = 1.0;  // seconds between device samples
+  double variance_threshold = 0.10;      // robust CV of step time that triggers a variance warning
+  int64_t variance_window = 50;          // steps in the rolling window
+  double doctor_max_grad_diff = 0.5;  // relative difference of the whole gradient (mixed vs fp32) at which doctor fails
+  double doctor_max_tensor_grad_diff = 1.0;  // ... of one tensor's gradient
+  double doctor_max_underflow = 0.01;        // fraction of a tensor's gradient values that underflow
+  double doctor_max_overflow = 0;            // fraction of a tensor's gradient values that overflow
   bool operator==(const DiagnosticsConfig&) const = default;
 };
 

@@ -149,22 +149,31 @@ void decide(DoctorReport& r, const DiagnosticsConfig& d) {
         n, pct(d.doctor_max_overflow), r.half, format_scale(r.loss_scale), worst_over->name, pct(worst_over->overflow),
         rec));
   }
-  if (worst_diff && worst_diff->rel_diff_first > d.doctor_max_grad_diff)
+  if (r.rel_diff_total > d.doctor_max_grad_diff)
     r.problems.push_back(
-        fmt::format("disagreement: the {} gradients differ from fp32 by up to {} (tensor {}; threshold {}, "
-                    "diagnostics.doctor_max_grad_diff)",
-                    r.level, pct(worst_diff->rel_diff_first), worst_diff->name, pct(d.doctor_max_grad_diff)));
+        fmt::format("disagreement: the {} gradient differs from fp32 by {} over all tensors (threshold {}, "
+                    "diagnostics.doctor_max_grad_diff; largest tensor {}: {})",
+                    r.level, pct(r.rel_diff_total), pct(d.doctor_max_grad_diff), worst_diff->name,
+                    pct(worst_diff->rel_diff_first)));
+  if (worst_diff && worst_diff->rel_diff_first > d.doctor_max_tensor_grad_diff)
+    r.problems.push_back(
+        fmt::format("disagreement: the {} gradient of {} differs from fp32 by {} (threshold {}, "
+                    "diagnostics.doctor_max_tensor_grad_diff)",
+                    r.level, worst_diff->name, pct(worst_diff->rel_diff_first), pct(d.doctor_max_tensor_grad_diff)));
   r.pass = r.problems.empty();
   if (!r.pass) {
     r.verdict = "verdict: FAIL: " + r.problems.front() +
                 (r.problems.size() > 1 ? fmt::format(" (+{} more, see above)", r.problems.size() - 1) : "");
     return;
   }
-  std::string agree = r.mixed_ran && worst_diff
-                          ? fmt::format("{} {} gradients agree with fp32 within {} (largest: {})", r.level, r.half,
-                                        pct(worst_diff->rel_diff_first), worst_diff->name)
-                          : fmt::format("{} {} not run here ({}); ranges simulated from fp32 gradients", r.level,
-                                        r.half, r.not_run_why.empty() ? "level O0" : "see above");
+  std::string agree =
+      r.mixed_ran && worst_diff
+          ? fmt::format(
+                "{} {} gradient agrees with fp32 within {} over all tensors (largest "
+                "tensor difference {}: {})",
+                r.level, r.half, pct(r.rel_diff_total), worst_diff->name, pct(worst_diff->rel_diff_first))
+          : fmt::format("{} {} not run here ({}); ranges simulated from fp32 gradients", r.level, r.half,
+                        r.not_run_why.empty() ? "level O0" : "see above");
   r.verdict = fmt::format("verdict: OK: {}; underflow at most {} and overflow at most {} at loss scale {}; {}", agree,
                           pct(worst_under ? worst_under->underflow : 0), pct(worst_over ? worst_over->overflow : 0),
                           format_scale(r.loss_scale), "recommended " + rec);
@@ -224,6 +233,7 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& options) {
     t[i].safe = {0, std::numeric_limits<double>::infinity()};
   }
   const double underflow_tol = cfg.diagnostics.doctor_max_underflow;
+  double total_d2 = 0, total_n2 = 0;  // the whole gradient's difference, first step
   for (int k = 0; k < options.steps; ++k) {
     const double lr = cfg.optimizer.base_lr * 0.1;  // a small fixed step: the doctor looks at gradients
     fill(*ref.plan, batches[static_cast<size_t>(k)]);
@@ -246,12 +256,18 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& options) {
       t[i].overflow = std::max(t[i].overflow, c.overflow_fraction());
       t[i].safe = intersect(t[i].safe, safe_scale_range(gi, v.numel, cfg.precision.half_dtype, underflow_tol));
       if (mixed) {
-        const double d = distance_norm(gi, mixed->model.grad_data() + v.offset, v.numel, 1.0 / scale).relative();
-        if (k == 0) t[i].rel_diff_first = d;
+        const DistanceNorm dn = distance_norm(gi, mixed->model.grad_data() + v.offset, v.numel, 1.0 / scale);
+        const double d = dn.relative();
+        if (k == 0) {
+          t[i].rel_diff_first = d;
+          total_d2 += dn.distance * dn.distance;
+          total_n2 += dn.norm_a * dn.norm_a;
+        }
         t[i].rel_diff_max = std::max(t[i].rel_diff_max, d);
       }
     }
   }
+  if (mixed) r.rel_diff_total = DistanceNorm{std::sqrt(total_d2), std::sqrt(total_n2)}.relative();
   if (mixed) {
     r.overflow_skips = mixed->scaler.skipped_steps();
     r.final_scale = mixed->scaler.scale();
@@ -292,6 +308,9 @@ std::string DoctorReport::table() const {
     s += fmt::format("{:<34} {:>9} {:<16} {:>10.3e} {:>10} {:>10} {:>9} {:>9}  {} .. {}\n", x.name, x.numel, x.compute,
                      x.grad_norm, pct(x.rel_diff_first), pct(x.rel_diff_max), pct(x.underflow), pct(x.overflow),
                      format_scale(x.safe.lo), format_scale(x.safe.hi));
+  if (rel_diff_total >= 0)
+    s += fmt::format("\nwhole gradient (all tensors), first step: {} relative difference from fp32",
+                     pct(rel_diff_total));
   s += fmt::format("\nall tensors: safe loss scales {} .. {}; recommended initial scale {}\n", format_scale(safe.lo),
                    format_scale(safe.hi), format_scale(recommended_scale));
   for (const std::string& p : problems) s += "problem: " + p + "\n";
@@ -332,6 +351,7 @@ nlohmann::json DoctorReport::to_json() const {
           {"safe_scale_lo", num(safe.lo)},
           {"safe_scale_hi", num(safe.hi)},
           {"recommended_scale", num(recommended_scale)},
+          {"rel_diff_total", rel_diff_total < 0 ? nlohmann::json(nullptr) : num(rel_diff_total)},
           {"pass", pass},
           {"problems", problems},
           {"verdict", verdict},

@@ -52,6 +52,7 @@ struct DoctorReport {
   double final_scale = 1;
   std::vector<double> loss_fp32, loss_mixed;
   std::vector<DoctorTensor> tensors;  // forward order (stem first)
+  double rel_diff_total = -1;  // the whole gradient, first step; -1: not measured
   ScaleRange safe;
   double recommended_scale = 0;
   bool pass = true;

@@ -225,6 +225,8 @@ TEST(Doctor, MeasuresBf16GradientDifferencesWhereTheCpuRunsBf16) {
   EXPECT_EQ(r.loss_mixed.size(), 2u);
   EXPECT_NEAR(r.loss_mixed[0], r.loss_fp32[0], 0.05 * r.loss_fp32[0]);
   // A threshold of 0 makes any disagreement fail the gate.
+  EXPECT_GT(r.rel_diff_total, 0);
+  EXPECT_LE(r.rel_diff_total, worst);
   cfg.diagnostics.doctor_max_grad_diff = 0;
   EXPECT_FALSE(run_doctor(cfg, {.steps = 1}).pass);
 }

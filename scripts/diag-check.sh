@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Runs the troubleshooting tools (docs/troubleshooting.md) on this machine's device and
+# checks what only a GPU can show: NVML loaded at run time (power, clocks, temperature,
+# utilisation, memory in metrics.jsonl), the doctor's measured fp16 run (not only the
+# analytic ranges), and the per-layer profile's peaks and consistency on the GPU.
+# scripts/gpu-check.sh calls it; it works on a CPU-only machine too (DEVICE=cpu).
+# Usage: scripts/diag-check.sh [BUILD_DIR=build] [DEVICE=cuda]
+#   PROFILE_ARGS="--model resnet20 --input 3x32x32 --classes 10 --batch 32" for a quick CPU smoke run
+# Exit status: non-zero when a tool fails or a check below does not hold.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build="${1:-build}"
+device="${2:-cuda}"
+bin="$build/resnet"
+out="${DIAG_OUT:-$build/diag-check}"
+rm -rf "$out" && mkdir -p "$out"
+fail=0
+check() { if eval "$2"; then echo "diag-check: ok    $1"; else echo "diag-check: FAIL  $1"; fail=1; fi; }
+small=(--set model.image_size=[32,32] --set data.dataset=synthetic --set model.in_channels=3
+       --set "data.mean=[0.5,0.5,0.5]" --set "data.std=[0.25,0.25,0.25]" --set data.train_subset=4096
+       --set data.val_subset=256 --set data.batch_size=128 --set run.device="$device")
+
+# 1. Device monitor and gradient monitor in a short run: on a GPU the samples must carry NVML fields.
+"$bin" train "${small[@]}" --set schedule.epochs=1 --set run.out_dir="$out/run" \
+  --set diagnostics.grad_monitor_interval=8 --set diagnostics.device_monitor_interval=0.5 >"$out/train.log" 2>&1
+check "training run with monitors" "[ -s $out/run/grad_summary.jsonl ]"
+if [ "$device" = cuda ]; then
+  check "NVML samples (power_w, sm_clock_mhz) in metrics.jsonl" \
+    "grep '\"kind\":\"device\"' $out/run/metrics.jsonl | grep -q power_w && grep -q sm_clock_mhz $out/run/metrics.jsonl"
+fi
+grep -E "device monitor|throughput:|throughput variance" "$out/run/train.log" || true
+
+# 2. The doctor: fp16 actually runs on a GPU; bf16 too. Exit 2 means a threshold was passed (reported, not an error).
+for half in fp16 bf16; do
+  set +e
+  "$bin" doctor "${small[@]}" --set precision.level=O2 --set precision.half_dtype=$half --steps 3 \
+    --json "$out/doctor_$half.json" >"$out/doctor_$half.log" 2>&1
+  rc=$?
+  set -e
+  check "doctor $half ran (exit $rc)" "[ $rc -eq 0 ] || [ $rc -eq 2 ]"
+  [ "$device" = cuda ] && check "doctor $half measured the mixed run" "grep -q '\"mixed_ran\": true' $out/doctor_$half.json"
+  grep -E "verdict|overflow-skipped|all tensors" "$out/doctor_$half.log" || true
+done
+
+# 3. The per-layer profile of ResNet-50: peaks, table, trace, consistency with the measured step.
+for dtype in fp32 bf16; do
+  # shellcheck disable=SC2086
+  "$bin" profile ${PROFILE_ARGS:---model resnet50 --batch 64} --dtype $dtype --device "$device" --steps 5 --top 15 \
+    --json "$out/profile_$dtype.json" --trace "$out/profile_trace_$dtype.json" >"$out/profile_$dtype.log" 2>&1
+  cat "$out/profile_$dtype.log"
+  check "profile $dtype: layers + optimizer within the stated margin of the measured step" \
+    "grep -q '\"consistent\": true' $out/profile_$dtype.json"
+done
+
+# 4. Summary: compares the run with itself (must agree).
+"$bin" summary "$out/run" "$out/run" >"$out/summary.log" 2>&1
+check "summary of a run against itself agrees" "grep -q 'the runs agree' $out/summary.log"
+exit $fail
