@@ -8,6 +8,7 @@
 //   bool applied = train_step.run(lr);
 //   if (auto r = mon.after_step(epoch, step + 1, scale_used, applied)) metrics.append(grad_record(*r));
 //
+// Step 1 is always monitored, so that two runs can be compared from their initial weights.
 // Each monitored step is one JSON line of the summary file (grad_summary.jsonl in the run
 // folder); `resnet summary` reads and compares them (summary.h). A skipped step (overflow)
 // has an update ratio of 0.
@@ -56,7 +57,8 @@ class GradMonitor {
   // interval 0: never due. An empty path keeps records in memory only (tests).
   GradMonitor(const Model& model, int64_t interval, std::string path);
 
-  bool due(int64_t step) const { return interval_ > 0 && step % interval_ == 0; }
+  // Step 1 (the initial weights) and every `interval` steps.
+  bool due(int64_t step) const { return interval_ > 0 && (step == 1 || step % interval_ == 0); }
   void before_step(int64_t step);
   std::optional<GradRecord> after_step(int64_t epoch, int64_t step, double loss_scale, bool applied);
 

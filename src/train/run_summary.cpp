@@ -44,11 +44,14 @@ RunComparison compare_grad_runs(const std::vector<GradRecord>& a_in, const std::
   for (const GradRecord& r : b) b_at[r.step] = &r;
   RunComparison c;
   c.tolerance = tolerance;
+  for (const GradRecord& ra : a) c.common_steps += b_at.count(ra.step);
+  bool first_common = true;
   for (const GradRecord& ra : a) {
     auto it = b_at.find(ra.step);
     if (it == b_at.end()) continue;
     const GradRecord& rb = *it->second;
-    ++c.common_steps;
+    const bool at_first_common = first_common;
+    first_common = false;
     RN_CHECK(ra.layers.size() == rb.layers.size()) << "summary: the runs have different models (" << ra.layers.size()
                                                    << " vs " << rb.layers.size() << " parameter tensors)";
     std::vector<TensorDivergence> d;
@@ -70,7 +73,10 @@ RunComparison compare_grad_runs(const std::vector<GradRecord>& a_in, const std::
         std::any_of(d.begin(), d.end(), [&](auto& t) { return t.weight_rel > tolerance || t.grad_rel > tolerance; });
     if (!any) continue;
     c.first_step = ra.step;
-    const bool weights = std::any_of(d.begin(), d.end(), [&](auto& t) { return t.weight_rel > tolerance; });
+    // Weights that differ at the first common step (step 1: the initial weights) are where the
+    // runs started apart; later, differing weights are the sum of earlier gradient differences.
+    const bool weights =
+        at_first_common && std::any_of(d.begin(), d.end(), [&](auto& t) { return t.weight_rel > tolerance; });
     std::stable_sort(d.begin(), d.end(), [&](const TensorDivergence& x, const TensorDivergence& y) {
       return weights ? x.weight_rel > y.weight_rel : x.grad_rel > y.grad_rel;
     });

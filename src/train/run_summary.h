@@ -6,10 +6,12 @@
 //
 // Divergence of a tensor at a step: the relative difference of its weight norms and of its
 // gradient norms, |a - b| / max(|a|, |b|). The first step at which any tensor passes the
-// tolerance is the first divergence. There, a tensor whose *weights* differ is named before
-// any whose gradients differ: weights differ first where the runs started apart (a changed
-// initialisation, a corrupted checkpoint, a perturbed layer), and every gradient then
-// differs as a consequence. Otherwise the tensors are ranked by gradient difference.
+// tolerance is the first divergence. If that is the first step both runs monitored (step 1,
+// the initial weights) and a tensor's *weights* differ, the runs started apart (a changed
+// initialisation, a corrupted checkpoint, a perturbed layer) and those tensors are named,
+// by weight difference: every gradient then differs as a consequence. Otherwise the
+// tensors are ranked by gradient difference (later weights differ because earlier
+// gradients did).
 #pragma once
 
 #include <string>

@@ -132,7 +132,7 @@ TEST(DiagCli, SummaryOfOneRunAndOfTwo) {
     ASSERT_EQ(run(args, r.string() + ".log"), 0) << read_all(r.string() + ".log");
   }
   ASSERT_EQ(run({"summary", a.string()}, dir / "one.log"), 0) << read_all(dir / "one.log");
-  EXPECT_NE(read_all(dir / "one.log").find("first epoch (1): 5 monitored steps"), std::string::npos)
+  EXPECT_NE(read_all(dir / "one.log").find("first epoch (1): 6 monitored steps"), std::string::npos)
       << read_all(dir / "one.log");
   ASSERT_EQ(run({"summary", a.string(), b.string()}, dir / "two.log"), 0);
   EXPECT_NE(read_all(dir / "two.log").find("the runs agree"), std::string::npos) << read_all(dir / "two.log");

@@ -62,6 +62,7 @@ TEST(GradMonitor, StatisticsMatchHandComputedValues) {
   p[w->offset] = 3, p[w->offset + 1] = 4, p[b->offset] = 0, p[b->offset + 1] = 1;
   g[w->offset] = 2, g[w->offset + 1] = -4, g[b->offset] = 0, g[b->offset + 1] = std::nanf("");
   GradMonitor mon(m, 5, "");
+  EXPECT_TRUE(mon.due(1));  // the initial weights
   mon.before_step(4);  // not due
   EXPECT_FALSE(mon.after_step(0, 4, 2.0, true));
   mon.before_step(5);
@@ -328,10 +329,10 @@ TEST(TrainDiagnostics, SlowLoaderStretchIsNamedInputBound) {
     }
   }
   EXPECT_EQ(input_bound, 1) << "one warning for the stretch; all warnings:\n" << all_warnings;
-  EXPECT_EQ(grads, 3);  // steps 25, 50, 75
+  EXPECT_EQ(grads, 4);  // steps 1, 25, 50, 75
   EXPECT_GE(devices, 1);
   EXPECT_EQ(variance, 1);
-  EXPECT_EQ(read_grad_summary(r.run_dir + "/grad_summary.jsonl").size(), 3u);
+  EXPECT_EQ(read_grad_summary(r.run_dir + "/grad_summary.jsonl").size(), 4u);
   std::ifstream log(r.run_dir + "/train.log");
   const std::string text{std::istreambuf_iterator<char>(log), std::istreambuf_iterator<char>()};
   EXPECT_NE(text.find("likely cause: input-bound"), std::string::npos);
