@@ -184,7 +184,8 @@ std::unique_ptr<DeviceProbe> make_nvml_probe(unsigned index, std::string* why_no
   for (const char* so : {"libnvidia-ml.so.1", "libnvidia-ml.so"})
     if ((n.lib = dlopen(so, RTLD_NOW | RTLD_LOCAL)) != nullptr) break;
   if (!n.lib) {
-    *why_not = "NVML (libnvidia-ml.so.1) not found: " + std::string(dlerror() ? dlerror() : "no such library");
+    const char* err = dlerror();  // reading it clears it: once
+    *why_not = "NVML (libnvidia-ml.so.1) not found: " + std::string(err ? err : "no such library");
     return nullptr;
   }
   const bool ok = load_symbol(n.lib, "nvmlInit_v2", n.init) && load_symbol(n.lib, "nvmlShutdown", n.shutdown) &&
@@ -246,9 +247,12 @@ DeviceSample DeviceMonitor::latest() const {
 
 void DeviceMonitor::loop() {
   const auto t0 = std::chrono::steady_clock::now();
-  auto next = t0;
+  const auto interval =
+      std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(interval_s_));
+  auto next = t0 + interval;  // the first sample covers a whole interval (utilisation is a rate)
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
+    if (cv_.wait_until(lock, next, [this] { return stop_; })) break;
     lock.unlock();
     DeviceSample s;
     try {
@@ -262,8 +266,7 @@ void DeviceMonitor::loop() {
     lock.lock();
     latest_ = s;
     ++count_;
-    next += std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(interval_s_));
-    cv_.wait_until(lock, next, [this] { return stop_; });
+    next += interval;
   }
 }
 

@@ -55,8 +55,8 @@ std::unique_ptr<DeviceProbe> make_nvml_probe(unsigned index, std::string* why_no
 class DeviceMonitor {
  public:
   using Callback = std::function<void(const DeviceSample&)>;
-  // Takes a first sample at once, then one every `interval_s` seconds on its own thread,
-  // until destroyed or stop().
+  // Takes a sample every `interval_s` seconds on its own thread (the first after one
+  // interval), until destroyed or stop().
   DeviceMonitor(std::unique_ptr<DeviceProbe> probe, double interval_s, Callback on_sample);
   ~DeviceMonitor();
   DeviceMonitor(const DeviceMonitor&) = delete;
