@@ -168,11 +168,13 @@ std::string StepVarianceAnalyser::summary_text() const {
   std::string causes;
   for (const auto& [k, v] : causes_.items())
     causes += fmt::format("{}{} x{}", causes.empty() ? "" : ", ", k, v.get<int64_t>());
-  return fmt::format(
-      "step time {:.1f} ms mean, throughput CV {:.1f}% over {} steps (largest {}-step spread {:.1f}%); {}",
-      1e3 * mean_step_seconds(), 100 * throughput_cv(), count_, options_.window, 100 * max_spread_,
-      warnings_ == 0 ? std::string("no variance warnings")
-                     : fmt::format("{} variance warning(s): {}", warnings_, causes));
+  const std::string spread = count_ >= options_.window
+                                 ? fmt::format("largest {}-step spread {:.1f}%", options_.window, 100 * max_spread_)
+                                 : fmt::format("too few steps for the {}-step window", options_.window);
+  return fmt::format("step time {:.1f} ms mean, throughput CV {:.1f}% over {} steps ({}); {}",
+                     1e3 * mean_step_seconds(), 100 * throughput_cv(), count_, spread,
+                     warnings_ == 0 ? std::string("no variance warnings")
+                                    : fmt::format("{} variance warning(s): {}", warnings_, causes));
 }
 
 }  // namespace rn
