@@ -91,6 +91,18 @@ StepAgreement agree_on_step(Communicator& comm, float loss, bool stop) {
   return {static_cast<float>(v[0] / comm.size()), v[1] > 0};
 }
 
+// Synchronised BN: the per-channel sums of every BN layer summed over the ranks.
+class CommStatsReducer final : public BatchStatsReducer {
+ public:
+  explicit CommStatsReducer(Communicator& comm) : comm_(comm) {}
+  void sum(double* values, int64_t n) override {
+    comm_.all_reduce(values, n, ReduceOp::sum, "synchronised BN statistics");
+  }
+
+ private:
+  Communicator& comm_;
+};
+
 // Communication figures summed over steps.
 struct CommTotals {
   double total = 0, hidden = 0, exposed = 0;
@@ -288,6 +300,13 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
                 largest / 1048576.0);
     reducer = std::make_unique<GradientReducer>(comm, std::move(buckets), model.grad_data(),
                                                 static_cast<int>(model.params().params.size()));
+  }
+  CommStatsReducer bn_sync(comm);
+  if (world.size > 1) {
+    if (cfg.dist.sync_bn) po.bn_sync = &bn_sync;
+    RN_LOG_INFO("batch norm: statistics {}", cfg.dist.sync_bn ? fmt::format("over the global batch ({} ranks x {}, "
+                                                                            "synchronised)", world.size, po.batch)
+                                                              : fmt::format("per rank (batch {})", po.batch));
   }
   std::unique_ptr<Plan> plan;
   std::unique_ptr<TrainStep> step;
