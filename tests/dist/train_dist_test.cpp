@@ -52,11 +52,22 @@ std::vector<nlohmann::json> records(const fs::path& run, const std::string& kind
 
 TEST(DistTrain, TwoRanksTrainAndOnlyRankZeroWritesTheRun) {
   const fs::path dir = fresh_dir("two_ranks");
-  const RunResult r = run(under_mpirun(2, train_args(dir / "run", 16)), 600, dir / "out.log");
+  const RunResult r =
+      run(under_mpirun(2, train_args(dir / "run", 16, {"dist.fusion_threshold=65536"})), 600, dir / "out.log");
   ASSERT_EQ(r.status, 0) << r.output;
   const std::string log = read_all(dir / "run" / "train.log");
   EXPECT_NE(log.find("data-parallel over 2 ranks (mpi communicator)"), std::string::npos) << log;
-  EXPECT_NE(log.find("gradient fusion:"), std::string::npos) << log;
+  // `resnet info --params` shows the same buckets the run used.
+  const RunResult info = run({resnet_binary(), "info", "--model", "resnet20", "--input", "1x28x28", "--classes", "10",
+                              "--params", "--fusion-threshold", "65536"},
+                             60, dir / "info.log");
+  ASSERT_EQ(info.status, 0) << info.output;
+  const size_t at = info.output.find(" gradient buckets at dist.fusion_threshold 65536 bytes");
+  ASSERT_NE(at, std::string::npos) << info.output;
+  const std::string count = info.output.substr(info.output.rfind('\n', at) + 1, at - info.output.rfind('\n', at) - 1);
+  EXPECT_NE(log.find("gradient fusion: " + count + " buckets (dist.fusion_threshold 65536 bytes)"), std::string::npos)
+      << count << "\n" << log;
+  EXPECT_NE(info.output.find("    0 fc.weight"), std::string::npos) << info.output;
   EXPECT_NE(log.find("peak lr"), std::string::npos);
   // One run folder (rank 1 did not make its own), every step logged once, with the
   // communication figures; per-epoch "comm" records.
