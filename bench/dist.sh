@@ -23,11 +23,12 @@ root=()
 [ "$(id -u)" -eq 0 ] && root=(--allow-run-as-root)
 common=(train --set data.dataset=synthetic --set model.name="$model" --set model.in_channels=3
         --set "model.image_size=$size" --set model.num_classes=1000 --set data.train_subset=100000
+        --set "data.mean=[0.5, 0.5, 0.5]" --set "data.std=[0.25, 0.25, 0.25]"
         --set data.workers=1 --set run.threads=1 --set run.log_interval_steps=2 --set schedule.epochs=1
         --set schedule.warmup_epochs=0 --set "data.batch_size=$batch" --max-steps "$steps")
 for r in $(seq "$rounds"); do
   echo "round $r/$rounds: 1 rank" >&2
-  "$bin" "${common[@]}" --set "run.out_dir=$work/r$r-single" >/dev/null 2>&1
+  "$bin" "${common[@]}" --set "run.out_dir=$work/r$r-single" >"$work/r$r-single.out" 2>&1 || { cat "$work/r$r-single.out" >&2; exit 1; }
   for t in "${thresholds[@]}"; do
     echo "round $r/$rounds: 2 ranks, fusion threshold $t" >&2
     mpirun -np 2 --bind-to core "${root[@]}" "$bin" "${common[@]}" --set "dist.fusion_threshold=$t" \

@@ -214,20 +214,21 @@ struct Codec<E> {
   static YAML::Node encode(E v) { return YAML::Node(std::string(name_of(v))); }
 };
 
-// A list of floats; a single scalar is read as a one-element list.
-template <>
-struct Codec<std::vector<double>> {
-  static std::string type() { return "list of float"; }
-  static bool decode(const YAML::Node& n, std::vector<double>& out) {
-    std::vector<double> v;
+// A list of floats or ints; a single scalar is read as a one-element list.
+template <class T>
+requires std::is_arithmetic_v<T>
+struct Codec<std::vector<T>> {
+  static std::string type() { return "list of " + Codec<T>::type(); }
+  static bool decode(const YAML::Node& n, std::vector<T>& out) {
+    std::vector<T> v;
     if (n.IsScalar()) {
-      double x;
-      if (!Codec<double>::decode(n, x)) return false;
+      T x;
+      if (!Codec<T>::decode(n, x)) return false;
       v.push_back(x);
     } else if (n.IsSequence()) {
       for (const YAML::Node& item : n) {
-        double x;
-        if (!Codec<double>::decode(item, x)) return false;
+        T x;
+        if (!Codec<T>::decode(item, x)) return false;
         v.push_back(x);
       }
     } else {
@@ -236,38 +237,9 @@ struct Codec<std::vector<double>> {
     out = std::move(v);
     return true;
   }
-  static YAML::Node encode(const std::vector<double>& v) {
+  static YAML::Node encode(const std::vector<T>& v) {
     YAML::Node n(YAML::NodeType::Sequence);
-    for (double x : v) n.push_back(Codec<double>::encode(x));
-    n.SetStyle(YAML::EmitterStyle::Flow);
-    return n;
-  }
-};
-
-template <>
-struct Codec<std::vector<int64_t>> {
-  static std::string type() { return "list of int"; }
-  static bool decode(const YAML::Node& n, std::vector<int64_t>& out) {
-    std::vector<int64_t> v;
-    if (n.IsScalar()) {
-      int64_t x;
-      if (!Codec<int64_t>::decode(n, x)) return false;
-      v.push_back(x);
-    } else if (n.IsSequence()) {
-      for (const YAML::Node& item : n) {
-        int64_t x;
-        if (!Codec<int64_t>::decode(item, x)) return false;
-        v.push_back(x);
-      }
-    } else {
-      return false;
-    }
-    out = std::move(v);
-    return true;
-  }
-  static YAML::Node encode(const std::vector<int64_t>& v) {
-    YAML::Node n(YAML::NodeType::Sequence);
-    for (int64_t x : v) n.push_back(Codec<int64_t>::encode(x));
+    for (T x : v) n.push_back(Codec<T>::encode(x));
     n.SetStyle(YAML::EmitterStyle::Flow);
     return n;
   }
