@@ -99,11 +99,13 @@ CommStats GradientReducer::finish() {
   double last_end = backward_end;
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const CollectiveTiming t = comm_.wait(tickets_[b]);
+    s.timings.push_back(t);
     s.total += std::max(0.0, t.end - t.start);
     last_end = std::max(last_end, t.end);
     s.bytes += buckets_[b].bytes();
   }
   s.buckets = static_cast<int>(buckets_.size());
+  s.backward_end = backward_end;
   s.exposed = std::min(s.total, std::max(0.0, last_end - backward_end));
   s.hidden = s.total - s.exposed;
   return s;

@@ -37,6 +37,8 @@ struct CommStats {
   double total = 0, exposed = 0, hidden = 0;
   int buckets = 0;
   int64_t bytes = 0;
+  std::vector<CollectiveTiming> timings;  // per bucket, in bucket order
+  double backward_end = 0;                // when finish() was called (steady-clock seconds)
   double hidden_share() const { return total > 0 ? hidden / total : 0; }
 };
 

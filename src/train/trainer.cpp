@@ -404,8 +404,20 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
       ++st.step;
       ++st.batch_in_epoch;
       if (reducer) {
-        comm_epoch.add(step->last_comm());
-        comm_interval.add(step->last_comm());
+        const CommStats& c = step->last_comm();
+        comm_epoch.add(c);
+        comm_interval.add(c);
+        if (trace) {
+          // The buckets' all-reduces on a track of their own, beside the step they overlap.
+          const double to_trace_us =
+              trace_now_us() -
+              1e6 * std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+          for (size_t k = 0; k < c.timings.size(); ++k)
+            trace->complete_on_track("gradient all-reduce", fmt::format("bucket {}/{}", k + 1, c.timings.size()),
+                                     "comm", 1e6 * c.timings[k].start + to_trace_us,
+                                     1e6 * (c.timings[k].end - c.timings[k].start),
+                                     {{"bytes", static_cast<double>(reducer->buckets()[k].bytes())}});
+        }
       }
       const bool at_limit = options.max_steps > 0 && st.step >= options.max_steps;
       set_activity("agreeing on the step's loss", st.step);

@@ -53,7 +53,8 @@ std::vector<nlohmann::json> records(const fs::path& run, const std::string& kind
 TEST(DistTrain, TwoRanksTrainAndOnlyRankZeroWritesTheRun) {
   const fs::path dir = fresh_dir("two_ranks");
   const RunResult r =
-      run(under_mpirun(2, train_args(dir / "run", 16, {"dist.fusion_threshold=65536"})), 600, dir / "out.log");
+      run(under_mpirun(2, train_args(dir / "run", 16, {"dist.fusion_threshold=65536", "run.trace=true"})), 600,
+          dir / "out.log");
   ASSERT_EQ(r.status, 0) << r.output;
   const std::string log = read_all(dir / "run" / "train.log");
   EXPECT_NE(log.find("data-parallel over 2 ranks (mpi communicator)"), std::string::npos) << log;
@@ -83,6 +84,16 @@ TEST(DistTrain, TwoRanksTrainAndOnlyRankZeroWritesTheRun) {
   const auto evals = records(dir / "run", "eval");
   ASSERT_EQ(evals.size(), 2u);
   EXPECT_TRUE(fs::exists(dir / "run" / "report.html"));
+  // The trace shows each bucket's all-reduce on its own track, inside the step it overlaps.
+  const nlohmann::json trace = nlohmann::json::parse(read_all(dir / "run" / "trace.json"));
+  int buckets = 0, track = 0;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] == "M" && e["args"]["name"] == "gradient all-reduce") track = e["tid"].get<int>();
+    if (e.value("cat", "") == "comm") ++buckets;
+  }
+  EXPECT_GE(track, 1000);
+  EXPECT_EQ(buckets % 20, 0) << "the same number of buckets in each of the 20 steps";
+  EXPECT_GE(buckets, 40);
   EXPECT_NE(r.output.find("final: top-1"), std::string::npos) << "rank 0 prints the result";
   EXPECT_EQ(r.output.find("final: top-1"), r.output.rfind("final: top-1")) << "only rank 0 prints it";
 }
