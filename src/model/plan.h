@@ -55,8 +55,8 @@ struct PlanOptions {
 enum class BufferRole : uint8_t { io, activation, saved, gradient };
 
 struct MemoryReport {
-  size_t arena_bytes = 0;    // planned peak of the arena
-  size_t by_role[4] = {};    // sum of buffer sizes per BufferRole (without reuse)
+  size_t arena_bytes = 0;  // planned peak of the arena
+  size_t by_role[4] = {};  // sum of buffer sizes per BufferRole (without reuse)
   // The step at which the most arena bytes are live, and the live bytes per role there:
   // the planned peak of activations (io + activation + saved) and of gradients.
   int peak_step = -1;
@@ -122,6 +122,13 @@ class Plan {
   };
   StepBytes step_bytes(int i) const;
 
+  // Called after each backward step that finishes parameter gradients, with their indices
+  // into model().params().params (gradient-production order). Data-parallel training starts
+  // a gradient bucket's all-reduce there, overlapping the rest of backward. Runs on the
+  // thread that runs backward(); nullptr: none.
+  using GradReadyFn = std::function<void(const std::vector<int>& params)>;
+  void set_grad_ready(GradReadyFn fn) { grad_ready_ = std::move(fn); }
+
   // Per-step wall time, accumulated over runs while profiling is on (seconds, program order).
   void set_profiling(bool on);
   const std::vector<double>& step_seconds() const { return step_seconds_; }
@@ -137,7 +144,11 @@ class Plan {
     std::string name;
     std::function<void()> run;
     std::vector<int> reads, writes;  // buffers
+    std::vector<int> finishes;       // parameters whose gradients are final after this step
   };
+  // Marks the last step added as the one that finishes node slots' weight and bias gradients.
+  void mark_finishes(int weight, int bias);
+  GradReadyFn grad_ready_;
 
   int add_buffer(const std::string& name, Shape shape, DType dtype, Layout layout, BufferRole role,
                  bool persistent = false);
@@ -178,10 +189,10 @@ class Plan {
   Arena arena_;
   HostBuffer half_weights_;
 
-  std::vector<int> act_;      // node -> output buffer
-  std::vector<int> grad_;     // node -> gradient buffer (final)
-  std::vector<int> saved0_, saved1_;  // node -> BN saved mean/invstd, max-pool workspace
-  std::vector<int> x_in_;             // node -> the buffer its first input was read from
+  std::vector<int> act_;                       // node -> output buffer
+  std::vector<int> grad_;                      // node -> gradient buffer (final)
+  std::vector<int> saved0_, saved1_;           // node -> BN saved mean/invstd, max-pool workspace
+  std::vector<int> x_in_;                      // node -> the buffer its first input was read from
   std::unordered_map<int64_t, int> casts_of_;  // value * 8 + dtype -> cast buffer
   // How to regenerate a buffer at O2 from other buffers: BN (kernel bn; src = x, residual,
   // saved statistics), ReLU or cast (src).

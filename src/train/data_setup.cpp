@@ -138,10 +138,12 @@ DataLoaderOptions loader_options(const Config& cfg, DType dtype, Layout layout) 
 }
 
 Loaders make_loaders(const Config& cfg, DType dtype, Layout layout, std::shared_ptr<TraceRecorder> trace,
-                     const DatasetWrapper& wrap_train) {
+                     ShardSpec shard, const DatasetWrapper& wrap_train) {
   const DataConfig& d = cfg.data;
   DataLoaderOptions lo = loader_options(cfg, dtype, layout);
   lo.trace = std::move(trace);
+  lo.shard = shard;
+  lo.shard.equal = true;
   Loaders loaders;
   switch (d.dataset) {
     case DatasetKind::fashion_mnist:

@@ -39,11 +39,13 @@ struct Loaders {
 // Loaders for training (shuffled, augmented, drop_last as configured) and validation (in
 // order, every sample). Batches come in `dtype` and `layout`. Checks that the data fit the
 // model (channels, size, classes).
+// `shard`: this rank's part of a data-parallel job (training: dealt out, see data/sampler.h;
+// validation: a contiguous slice, every sample on exactly one rank).
 // `wrap_train` (tests) may replace the small-image training dataset (Fashion-MNIST,
 // synthetic) by a wrapper around it, e.g. one that loads slowly for a while.
 using DatasetWrapper = std::function<std::shared_ptr<const Dataset>(std::shared_ptr<const Dataset>)>;
 Loaders make_loaders(const Config& cfg, DType dtype, Layout layout, std::shared_ptr<TraceRecorder> trace = nullptr,
-                     const DatasetWrapper& wrap_train = {});
+                     ShardSpec shard = {}, const DatasetWrapper& wrap_train = {});
 // The validation loader alone (resnet eval).
 std::unique_ptr<DataLoader> make_val_loader(const Config& cfg, DType dtype, Layout layout);
 

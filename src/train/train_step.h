@@ -4,6 +4,7 @@
 // and `resnet bench` so that the benchmark times exactly what training runs.
 #pragma once
 
+#include "dist/grad_buckets.h"
 #include "model/plan.h"
 #include "train/loss_scaler.h"
 #include "train/optimizer.h"
@@ -21,11 +22,20 @@ class TrainStep {
 
   Plan& plan() { return plan_; }
 
+  // Data-parallel training: backward hands each finished gradient to `reducer`, whose bucket
+  // all-reduces (average) overlap the rest of backward; the overflow check and the optimizer
+  // then see the averaged gradients, the same on every rank. nullptr: one rank.
+  void set_gradient_reducer(GradientReducer* reducer);
+  // The last step's communication (zero without a reducer).
+  const CommStats& last_comm() const { return comm_; }
+
  private:
   Plan& plan_;
   Optimizer& optimizer_;
   LossScaler& scaler_;
   PrecisionPolicy policy_;
+  GradientReducer* reducer_ = nullptr;
+  CommStats comm_;
 };
 
 // Rounds every master weight to the nearest `half` value (precision O3).
