@@ -66,8 +66,7 @@ void Plan::add_step(std::string name, std::initializer_list<int> reads, std::ini
   const int index = static_cast<int>(steps_.size());
   for (int r : reads) {
     BufferSpec& b = buffers_[static_cast<size_t>(r)];
-    RN_CHECK(b.persistent || b.first >= 0)
-        << "plan: step '" << name << "' reads '" << b.name << "' before it is written";
+    RN_CHECK(b.persistent || b.first >= 0) << "plan: step '" << name << "' reads '" << b.name << "' before it is written";
     b.last = std::max(b.last, index);
   }
   for (int w : writes) {
@@ -75,7 +74,7 @@ void Plan::add_step(std::string name, std::initializer_list<int> reads, std::ini
     if (b.first < 0) b.first = index;
     b.last = std::max(b.last, index);
   }
-  steps_.push_back({std::move(name), std::move(run), reads, writes, {}});
+  steps_.push_back({std::move(name), std::move(run), {}, reads, writes});
 }
 
 Plan::StepBytes Plan::step_bytes(int i) const {
@@ -108,7 +107,8 @@ void Plan::build_forward() {
   if (options_.dtype != DType::f32) {
     // One cast of all master weights into the half copy per step.
     CastKernel* cast = nullptr;
-    if (backend_) cast = keep(casts_, backend_->make_cast({model_.params().total, DType::f32, options_.dtype}));
+    if (backend_)
+      cast = keep(casts_, backend_->make_cast({model_.params().total, DType::f32, options_.dtype}));
     add_step("cast weights", {}, {}, [this, cast] {
       const int64_t total = model_.params().total;
       Tensor src{model_.param_data(), {total}, DType::f32};
@@ -158,16 +158,14 @@ void Plan::emit_forward(int id) {
 
   if (const auto* c = attrs_if<ConvAttrs>(n)) {
     Conv2dDesc d{c->p, N, xs[2], xs[3], dt, L};
-    Conv2dKernel* k = kernels_[static_cast<size_t>(id)].conv =
-        backend_ ? keep(convs_, backend_->make_conv2d(d)) : nullptr;
+    Conv2dKernel* k = kernels_[static_cast<size_t>(id)].conv = backend_ ? keep(convs_, backend_->make_conv2d(d)) : nullptr;
     add_step("fwd " + n.name, {x}, {y}, [this, k, x, y, s] {
       Tensor b = s.bias >= 0 ? model_.param(s.bias) : Tensor{};
       k->forward(view(y), view(x), weight(s.weight), s.bias >= 0 ? &b : nullptr);
     });
   } else if (const auto* b = attrs_if<BatchNormAttrs>(n)) {
     BatchNormDesc d{N, xs[1], xs[2], xs[3], b->eps, b->momentum, b->fuse, dt, L};
-    BatchNormKernel* k = kernels_[static_cast<size_t>(id)].bn =
-        backend_ ? keep(bns_, backend_->make_batch_norm(d)) : nullptr;
+    BatchNormKernel* k = kernels_[static_cast<size_t>(id)].bn = backend_ ? keep(bns_, backend_->make_batch_norm(d)) : nullptr;
     const int r = b->fuse == BnFuse::add_relu ? in(1) : -1;
     if (train) {
       if (k != nullptr && options_.bn_sync != nullptr) k->set_stats_reducer(options_.bn_sync);
@@ -203,12 +201,12 @@ void Plan::emit_forward(int id) {
     add_step("fwd " + n.name, {x}, {y}, [this, k, x, y] { k->forward(view(y), view(x)); });
   } else if (const auto* p = attrs_if<MaxPoolAttrs>(n)) {
     MaxPoolDesc d{N, xs[1], xs[2], xs[3], p->kernel, p->stride, p->pad, dt, L};
-    MaxPoolKernel* k = kernels_[static_cast<size_t>(id)].pool =
-        backend_ ? keep(pools_, backend_->make_max_pool(d)) : nullptr;
+    MaxPoolKernel* k = kernels_[static_cast<size_t>(id)].pool = backend_ ? keep(pools_, backend_->make_max_pool(d)) : nullptr;
     // A dry plan does not know the backend's workspace; int32 per output is an upper bound.
     const size_t ws_bytes = k ? k->workspace_bytes() : static_cast<size_t>(d.y_shape().numel()) * 4;
     const int ws = saved0_[static_cast<size_t>(id)] =
-        add_buffer(n.name + ":workspace", {static_cast<int64_t>(ws_bytes)}, DType::u8, Layout::nchw, BufferRole::saved);
+        add_buffer(n.name + ":workspace", {static_cast<int64_t>(ws_bytes)}, DType::u8, Layout::nchw,
+                   BufferRole::saved);
     add_step("fwd " + n.name, {x}, {y, ws}, [this, k, x, y, ws] { k->forward(view(y), view(ws), view(x)); });
   } else if (attrs_if<GlobalAvgPoolAttrs>(n)) {
     GlobalAvgPoolKernel* k = kernels_[static_cast<size_t>(id)].gap =
@@ -216,8 +214,7 @@ void Plan::emit_forward(int id) {
     add_step("fwd " + n.name, {x}, {y}, [this, k, x, y] { k->forward(view(y), view(x)); });
   } else if (const auto* l = attrs_if<LinearAttrs>(n)) {
     LinearDesc d{N, l->in_features, l->out_features, l->bias, dt};
-    LinearKernel* k = kernels_[static_cast<size_t>(id)].linear =
-        backend_ ? keep(linears_, backend_->make_linear(d)) : nullptr;
+    LinearKernel* k = kernels_[static_cast<size_t>(id)].linear = backend_ ? keep(linears_, backend_->make_linear(d)) : nullptr;
     add_step("fwd " + n.name, {x}, {y}, [this, k, x, y, s] {
       Tensor b = s.bias >= 0 ? model_.param(s.bias) : Tensor{};
       k->forward(view(y), view(x), weight(s.weight), s.bias >= 0 ? &b : nullptr);
@@ -284,8 +281,7 @@ void Plan::finish_contribution(int value, int target) {
     const int dst = first ? (g = add_buffer(name, home.shape, home.dtype, home.layout, BufferRole::gradient))
                           : add_buffer(name + ":partial" + std::to_string(partials_++), home.shape, home.dtype,
                                        home.layout, BufferRole::gradient);
-    CastKernel* cast =
-        backend_ ? keep(casts_, backend_->make_cast({home.shape.numel(), part.dtype, home.dtype})) : nullptr;
+    CastKernel* cast = backend_ ? keep(casts_, backend_->make_cast({home.shape.numel(), part.dtype, home.dtype})) : nullptr;
     add_step("bwd cast " + buffers_[static_cast<size_t>(target)].name, {target}, {dst},
              [this, cast, target, dst] { cast->forward(view(dst), view(target)); });
     if (first) return;
@@ -367,8 +363,8 @@ void Plan::emit_backward(int id) {
     RN_CHECK(rv < 0 || dr >= 0) << "plan: residual of '" << n.name << "' is the input batch";
     auto run = [this, bn, dx, dr, dy, x, y, sm, si, s] {
       Tensor drt = dr >= 0 ? view(dr) : Tensor{};
-      bn->backward(view(dx), dr >= 0 ? &drt : nullptr, model_.grad(s.weight), model_.grad(s.bias), view(dy), view(x),
-                   view(y), model_.param(s.weight), view(sm), view(si));
+      bn->backward(view(dx), dr >= 0 ? &drt : nullptr, model_.grad(s.weight), model_.grad(s.bias), view(dy),
+                   view(x), view(y), model_.param(s.weight), view(sm), view(si));
     };
     if (dr >= 0)
       add_step("bwd " + n.name, {dy, x, y, sm, si}, {dx, dr}, run);
@@ -388,8 +384,7 @@ void Plan::emit_backward(int id) {
     MaxPoolKernel* pool = k.pool;
     const int ws = saved0_[static_cast<size_t>(id)];
     const int dx = grad_target(xv, dt);
-    add_step("bwd " + n.name, {dy, ws}, {dx},
-             [this, pool, dx, dy, ws] { pool->backward(view(dx), view(dy), view(ws)); });
+    add_step("bwd " + n.name, {dy, ws}, {dx}, [this, pool, dx, dy, ws] { pool->backward(view(dx), view(dy), view(ws)); });
     finish_contribution(xv, dx);
   } else if (attrs_if<GlobalAvgPoolAttrs>(n)) {
     if (!need_dx) return;

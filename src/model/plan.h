@@ -55,8 +55,8 @@ struct PlanOptions {
 enum class BufferRole : uint8_t { io, activation, saved, gradient };
 
 struct MemoryReport {
-  size_t arena_bytes = 0;  // planned peak of the arena
-  size_t by_role[4] = {};  // sum of buffer sizes per BufferRole (without reuse)
+  size_t arena_bytes = 0;    // planned peak of the arena
+  size_t by_role[4] = {};    // sum of buffer sizes per BufferRole (without reuse)
   // The step at which the most arena bytes are live, and the live bytes per role there:
   // the planned peak of activations (io + activation + saved) and of gradients.
   int peak_step = -1;
@@ -143,8 +143,8 @@ class Plan {
   struct Step {
     std::string name;
     std::function<void()> run;
+    std::vector<int> finishes;  // parameters whose gradients are final after this step
     std::vector<int> reads, writes;  // buffers
-    std::vector<int> finishes;       // parameters whose gradients are final after this step
   };
   // Marks the last step added as the one that finishes node slots' weight and bias gradients.
   void mark_finishes(int weight, int bias);
@@ -189,10 +189,10 @@ class Plan {
   Arena arena_;
   HostBuffer half_weights_;
 
-  std::vector<int> act_;                       // node -> output buffer
-  std::vector<int> grad_;                      // node -> gradient buffer (final)
-  std::vector<int> saved0_, saved1_;           // node -> BN saved mean/invstd, max-pool workspace
-  std::vector<int> x_in_;                      // node -> the buffer its first input was read from
+  std::vector<int> act_;      // node -> output buffer
+  std::vector<int> grad_;     // node -> gradient buffer (final)
+  std::vector<int> saved0_, saved1_;  // node -> BN saved mean/invstd, max-pool workspace
+  std::vector<int> x_in_;             // node -> the buffer its first input was read from
   std::unordered_map<int64_t, int> casts_of_;  // value * 8 + dtype -> cast buffer
   // How to regenerate a buffer at O2 from other buffers: BN (kernel bn; src = x, residual,
   // saved statistics), ReLU or cast (src).

@@ -240,10 +240,9 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
         RN_CHECK(saved_global % world.size == 0)
             << "cannot resume " << run_dir << " on " << world.size << " ranks: its global batch of " << saved_global
             << " is not a multiple of " << world.size << "; use a number of ranks that divides it";
-        RN_LOG_INFO(
-            "resuming on {} rank(s): batch per rank {} -> {} keeps the global batch of {} (and with it the "
-            "learning rate, the steps per epoch and the samples of every step)",
-            world.size, cfg.data.batch_size, saved_global / world.size, saved_global);
+        RN_LOG_INFO("resuming on {} rank(s): batch per rank {} -> {} keeps the global batch of {} (and with it the "
+                    "learning rate, the steps per epoch and the samples of every step)",
+                    world.size, cfg.data.batch_size, saved_global / world.size, saved_global);
         cfg.data.batch_size = saved_global / world.size;
         if (writer) write_file_atomic(run_dir + "/config.yaml", cfg.to_yaml());
       }
@@ -308,8 +307,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
   if (world.size > 1) {
     if (cfg.dist.sync_bn) po.bn_sync = &bn_sync;
     RN_LOG_INFO("batch norm: statistics {}", cfg.dist.sync_bn ? fmt::format("over the global batch ({} ranks x {}, "
-                                                                            "synchronised)",
-                                                                            world.size, po.batch)
+                                                                            "synchronised)", world.size, po.batch)
                                                               : fmt::format("per rank (batch {})", po.batch));
   }
   std::unique_ptr<Plan> plan;
