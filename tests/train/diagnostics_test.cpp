@@ -25,6 +25,7 @@
 #include "train/metrics.h"
 #include "train/optimizer.h"
 #include "train/precision.h"
+#include "train/report.h"
 #include "train/run_summary.h"
 #include "train/train_step.h"
 #include "train/trainer.h"
@@ -63,7 +64,7 @@ TEST(GradMonitor, StatisticsMatchHandComputedValues) {
   g[w->offset] = 2, g[w->offset + 1] = -4, g[b->offset] = 0, g[b->offset + 1] = std::nanf("");
   GradMonitor mon(m, 5, "");
   EXPECT_TRUE(mon.due(1));  // the initial weights
-  mon.before_step(4);  // not due
+  mon.before_step(4);       // not due
   EXPECT_FALSE(mon.after_step(0, 4, 2.0, true));
   mon.before_step(5);
   p[w->offset + 1] = 3;  // the update: w = {3, 3}, |dw| = 1, |w| = 5
@@ -341,6 +342,48 @@ TEST(TrainDiagnostics, SlowLoaderStretchIsNamedInputBound) {
   EXPECT_NE(page.find("Gradient and weight norms"), std::string::npos);
   EXPECT_NE(page.find("Resident memory"), std::string::npos);
   EXPECT_NE(page.find("throughput CV"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace rn
+
+namespace rn {
+namespace {
+
+TEST(DiagnosticsReport, PlotsGradDeviceAndVarianceRecords) {
+  std::vector<nlohmann::json> records;
+  for (int s = 1; s <= 3; ++s) {
+    records.push_back({{"kind", "train"}, {"epoch", 0}, {"step", s * 10}, {"loss", 1.0}});
+    records.push_back({{"kind", "grad"},
+                       {"epoch", 0},
+                       {"step", s * 10},
+                       {"grad_norm", 2.0 / s},
+                       {"weight_norm", 40.0},
+                       {"max_update_ratio", 0.01},
+                       {"zero_fraction", 0.0},
+                       {"inf_fraction", 0.0},
+                       {"nan_fraction", 0.0}});
+    records.push_back({{"kind", "device"},
+                       {"epoch", 0},
+                       {"step", s * 10},
+                       {"time", 1.0 * s},
+                       {"power_w", 650.0},
+                       {"sm_clock_mhz", 1980.0},
+                       {"gpu_util", 97.0}});
+  }
+  records.push_back({{"kind", "variance_warning"},
+                     {"epoch", 0},
+                     {"step", 25},
+                     {"cause", "clocks or power"},
+                     {"evidence", "clock 1980 MHz vs 1200 MHz"}});
+  records.push_back({{"kind", "variance"}, {"epoch", 1}, {"step", 30}, {"throughput_cv", 0.031}, {"steps", 25}});
+  const std::string page = render_report_html(records, "", "run");
+  for (const char* text : {"Gradient and weight norms", "Update-to-weight ratio", "GPU power", "SM clock",
+                           "GPU utilisation", "throughput CV", "3.10 %", "clocks or power"})
+    EXPECT_NE(page.find(text), std::string::npos) << text;
+  EXPECT_EQ(page.find("Resident memory"), std::string::npos) << "no CPU fields, no CPU plots";
+  const std::string none = render_report_html({{{"kind", "train"}, {"epoch", 0}, {"step", 1}}}, "", "run");
+  EXPECT_NE(none.find("no diagnostics records"), std::string::npos);
 }
 
 }  // namespace
