@@ -26,10 +26,10 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+double mean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? 0 : s / static_cast<double>(v.size());
 }
 
 void fill_input(Plan& plan, int64_t classes, uint64_t seed) {
@@ -92,6 +92,75 @@ struct Accum {
   LayerProfile p;
   int order = 0;
 };
+
+// What the profile needs to attribute a plan step to a layer.
+struct StepContext {
+  const Graph& graph;
+  const std::map<std::string, int>& node_of;  // node name -> id
+  double batch;
+  size_t weight_bytes, activation_bytes;  // per element
+};
+
+// One plan step's layer and work: "fwd NODE", "bwd NODE", "bwd_data NODE", "bwd_weights NODE"
+// belong to that node; "fwd loss" / "bwd loss" to the loss; casts, gradient sums and O2
+// recomputation are grouped by what they are.
+struct StepWork {
+  std::string layer, kind;
+  bool backward = false;
+  double macs = 0, flops = 0, bytes = 0;
+};
+
+StepWork step_work(const StepContext& c, const std::string& name, const Plan::StepBytes& sb) {
+  const size_t sp = name.find(' ');
+  const std::string verb = name.substr(0, sp);
+  const std::string rest = sp == std::string::npos ? "" : name.substr(sp + 1);
+  StepWork w;
+  w.layer = rest;
+  w.bytes = static_cast<double>(sb.read + sb.written);
+  w.backward = verb.rfind("bwd", 0) == 0 || verb == "recompute";
+  const auto it = c.node_of.find(rest);
+  const bool node_step = verb == "fwd" || verb == "bwd" || verb == "bwd_data" || verb == "bwd_weights";
+  if (it != c.node_of.end() && node_step) {
+    const Node& n = c.graph.node(it->second);
+    w.kind = node_kind(n);
+    const double m = node_macs(c.graph, n) * c.batch;
+    const auto [ef, eb] = elementwise_flops(n);
+    const double out_elems = static_cast<double>(n.shape.numel()) * c.batch;
+    double weight_elems = 0;
+    if (const auto* cv = attrs_if<ConvAttrs>(n))
+      weight_elems = static_cast<double>(cv->p.out_channels * (cv->p.in_channels / cv->p.groups) * cv->p.kernel_h *
+                                         cv->p.kernel_w);
+    if (const auto* l = attrs_if<LinearAttrs>(n)) weight_elems = static_cast<double>(l->in_features * l->out_features);
+    if (verb == "fwd") {
+      w.macs = m;
+      w.flops = 2 * m + ef * out_elems;
+      w.bytes += weight_elems * static_cast<double>(c.weight_bytes);
+    } else if (verb == "bwd_data") {
+      w.macs = m;
+      w.flops = 2 * m;
+      w.bytes += weight_elems * static_cast<double>(c.weight_bytes);
+    } else if (verb == "bwd_weights") {
+      w.macs = m;
+      w.flops = 2 * m;
+      w.bytes += weight_elems * 8.0;  // the fp32 parameter gradient, read and written (it accumulates)
+    } else {
+      w.flops = eb * out_elems;
+    }
+  } else if (rest == "loss") {
+    w.layer = w.kind = "loss";
+  } else if (verb == "recompute") {
+    w.layer = "(O2 recomputation)";
+    w.kind = "recompute";
+  } else if (verb == "cast" || rest.rfind("cast", 0) == 0) {
+    w.layer = "(casts)";
+    w.kind = "cast";
+  } else {
+    w.layer = verb == "bwd" ? "(gradient sums)" : "(" + verb + ")";
+    w.kind = "add";
+    w.flops = static_cast<double>(sb.written) / static_cast<double>(c.activation_bytes);
+  }
+  return w;
+}
 
 }  // namespace
 
@@ -193,8 +262,7 @@ ProfileReport run_profile(const ProfileOptions& o) {
     (void)sink;
   }
   // Alternate plain and profiled steps, so that both see the same machine.
-  // per_step[k][i]: plan step k in profiled iteration i; the median of each is kept, so that
-  // a step preempted once (a busy machine) does not count.
+  // per_step[k][i]: plan step k in profiled iteration i.
   std::vector<std::vector<double>> per_step(static_cast<size_t>(plan.num_steps()));
   std::vector<double> plain, profiled, outside;
   for (int i = 0; i < o.steps; ++i) {
@@ -216,8 +284,14 @@ ProfileReport run_profile(const ProfileOptions& o) {
     profiled.push_back(wall);
     outside.push_back(wall - in_plan);
   }
+  // Means, not medians: under interference a sum of per-step medians drops the preemptions
+  // that a whole step's time keeps, and the two would not add up.
   std::vector<double> acc;
-  for (const auto& v : per_step) acc.push_back(std::max(0.0, median(v) - r.timing_overhead_s));
+  for (const auto& v : per_step) {
+    double sum = 0;
+    for (double x : v) sum += x;
+    acc.push_back(std::max(0.0, sum / static_cast<double>(v.size()) - r.timing_overhead_s));
+  }
 
   // Group plan steps into layers.
   const Graph& g = model.graph();
@@ -225,67 +299,21 @@ ProfileReport run_profile(const ProfileOptions& o) {
   for (size_t i = 0; i < g.nodes().size(); ++i) node_of[g.nodes()[i].name] = static_cast<int>(i);
   std::map<std::string, Accum> rows;
   const auto names = plan.step_names();
-  const double N = static_cast<double>(o.batch);
-  const size_t wbytes = dtype_size(policy.conv_dtype);
+  const StepContext ctx{g, node_of, static_cast<double>(o.batch), dtype_size(policy.conv_dtype),
+                        dtype_size(policy.activation_dtype)};
   for (size_t k = 0; k < names.size(); ++k) {
-    const std::string& full = names[k];
-    r.step_spans.emplace_back(full, acc[k]);
-    const size_t sp = full.find(' ');
-    const std::string verb = full.substr(0, sp);
-    const std::string rest = sp == std::string::npos ? "" : full.substr(sp + 1);
-    const Plan::StepBytes sb = plan.step_bytes(static_cast<int>(k));
-    double bytes = static_cast<double>(sb.read + sb.written);
-    std::string key = rest, kind;
-    double macs = 0, flops = 0;
-    const bool backward = verb.rfind("bwd", 0) == 0 || verb == "recompute";
-    if (auto it = node_of.find(rest); it != node_of.end() && (verb == "fwd" || verb == "bwd" || verb == "bwd_data" ||
-                                                              verb == "bwd_weights" || verb == "recompute")) {
-      const Node& n = g.node(it->second);
-      kind = node_kind(n);
-      const double m = node_macs(g, n) * N;
-      const auto [ef, eb] = elementwise_flops(n);
-      const double out_elems = static_cast<double>(n.shape.numel()) * N;
-      double weight_elems = 0;
-      if (const auto* c = attrs_if<ConvAttrs>(n))
-        weight_elems =
-            static_cast<double>(c->p.out_channels * (c->p.in_channels / c->p.groups) * c->p.kernel_h * c->p.kernel_w);
-      if (const auto* l = attrs_if<LinearAttrs>(n))
-        weight_elems = static_cast<double>(l->in_features * l->out_features);
-      if (verb == "fwd" || verb == "recompute") {
-        macs = verb == "fwd" ? m : 0;
-        flops = 2 * macs + ef * out_elems;
-        bytes += weight_elems * static_cast<double>(wbytes);
-      } else if (verb == "bwd_data") {
-        macs = m;
-        flops = 2 * m;
-        bytes += weight_elems * static_cast<double>(wbytes);
-      } else if (verb == "bwd_weights") {
-        macs = m;
-        flops = 2 * m;
-        bytes += weight_elems * 8.0;  // the fp32 parameter gradient, read and written (it accumulates)
-      } else {
-        flops = eb * out_elems;
-      }
-    } else if (rest == "loss") {
-      key = "loss", kind = "loss";
-    } else {
-      key = verb == "cast" || verb == "bwd"
-                ? (rest.rfind("cast", 0) == 0 || verb == "cast" ? "(casts)" : "(gradient sums)")
-                : "(" + verb + ")";
-      kind = key == "(casts)" ? "cast" : "add";
-      if (kind == "add")
-        flops = static_cast<double>(sb.written) / static_cast<double>(dtype_size(policy.activation_dtype));
-    }
-    Accum& a = rows[key];
+    r.step_spans.emplace_back(names[k], acc[k]);
+    const StepWork w = step_work(ctx, names[k], plan.step_bytes(static_cast<int>(k)));
+    Accum& a = rows[w.layer];
     if (a.p.name.empty()) {
-      a.p.name = key;
-      a.p.kind = kind;
+      a.p.name = w.layer;
+      a.p.kind = w.kind;
       a.order = static_cast<int>(k);
     }
-    (backward ? a.p.bwd_s : a.p.fwd_s) += acc[k];
-    a.p.macs += macs;
-    a.p.flops += flops;
-    a.p.bytes += bytes;
+    (w.backward ? a.p.bwd_s : a.p.fwd_s) += acc[k];
+    a.p.macs += w.macs;
+    a.p.flops += w.flops;
+    a.p.bytes += w.bytes;
   }
   for (auto& [key, a] : rows) {
     a.p.roof = roofline(a.p.flops, a.p.bytes, a.p.seconds(), r.peaks);
@@ -295,9 +323,9 @@ ProfileReport run_profile(const ProfileOptions& o) {
   std::sort(r.layers.begin(), r.layers.end(),
             [](const LayerProfile& x, const LayerProfile& y) { return x.seconds() > y.seconds(); });
   // The optimizer, overflow check and zeroing: what the step does outside the plan.
-  r.optimizer_s = median(outside);
+  r.optimizer_s = mean(outside);
   r.profiled_step_s = r.layers_s + r.optimizer_s;
-  r.measured_step_s = median(plain);
+  r.measured_step_s = mean(plain);
   r.discrepancy = (r.profiled_step_s - r.measured_step_s) / r.measured_step_s;
   r.consistent = std::abs(r.discrepancy) <= kProfileMargin;
   return r;
@@ -335,7 +363,7 @@ std::string ProfileReport::table(int top) const {
                    100 * optimizer_s / step);
   s += fmt::format(
       "\nsum: layers {:.3f} ms + outside the plan {:.3f} ms = {:.3f} ms; measured step without profiling "
-      "{:.3f} ms (median of {}); difference {:+.1f}% ({} the stated {:.0f}% margin)\n",
+      "{:.3f} ms (mean of {}); difference {:+.1f}% ({} the stated {:.0f}% margin)\n",
       1e3 * layers_s, 1e3 * optimizer_s, 1e3 * profiled_step_s, 1e3 * measured_step_s, steps, 100 * discrepancy,
       consistent ? "within" : "OUTSIDE", 100 * kProfileMargin);
   return s;
@@ -376,7 +404,7 @@ nlohmann::json ProfileReport::to_json() const {
 
 void ProfileReport::write_trace(const std::string& path) const {
   TraceRecorder t;
-  t.name_thread("typical training step (median of each plan step, laid end to end)");
+  t.name_thread("mean training step (plan steps laid end to end)");
   double at = 0;
   for (const auto& [name, s] : step_spans) {
     t.complete(name, name.rfind("fwd", 0) == 0 ? "forward" : "backward", at, 1e6 * s);

@@ -8,8 +8,8 @@
 // the same backend.
 //
 // Consistency: the layers plus the optimizer, overflow check and gradient zeroing add up to
-// the profiled step; the report compares that sum with the median step measured without
-// profiling (per-step synchronisation and clock reads cost a little) and says whether it is
+// the profiled step; the report compares that sum with the mean step measured without
+// profiling (per-step synchronisation and clock reads cost a little, measured and taken off) and says whether it is
 // within kProfileMargin.
 #pragma once
 
@@ -38,7 +38,7 @@ struct ProfileOptions {
 struct LayerProfile {
   std::string name;             // graph node ("layer1.0.conv1"), "loss", or a group ("casts", "gradient sums")
   std::string kind;             // conv, bn, relu, pool, linear, loss, cast, ...
-  double fwd_s = 0, bwd_s = 0;  // seconds per step (the sum of its plan steps' medians)
+  double fwd_s = 0, bwd_s = 0;  // seconds per step (the sum of its plan steps' means)
   double macs = 0;              // per step, forward and backward
   double flops = 0;             // 2 x macs + elementwise estimate
   double bytes = 0;             // per step
@@ -55,18 +55,18 @@ struct ProfileReport {
   double optimizer_s = 0, overflow_check_s = 0, zero_grads_s = 0;
   double layers_s = 0;           // sum of the layers
   double profiled_step_s = 0;    // sum of everything timed
-  double measured_step_s = 0;    // median step without profiling
+  double measured_step_s = 0;    // mean step without profiling
   double timing_overhead_s = 0;  // per plan step, measured and taken off each
   double discrepancy = 0;        // (profiled_step_s - measured_step_s) / measured_step_s
   bool consistent = false;       // |discrepancy| <= kProfileMargin
 
   std::string table(int top = 0) const;  // top 0: every layer
   nlohmann::json to_json() const;
-  // The typical step as a Chrome trace: one span per plan step laid end to end (medians,
-  // not one particular step).
+  // The mean step as a Chrome trace: one span per plan step laid end to end (means, not
+  // one particular step).
   void write_trace(const std::string& path) const;
 
-  std::vector<std::pair<std::string, double>> step_spans;  // plan steps in program order, median seconds
+  std::vector<std::pair<std::string, double>> step_spans;  // plan steps in program order, mean seconds
 };
 
 ProfileReport run_profile(const ProfileOptions& options);
