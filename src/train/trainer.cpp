@@ -121,9 +121,20 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
   g_stop = false;
 
   RN_LOG_INFO("{} run in {}", resuming ? "resuming" : "starting", run_dir);
-  auto backend = make_backend_for(cfg.run.device);
+  BackendOptions backend_options;
+  backend_options.high_precision = cfg.run.implementation_mode == ImplementationMode::high_precision;
+  auto backend = make_backend_for(cfg.run.device, backend_options);
   const PrecisionPolicy policy = make_precision_policy(cfg.precision, *backend);
-  RN_LOG_INFO("device {} ({} host threads); {}", backend->name(), host_threads(), policy.describe());
+  RN_LOG_INFO("device {} ({} host threads); {}", backend->describe(), host_threads(), policy.describe());
+  RN_LOG_INFO(
+      "implementation mode {}{}", enum_name(cfg.run.implementation_mode),
+      backend->device() == Device::cpu ? " (host backends are deterministic and fp32-accumulating anyway)" : "");
+  const int sink_size = static_cast<int>(cfg.run.sink_size);
+  if (sink_size > 0) {
+    RN_CHECK(backend->device() != Device::cpu)
+        << "run.sink_size=" << sink_size << " needs the CUDA backend (device " << backend->name() << ")";
+    RN_LOG_INFO("sink mode: the step runs as a CUDA graph; the host synchronises every {} steps", sink_size);
+  }
   if (cfg.run.deterministic)
     RN_LOG_INFO(
         "deterministic mode: fixed data order and augmentation, kernels with a fixed summation order "
@@ -164,13 +175,14 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
   auto plan_at = [&](MemoryLevel level, int64_t epoch) {
     const size_t old_arena = plan ? plan->memory().arena_bytes : 0;
     const MemoryLevel old_level = po.memory;
+    if (step) step->sync_host_state();  // device optimizer and scaler state back to the host objects
     step.reset();
     evaluator.reset();
     plan.reset();  // the old arena goes first: the new plan may need that memory
     po.memory = level;
     plan = std::make_unique<Plan>(model, backend.get(), po);
     evaluator = std::make_unique<Evaluator>(model, *backend, po);
-    step = std::make_unique<TrainStep>(*plan, optimizer, scaler, policy);
+    step = std::make_unique<TrainStep>(*plan, optimizer, scaler, policy, sink_size);
     const PlannedPeak p = plan->planned_peak(1);
     if (old_arena > 0)
       RN_LOG_INFO("epoch {}: memory level {} -> {}, re-planned: arena {:.1f} MiB -> {:.1f} MiB", epoch + 1,
@@ -214,6 +226,10 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
   }
   st.config_yaml = cfg.to_yaml();
   plan_at(memory_level_at_epoch(cfg.memory, st.epoch), st.epoch);
+  auto set_sink_rates = [&] {
+    if (sink_size > 0) step->set_lr_source([&schedule](int64_t s) { return schedule.lr(s); }, st.step);
+  };
+  set_sink_rates();
 
   MetricsLog metrics(run_dir);
   ProgressPrinter progress;
@@ -222,6 +238,7 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
   const auto t_start = std::chrono::steady_clock::now();
 
   auto save = [&](bool epoch_end, std::optional<double> top1) {
+    step->sync_host_state();  // a device run's weights, momentum and scaler into the host objects
     st.rng = rng.state();
     st.scaler = scaler.state();
     const std::string path = checkpoints.save(model, optimizer, st, epoch_end, top1);
@@ -232,7 +249,7 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
   bool stop = false;
   while (st.epoch < epochs && !stop) {
     if (const MemoryLevel level = memory_level_at_epoch(cfg.memory, st.epoch); level != po.memory)
-      plan_at(level, st.epoch);
+      plan_at(level, st.epoch), set_sink_rates();
     train_loader.start_epoch(st.epoch, st.batch_in_epoch);
     // Interval statistics for the log lines.
     double interval_loss = 0;
@@ -242,6 +259,7 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
     // The input-pipeline analyser's view of the epoch: copy and step time on this thread.
     PipelineSpan pipeline;
     const auto epoch_t0 = std::chrono::steady_clock::now();
+    float last_loss = 0.0f;
     while (const Batch* b = train_loader.next()) {
       RN_CHECK(b->size == po.batch) << "partial training batch of " << b->size << " (data.drop_last=false is not "
                                     << "supported for training yet)";
@@ -259,7 +277,10 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
       }
       ++st.step;
       ++st.batch_in_epoch;
-      const float loss = plan->loss();
+      // Sink mode reads the loss (a synchronisation) only every sink_size steps.
+      if (sink_size == 0 || st.step % sink_size == 0 || interval_steps == 0) last_loss = plan->loss();
+      const float loss = last_loss;
+      if (!std::isfinite(loss)) step->sync_host_state();  // the device's skip counters decide below
       interval_loss += loss;
       ++interval_steps;
       interval_images += b->size;
@@ -276,6 +297,7 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
       pf.total_steps = epochs * steps_per_epoch;
       pf.loss = interval_loss / static_cast<double>(interval_steps);
       pf.lr = lr;
+      if (step->on_device() && st.step % cfg.run.log_interval_steps == 0) step->sync_host_state();
       pf.loss_scale = scaler.scale();
       pf.images_per_sec = dt > 0 ? static_cast<double>(interval_images) / dt : 0;
       pf.data_wait_share = dt > 0 ? (train_loader.epoch_wait_seconds() - interval_wait0) / dt : 0;
@@ -347,6 +369,7 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
     if (cfg.run.checkpoint.every_epoch || last) save(true, top1);
     write_report(run_dir);
   }
+  step->sync_host_state();
   result.steps = st.step;
   result.best_top1 = st.best_top1;
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
