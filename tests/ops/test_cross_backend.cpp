@@ -30,6 +30,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "core/rng.h"
 #include "ops/backend.h"
+#include "ops/staged_backend.h"
 
 namespace rn {
 namespace {
@@ -62,8 +63,17 @@ double tolerance(DType output_dtype, bool exact_op) {
   }
 }
 
-// The backend under test. The harness works on host memory, so only host backends fit.
-constexpr const char* kBackendUnderTest = "cpu";
+// The backend under test: "cpu" in the CrossBackend suite, "cuda" in CrossBackendCuda
+// (built with CUDA, run when a GPU is present). The harness works on host tensors; a device
+// backend is wrapped by StagedBackend below, which copies every argument to the device and
+// back around each call.
+const char* kBackendUnderTest = "cpu";
+
+// Where a backend stores an fp32 output through a narrower type, its tolerance is that
+// type's. cuDNN's filter gradient has the filter's type, so the cuda backend's conv dw of a
+// half case is rounded to the case dtype before it is added into the fp32 gradient (as
+// PyTorch's autocast does).
+DType conv_dw_rounding(DType case_dtype) { return std::string(kBackendUnderTest) == "cuda" ? case_dtype : DType::f32; }
 
 // ---------------------------------------------------------------------------------------
 // Cases. Each alternative of OpCase is one op (family and mode); std::visit below makes the
@@ -137,10 +147,11 @@ Conv2dParams conv(int64_t c, int64_t k, int64_t r, int64_t s, int64_t stride, in
   return p;
 }
 
-std::vector<Case> cases() {
+std::vector<Case> cases(bool with_f16 = false) {
   std::vector<Case> all;
   const Layout layouts[] = {Layout::nhwc, Layout::nchw};
-  const DType dtypes[] = {DType::f32, DType::bf16};
+  std::vector<DType> dtypes = {DType::f32, DType::bf16};
+  if (with_f16) dtypes.push_back(DType::f16);
 
   // conv2d: ResNet's shapes in miniature plus the odd ones.
   Conv2dParams rect = conv(8, 8, 1, 3, 1, 0);  // 1x3 kernel, stride 2x1, pad 0x2, dilation 1x2
@@ -309,8 +320,9 @@ void compare(Results& out, const std::string& name, const Twin& t) {
 }
 
 // For an accumulated parameter gradient: compares the increments after - before.
-void compare_increment(Results& out, const std::string& name, const Twin& t, const std::vector<float>& before) {
-  Compared c{name + "(+=)", t.dut.view().dtype, as_f32(t.ref.view()), as_f32(t.dut.view())};
+void compare_increment(Results& out, const std::string& name, const Twin& t, const std::vector<float>& before,
+                       DType rounded_to = DType::f32) {
+  Compared c{name + "(+=)", rounded_to, as_f32(t.ref.view()), as_f32(t.dut.view())};
   for (size_t i = 0; i < before.size(); ++i) c.ref[i] -= before[i], c.dut[i] -= before[i];
   out.push_back(std::move(c));
 }
@@ -368,7 +380,7 @@ void run(const ConvCase& c, DType t, Backends b, Rng& rng, Results& out) {
   Twin dw = twin_of(dw0, d.w_shape(), DType::f32), db = twin_of(db0, {d.p.out_channels}, DType::f32);
   kr->backward_weights(dw.ref, d.p.bias ? &db.ref.view() : nullptr, dy.ref, x.ref);
   kd->backward_weights(dw.dut, d.p.bias ? &db.dut.view() : nullptr, dy.dut, x.dut);
-  compare_increment(out, "dw", dw, dw0);
+  compare_increment(out, "dw", dw, dw0, conv_dw_rounding(t));
   if (d.p.bias) compare_increment(out, "db", db, db0);
 }
 
@@ -623,9 +635,15 @@ struct Summary {
   std::map<std::string, Worst> worst;  // "<case dtype> case, <output dtype> outputs" -> worst
   std::vector<std::string> unsupported_cases;
 
-  static Summary& get() {
-    static Summary s;
-    return s;
+  static Summary& get(const std::string& backend = kBackendUnderTest) {
+    static std::map<std::string, Summary> all;
+    return all[backend];
+  }
+  static std::vector<std::string> backends_run() {
+    std::vector<std::string> names;
+    for (const char* n : {"cpu", "cuda"})
+      if (get(n).passed + get(n).failed + get(n).unsupported > 0) names.push_back(n);
+    return names;
   }
   void note_error(DType case_dtype, DType output_dtype, double err, double tol, const std::string& where) {
     const std::string key =
@@ -638,10 +656,11 @@ struct Summary {
 class SummaryPrinter : public ::testing::Environment {
  public:
   void TearDown() override {
-    const Summary& s = Summary::get();
-    if (s.passed + s.failed + s.unsupported == 0) return;
-    std::printf("\n[cross-backend] %s vs ref: %d passed, %d failed, %d unsupported\n", kBackendUnderTest, s.passed,
-                s.failed, s.unsupported);
+    for (const std::string& name : Summary::backends_run()) print(name, Summary::get(name));
+  }
+  static void print(const std::string& name, const Summary& s) {
+    std::printf("\n[cross-backend] %s vs ref: %d passed, %d failed, %d unsupported\n", name.c_str(), s.passed, s.failed,
+                s.unsupported);
     for (const auto& [key, w] : s.worst)
       std::printf("[cross-backend] worst relative error, %s: %.3g (tolerance %.3g) in %s\n", key.c_str(), w.error,
                   w.tolerance, w.where.c_str());
@@ -656,7 +675,10 @@ class SummaryPrinter : public ::testing::Environment {
 Backend& backend(const std::string& name) {
   static std::map<std::string, std::unique_ptr<Backend>> made;
   auto& b = made[name];
-  if (!b) b = make_backend(name);
+  if (!b) {
+    b = make_backend(name);
+    if (b->device() != Device::cpu) b = make_staged_backend(std::move(b));
+  }
   return *b;
 }
 
@@ -668,8 +690,24 @@ uint64_t seed_of(const std::string& name) {
 
 class CrossBackend : public ::testing::TestWithParam<Case> {};
 
+void run_case(const Case& c);
+
 TEST_P(CrossBackend, MatchesReference) {
-  const Case& c = GetParam();
+  kBackendUnderTest = "cpu";
+  run_case(GetParam());
+}
+
+// The cuda backend: every case, fp16 too, when this build has it and a GPU is present.
+class CrossBackendCuda : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CrossBackendCuda, MatchesReference) {
+  std::string why;
+  if (!cuda_usable(&why)) GTEST_SKIP() << "cuda backend not run: " << why;
+  kBackendUnderTest = "cuda";
+  run_case(GetParam());
+}
+
+void run_case(const Case& c) {
   Results results;
   Rng rng(seed_of(c.name));
   try {
@@ -705,6 +743,8 @@ TEST_P(CrossBackend, MatchesReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ops, CrossBackend, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Ops, CrossBackendCuda, ::testing::ValuesIn(cases(/*with_f16=*/true)),
                          [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 // ---------------------------------------------------------------------------------------
