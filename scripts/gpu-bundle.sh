@@ -20,8 +20,7 @@ bins=("$build/resnet" "$build/tests/test_ops" "$build/tests/test_model")
 for b in "${bins[@]}"; do
   [[ -x $b ]] || { echo "gpu-bundle: $b is missing; build it first: cmake --build $build -j2 --target resnet test_ops test_model" >&2; exit 1; }
 done
-grep -q 'RN_HAVE_CUDA' "$build/CMakeCache.txt" 2>/dev/null || true
-nm -C "$build/resnet" | grep -q 'make_cuda_backend' || { echo "gpu-bundle: $build/resnet has no CUDA backend (configure found no nvcc/cuDNN)" >&2; exit 1; }
+nm -C "$build/resnet" | grep make_cuda_backend >/dev/null || { echo "gpu-bundle: $build/resnet has no CUDA backend (configure found no nvcc/cuDNN)" >&2; exit 1; }
 
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT

@@ -72,7 +72,7 @@ if [[ -f gpu-bundle/bundle.tar.xz ]]; then
   loader=$(ls "$b"/lib/ld-linux*.so* | head -1)
   bin="$b/bin"
   run=("$loader" --library-path "$b/lib:$cuda_path")
-elif [[ -x build/resnet ]] && nm -C build/resnet 2>/dev/null | grep -q make_cuda_backend; then
+elif [[ -x build/resnet ]] && nm -C build/resnet 2>/dev/null | grep make_cuda_backend >/dev/null; then
   bin="$root/build" ; export LD_LIBRARY_PATH="$cuda_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 else
   echo "no carried bundle and no CUDA build: building here"
