@@ -160,6 +160,7 @@ void Plan::emit_forward(int id) {
     BatchNormKernel* k = kernels_[static_cast<size_t>(id)].bn = backend_ ? keep(bns_, backend_->make_batch_norm(d)) : nullptr;
     const int r = b->fuse == BnFuse::add_relu ? in(1) : -1;
     if (train) {
+      if (k != nullptr && options_.bn_sync != nullptr) k->set_stats_reducer(options_.bn_sync);
       const int sm = saved0_[static_cast<size_t>(id)] =
           add_buffer(n.name + ":saved_mean", {xs[1]}, DType::f32, Layout::nchw, BufferRole::saved);
       const int si = saved1_[static_cast<size_t>(id)] =

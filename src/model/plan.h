@@ -44,6 +44,12 @@ struct PlanOptions {
   PlanMode mode = PlanMode::train;
   MemoryLevel memory = MemoryLevel::O1;
   float label_smoothing = 0.0f;
+  // Synchronised batch norm for data-parallel training: every BN kernel of a training plan
+  // sums its batch statistics over the ranks with this reducer (not owned; it must outlive
+  // the plan). Each rank's plan then calls it twice per BN per step (forward, backward), in
+  // the same order on every rank; O2's recompute never calls it. Ignored in eval mode,
+  // which uses the running statistics. nullptr: per-rank statistics.
+  BatchStatsReducer* bn_sync = nullptr;
 };
 
 enum class BufferRole : uint8_t { io, activation, saved, gradient };

@@ -93,4 +93,15 @@ void BatchNormKernel::backward(const Tensor& dx, const Tensor* dresidual, const 
   do_backward(dx, dresidual, dgamma, dbeta, dy, x, y, gamma, saved_mean, saved_invstd);
 }
 
+void BatchNormKernel::set_stats_reducer(BatchStatsReducer* r) {
+  do_set_stats_reducer(r);
+  reducer_ = r;
+}
+
+void BatchNormKernel::do_set_stats_reducer(BatchStatsReducer* r) {
+  if (r != nullptr)
+    RN_UNSUPPORTED() << desc_.str()
+                     << ": this backend has no synchronised batch norm (it cannot sum batch statistics over ranks)";
+}
+
 }  // namespace rn

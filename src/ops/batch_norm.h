@@ -13,13 +13,34 @@
 // itself (in place).
 // forward_recompute regenerates the y of an earlier forward_training bit for bit (memory
 // level O2 frees y after forward and rebuilds it just before backward needs it).
+//
+// Synchronised BN (data-parallel training, set_stats_reducer): with W ranks each holding
+// M_k values per channel, training uses the statistics of all M = sum M_k values:
+//   forward:  one reducer->sum() of [sum x (C), sum x^2 (C), M_k] (2C+1 doubles);
+//             mean = S / M, var = Q / M - mean^2 (biased); saved and running statistics get
+//             these global values (running_var with M / (M - 1));
+//   backward: one reducer->sum() of [sum g (C), sum g xhat (C), M_k]; dx uses the global
+//             sums and M; dgamma and dbeta still accumulate only this rank's sums (the
+//             gradient all-reduce combines them), dresidual = g as before.
+// With W ranks of batch B and gradients averaged over ranks, that equals one kernel on
+// batch W*B (each rank's loss being the mean over its own batch). forward_recompute never
+// communicates: it renormalises with the saved (global) statistics. Inference is unchanged.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "core/tensor.h"
 
 namespace rn {
+
+// Sums per-channel batch statistics over the ranks of a data-parallel job (synchronised
+// BN). Every rank calls sum() the same number of times in the same order.
+class BatchStatsReducer {
+ public:
+  virtual ~BatchStatsReducer() = default;
+  virtual void sum(double* values, int64_t n) = 0;  // in place, element-wise over all ranks
+};
 
 enum class BnFuse : uint8_t { none, relu, add_relu };
 std::string_view bn_fuse_name(BnFuse f);
@@ -52,7 +73,10 @@ class BatchNormKernel {
   // Rewrites exactly the y that forward_training wrote from the same x, residual, gamma and
   // beta, given the saved statistics it returned. Running statistics are not touched. The
   // batch statistics are computed again and must equal saved_mean/saved_invstd bit for bit;
-  // otherwise (changed inputs, a nondeterministic kernel) it throws rn::Error.
+  // otherwise (changed inputs, a nondeterministic kernel) it throws rn::Error. With a stats
+  // reducer it does not communicate: it normalises with saved_mean/saved_invstd, which must
+  // be those of the last forward_training, as must this rank's local sums of x (else
+  // rn::Error).
   void forward_recompute(const Tensor& y, const Tensor& x, const Tensor* residual, const Tensor& gamma,
                          const Tensor& beta, const Tensor& saved_mean, const Tensor& saved_invstd);
   // dresidual must be non-null iff fuse == add_relu (it receives dy * relu_mask).
@@ -60,7 +84,16 @@ class BatchNormKernel {
                 const Tensor& dy, const Tensor& x, const Tensor& y, const Tensor& gamma, const Tensor& saved_mean,
                 const Tensor& saved_invstd);
 
+  // Synchronised statistics in training (see the top of this file); nullptr (the default)
+  // means per-rank statistics. The reducer is not owned and must outlive its use. A backend
+  // that cannot synchronise throws rn::Unsupported saying why (and keeps the old setting).
+  void set_stats_reducer(BatchStatsReducer* r);
+  BatchStatsReducer* stats_reducer() const { return reducer_; }
+
  protected:
+  // Prepares the backend for `r` (nullptr: back to per-rank statistics). The default
+  // refuses any reducer, so a backend opts in by overriding it.
+  virtual void do_set_stats_reducer(BatchStatsReducer* r);
   virtual void do_forward_training(const Tensor& y, const Tensor& saved_mean, const Tensor& saved_invstd,
                                    const Tensor& x, const Tensor* residual, const Tensor& gamma, const Tensor& beta,
                                    const Tensor& running_mean, const Tensor& running_var) = 0;
@@ -72,6 +105,9 @@ class BatchNormKernel {
                            const Tensor& dy, const Tensor& x, const Tensor& y, const Tensor& gamma,
                            const Tensor& saved_mean, const Tensor& saved_invstd) = 0;
   BatchNormDesc desc_;
+
+ private:
+  BatchStatsReducer* reducer_ = nullptr;
 };
 
 }  // namespace rn

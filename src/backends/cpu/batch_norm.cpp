@@ -15,10 +15,15 @@
 //     scratch statistics are compared with the saved ones to prove it.
 //   backward: oneDNN wants the variance, recovered as 1/invstd^2 - eps; dgamma and dbeta are
 //     staged and then added (parameter gradients accumulate).
+//   synchronised (a stats reducer set): oneDNN cannot reduce its statistics over ranks, so
+//     training forward, recompute and backward run SyncBatchNorm's loops instead
+//     (batch_norm_sync.h); inference stays on oneDNN.
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <memory>
 
+#include "backends/cpu/batch_norm_sync.h"
 #include "backends/cpu/cpu_common.h"
 
 namespace rn::cpu {
@@ -33,6 +38,12 @@ class CpuBatchNorm final : public BatchNormKernel {
   CpuBatchNorm(const ContextPtr& ctx, const BatchNormDesc& d);
 
  protected:
+  void do_set_stats_reducer(BatchStatsReducer* r) override {
+    if (r == nullptr)
+      sync_.reset();
+    else if (!sync_)
+      sync_ = std::make_unique<SyncBatchNorm>(desc_);
+  }
   void do_forward_training(const Tensor& y, const Tensor& saved_mean, const Tensor& saved_invstd, const Tensor& x,
                            const Tensor* residual, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
                            const Tensor& running_var) override;
@@ -55,6 +66,7 @@ class CpuBatchNorm final : public BatchNormKernel {
   size_t var_at_ = 0, dscale_at_ = 0, dshift_at_ = 0, shift_at_ = 0;
   AddElementwise add_relu_;  // add_relu forward post-pass
   ReluMask relu_mask_;       // relu / add_relu backward pre-pass
+  std::unique_ptr<SyncBatchNorm> sync_;  // set iff a stats reducer is
 };
 
 CpuBatchNorm::CpuBatchNorm(const ContextPtr& ctx, const BatchNormDesc& d) : BatchNormKernel(d), ctx_(ctx) {
@@ -110,6 +122,11 @@ CpuBatchNorm::CpuBatchNorm(const ContextPtr& ctx, const BatchNormDesc& d) : Batc
 void CpuBatchNorm::do_forward_training(const Tensor& y, const Tensor& saved_mean, const Tensor& saved_invstd,
                                        const Tensor& x, const Tensor* residual, const Tensor& gamma, const Tensor& beta,
                                        const Tensor& running_mean, const Tensor& running_var) {
+  if (sync_) {
+    sync_->forward_training(*stats_reducer(), y, saved_mean, saved_invstd, x, residual, gamma, beta, running_mean,
+                            running_var);
+    return;
+  }
   const int64_t n = desc_.batch * desc_.h * desc_.w;
   RN_CHECK(n > 1) << desc_.str() << ": training needs more than one value per channel (N*H*W = " << n << ")";
   Context& c = *ctx_;
@@ -151,6 +168,10 @@ void CpuBatchNorm::do_forward_inference(const Tensor& y, const Tensor& x, const 
 
 void CpuBatchNorm::do_forward_recompute(const Tensor& y, const Tensor& x, const Tensor* residual, const Tensor& gamma,
                                         const Tensor& beta, const Tensor& saved_mean, const Tensor& saved_invstd) {
+  if (sync_) {
+    sync_->forward_recompute(y, x, residual, gamma, beta, saved_mean, saved_invstd);
+    return;
+  }
   Context& c = *ctx_;
   std::unordered_map<int, dnnl::memory> args = {{DNNL_ARG_SRC, wrap(c, data_md_, x.data)},
                                                 {DNNL_ARG_DST, wrap(c, data_md_, y.data)},
@@ -178,6 +199,10 @@ void CpuBatchNorm::do_forward_recompute(const Tensor& y, const Tensor& x, const 
 void CpuBatchNorm::do_backward(const Tensor& dx, const Tensor* dresidual, const Tensor& dgamma, const Tensor& dbeta,
                                const Tensor& dy, const Tensor& x, const Tensor& y, const Tensor& gamma,
                                const Tensor& saved_mean, const Tensor& saved_invstd) {
+  if (sync_) {
+    sync_->backward(*stats_reducer(), dx, dresidual, dgamma, dbeta, dy, x, y, gamma, saved_mean, saved_invstd);
+    return;
+  }
   Context& c = *ctx_;
   // The gradient reaching the batch norm itself: dy, or dy*(y>0) written into dresidual
   // (add_relu: that is dresidual's value too) or into dx (relu: then normalised in place).
