@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/memory_space.h"
+#include "ops/augment.h"
 #include "ops/batch_norm.h"
 #include "ops/conv2d.h"
 #include "ops/elementwise.h"
@@ -58,6 +59,10 @@ class Backend {
   }
   virtual std::unique_ptr<StepGraph> make_step_graph() {
     RN_UNSUPPORTED() << "backend '" << name() << "' cannot capture a step as a graph (sink mode needs CUDA)";
+  }
+  // The input pipeline's last step (ops/augment.h); host backends run it on the host.
+  virtual std::unique_ptr<CropFlipNormalizeKernel> make_crop_flip_normalize(const CropFlipNormalizeDesc& d) {
+    return make_host_crop_flip_normalize(d);
   }
   // One line for the log: the device and its mode.
   virtual std::string describe() const { return name(); }

@@ -93,5 +93,7 @@ std::unique_ptr<MaxPoolKernel> make_max_pool(const ContextPtr& ctx, const MaxPoo
 std::unique_ptr<GlobalAvgPoolKernel> make_global_avg_pool(const ContextPtr& ctx, const GlobalAvgPoolDesc& d);
 std::unique_ptr<SoftmaxCrossEntropyKernel> make_softmax_cross_entropy(const ContextPtr& ctx,
                                                                       const SoftmaxCrossEntropyDesc& d);
+std::unique_ptr<CropFlipNormalizeKernel> make_crop_flip_normalize(const ContextPtr& ctx,
+                                                                  const CropFlipNormalizeDesc& d);
 
 }  // namespace rn::cuda

@@ -56,6 +56,9 @@ class CudaBackend final : public Backend {
   std::unique_ptr<SoftmaxCrossEntropyKernel> make_softmax_cross_entropy(const SoftmaxCrossEntropyDesc& d) override {
     return cuda::make_softmax_cross_entropy(ctx_, d);
   }
+  std::unique_ptr<CropFlipNormalizeKernel> make_crop_flip_normalize(const CropFlipNormalizeDesc& d) override {
+    return cuda::make_crop_flip_normalize(ctx_, d);
+  }
   std::unique_ptr<FusedStepKernel> make_fused_step(const FusedStepDesc& d) override {
     return cuda::make_fused_step(ctx_, d);
   }
