@@ -4,6 +4,8 @@
 #include <cstring>
 #include <numeric>
 
+#include "train/batch_feeder.h"
+
 namespace rn {
 
 void copy_batch(Plan& plan, const Batch& batch) {
@@ -34,9 +36,10 @@ EvalResult Evaluator::run(DataLoader& loader, int64_t epoch, std::vector<Predict
   double loss_sum = 0;
   int64_t top1 = 0, top5 = 0;
   loader.start_epoch(epoch);
+  BatchFeeder feeder(loader.options().mean, loader.options().std);
   while (const Batch* b = loader.next()) {
     Plan& plan = plan_for(b->size);
-    copy_batch(plan, *b);
+    feeder.feed(plan, *b);
     plan.forward();
     loss_sum += static_cast<double>(plan.loss()) * static_cast<double>(b->size);
     const Tensor probs_view = plan.probs();

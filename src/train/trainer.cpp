@@ -15,6 +15,7 @@
 #include "model/zoo.h"
 #include "prof/pipeline.h"
 #include "prof/trace.h"
+#include "train/batch_feeder.h"
 #include "train/checkpoint.h"
 #include "train/checkpoint_file.h"
 #include "train/data_setup.h"
@@ -152,7 +153,11 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
   const Layout layout = backend->preferred_layout();
   std::shared_ptr<TraceRecorder> trace = cfg.run.trace ? std::make_shared<TraceRecorder>() : nullptr;
   if (trace) trace->name_thread("trainer");
-  Loaders loaders = make_loaders(cfg, policy.activation_dtype, layout, trace);
+  // On a GPU, image batches come as u8 and are normalised there (train/batch_feeder.h).
+  const DType loader_dtype =
+      loader_dtype_for(cfg.data.dataset == DatasetKind::imagefolder, policy.activation_dtype, *backend);
+  Loaders loaders = make_loaders(cfg, loader_dtype, layout, trace);
+  BatchFeeder feeder(loaders.train->options().mean, loaders.train->options().std);
   DataLoader& train_loader = *loaders.train;
   DataLoader& val_loader = *loaders.val;
   const int64_t steps_per_epoch = train_loader.batches_per_epoch();
@@ -264,7 +269,7 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
       RN_CHECK(b->size == po.batch) << "partial training batch of " << b->size << " (data.drop_last=false is not "
                                     << "supported for training yet)";
       const double copy_us = trace_now_us();
-      copy_batch(*plan, *b);
+      feeder.feed(*plan, *b);
       const double step_us = trace_now_us();
       const double lr = schedule.lr(st.step);
       step->run(lr);
