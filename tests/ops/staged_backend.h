@@ -247,6 +247,22 @@ class Loss final : public SoftmaxCrossEntropyKernel {
   std::unique_ptr<SoftmaxCrossEntropyKernel> k_;
 };
 
+class CropFlipNormalize final : public CropFlipNormalizeKernel {
+ public:
+  CropFlipNormalize(Backend& b, std::unique_ptr<CropFlipNormalizeKernel> k)
+      : CropFlipNormalizeKernel(k->desc()), b_(b), k_(std::move(k)) {}
+
+ protected:
+  void do_forward(const Tensor& y, const Tensor& x, const Tensor& crops) override {
+    Staging s(b_);
+    k_->forward(s(y), s(x), s(crops));
+  }
+
+ private:
+  Backend& b_;
+  std::unique_ptr<CropFlipNormalizeKernel> k_;
+};
+
 // The wrapper backend: kernels of `device` that take host tensors.
 class StagedBackend final : public Backend {
  public:
@@ -281,6 +297,9 @@ class StagedBackend final : public Backend {
   }
   std::unique_ptr<SoftmaxCrossEntropyKernel> make_softmax_cross_entropy(const SoftmaxCrossEntropyDesc& d) override {
     return std::make_unique<Loss>(*d_, d_->make_softmax_cross_entropy(d));
+  }
+  std::unique_ptr<CropFlipNormalizeKernel> make_crop_flip_normalize(const CropFlipNormalizeDesc& d) override {
+    return std::make_unique<CropFlipNormalize>(*d_, d_->make_crop_flip_normalize(d));
   }
   void synchronize() override { d_->synchronize(); }
 

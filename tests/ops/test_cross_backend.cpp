@@ -107,10 +107,13 @@ struct LinearCase {
 struct LossCase {
   SoftmaxCrossEntropyDesc d;
 };
+struct CropFlipNormalizeCase {
+  CropFlipNormalizeDesc d;
+};
 using OpCase = std::variant<ConvCase, BatchNormCase, ReluCase, AddCase, CastCase, MaxPoolCase, GlobalAvgPoolCase,
-                            LinearCase, LossCase>;
+                            LinearCase, LossCase, CropFlipNormalizeCase>;
 // A new op family means a new alternative, a runner and cases; this count is a reminder.
-static_assert(std::variant_size_v<OpCase> == 9, "add the new op's runner and cases to the harness");
+static_assert(std::variant_size_v<OpCase> == 10, "add the new op's runner and cases to the harness");
 
 struct Case {
   std::string name;
@@ -250,6 +253,16 @@ std::vector<Case> cases(bool with_f16 = false) {
     all.push_back({"cast_" + std::string(dtype_name(src)) + "_to_" + std::string(dtype_name(dst)), CastCase{d}, half,
                    /*exact=*/true});
   }
+  // crop_flip_normalize: the same arithmetic everywhere, so every output must match exactly.
+  for (DType t : dtypes)
+    for (Layout l : layouts) {
+      CropFlipNormalizeDesc d;
+      d.batch = 4, d.channels = 3, d.src_h = 13, d.src_w = 11, d.out_h = 9, d.out_w = 10;
+      d.mean = {0.485f, 0.456f, 0.406f}, d.std = {0.229f, 0.224f, 0.225f};
+      d.dtype = t, d.layout = l;
+      all.push_back({"crop_flip_normalize_n4_13x11_to_9x10" + suffix(l, t), CropFlipNormalizeCase{d}, t,
+                     /*exact=*/true});
+    }
   for (const auto& [n, k, smoothing] : {std::tuple{8, 10, 0.0f}, std::tuple{8, 10, 0.1f}, std::tuple{1, 1000, 0.1f}}) {
     SoftmaxCrossEntropyDesc d;
     d.batch = n, d.classes = k, d.label_smoothing = smoothing;
@@ -621,6 +634,23 @@ void run(const LossCase& c, DType, Backends b, Rng& rng, Results& out) {
   kr->backward(dlogits.ref, probs_in.ref, labels, grad_scale);
   kd->backward(dlogits.dut, probs_in.dut, labels, grad_scale);
   compare(out, "dlogits", dlogits);
+}
+
+// Random pixels; crops inside, overlapping the border (zero padding) and flipped.
+void run(const CropFlipNormalizeCase& c, DType t, Backends b, Rng& rng, Results& out) {
+  const CropFlipNormalizeDesc& d = c.d;
+  auto kr = b.ref.make_crop_flip_normalize(d);
+  auto kd = b.dut.make_crop_flip_normalize(d);
+  HostTensor x({d.x_shape().numel()}, DType::u8), crops({d.batch, 3}, DType::i32);
+  for (int64_t i = 0; i < x.numel(); ++i) x.ptr<uint8_t>()[i] = static_cast<uint8_t>(rng.below(256));
+  const int32_t placements[4][3] = {{0, 0, 0}, {2, 1, 1}, {-2, 3, 0}, {5, -1, 1}};
+  for (int64_t n = 0; n < d.batch; ++n)
+    for (int k = 0; k < 3; ++k) crops.ptr<int32_t>()[n * 3 + k] = placements[n % 4][k];
+  Twin y = nan_twin(d.y_shape(), t, d.layout);
+  HostTensor yr(d.y_shape(), t, d.layout);
+  kr->forward(yr, x, crops);
+  kd->forward(y.dut, x, crops);
+  out.push_back({"y", t, as_f32(yr.view()), as_f32(y.dut.view())});
 }
 
 // ---------------------------------------------------------------------------------------
