@@ -80,8 +80,15 @@ bool TrainStep::run(double lr) {
       fused_->set_lr_table(table);
       window_end_ = next_step_ + sink_size_;
     }
-    if (!graph_->captured()) graph_->capture([this] { queue_device_step(-1.0f); });
-    graph_->replay();
+    if (!warmed_up_) {
+      // The first step runs eagerly (libraries finish their lazy set-up outside the
+      // capture), taking its rate from the table like every replay.
+      queue_device_step(-1.0f);
+      warmed_up_ = true;
+    } else {
+      if (!graph_->captured()) graph_->capture([this] { queue_device_step(-1.0f); });
+      graph_->replay();
+    }
     ++next_step_;
     return true;
   }

@@ -10,8 +10,9 @@
 // the Optimizer, LossScaler and Model (logging every loss-scale change as the host scaler
 // does), for logs and checkpoints.
 //
-// Sink mode (device only, sink_size > 0): the first step is captured as one graph (zero
-// gradients, forward, backward, fused update) and every step replays it; the learning rate
+// Sink mode (device only, sink_size > 0): the first step runs eagerly, the second is
+// captured as one graph (zero gradients, forward, backward, fused update) and every later
+// step replays it; the learning rate
 // comes from a device table of the next sink_size rates, uploaded every sink_size steps,
 // which is the only host synchronisation. Eager and sink modes queue the same kernels in
 // the same order, so they give the same results.
@@ -58,6 +59,7 @@ class TrainStep {
   std::function<double(int64_t)> lr_at_;
   int64_t next_step_ = 0;  // sink mode: global step of the next run()
   int64_t window_end_ = -1;
+  bool warmed_up_ = false;
 };
 
 // Rounds every master weight to the nearest `half` value (precision O3).

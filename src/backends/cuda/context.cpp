@@ -117,9 +117,11 @@ void Context::reserve(size_t bytes) {
 void Context::synchronize() {
   RN_CUDA_CHECK(cudaStreamSynchronize(stream_));
   int flags[1] = {0};
-  RN_CUDA_CHECK(cudaMemcpy(flags, flags_.data(), sizeof(flags), cudaMemcpyDeviceToHost));
+  RN_CUDA_CHECK(cudaMemcpyAsync(flags, flags_.data(), sizeof(flags), cudaMemcpyDeviceToHost, stream_));
+  RN_CUDA_CHECK(cudaStreamSynchronize(stream_));
   if (flags[0] != 0) {
-    RN_CUDA_CHECK(cudaMemset(flags_.data(), 0, sizeof(int)));
+    RN_CUDA_CHECK(cudaMemsetAsync(flags_.data(), 0, sizeof(int), stream_));
+    RN_CUDA_CHECK(cudaStreamSynchronize(stream_));
     RN_FAIL() << "cuda backend: softmax_cross_entropy: the label of sample " << flags[0] - 1
               << " is outside [0, classes)";
   }
