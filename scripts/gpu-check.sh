@@ -106,7 +106,7 @@ section "golden parity on cuda (fp32, fp16, bf16)"
 section "short training: eager vs sink (resnet20, synthetic, O2 fp16, high_precision)"
 train_set=(--set model.name=resnet20 --set model.in_channels=3 --set model.num_classes=10
   --set model.image_size=[32,32] --set data.dataset=synthetic --set data.train_subset=2560
-  --set data.val_subset=256 --set data.batch_size=64 --set data.mean=[0.5] --set data.std=[0.25]
+  --set data.val_subset=256 --set data.batch_size=64 --set data.mean=[0.5,0.5,0.5] --set data.std=[0.25,0.25,0.25]
   --set schedule.epochs=1 --set precision.level=O2 --set precision.half_dtype=fp16
   --set run.device=cuda --set run.implementation_mode=high_precision --set run.log_interval_steps=10
   --set run.checkpoint.keep_best=false)

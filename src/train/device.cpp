@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "core/log.h"
+
 namespace rn {
 
 std::unique_ptr<Backend> make_backend_for(DeviceChoice choice, const BackendOptions& options) {
@@ -15,8 +17,10 @@ std::unique_ptr<Backend> make_backend_for(DeviceChoice choice, const BackendOpti
       if (std::find(names.begin(), names.end(), "cuda") != names.end()) {
         try {
           return make_backend("cuda", options);
-        } catch (const Error&) {
-          // no usable GPU in this process: fall through to the CPU, which the log says
+        } catch (const Error& e) {
+          // No usable GPU in this process: the CPU, saying why (debug: a CPU-only machine
+          // is the common case, not a problem).
+          RN_LOG_DEBUG("device auto: the CUDA backend is built but cannot start ({}); using the CPU", e.what());
         }
       }
       return make_backend("cpu");
