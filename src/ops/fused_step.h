@@ -16,6 +16,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "core/tensor.h"
@@ -78,5 +79,14 @@ class StepGraph {
   // Queues one replay.
   virtual void replay() = 0;
 };
+
+}  // namespace rn
+
+namespace rn {
+
+// The fused step on the host, in plain loops over the same arithmetic: the reference the
+// device kernels follow, and what a test double of a device backend runs. Its loss scale
+// tensor lives in host memory.
+std::unique_ptr<FusedStepKernel> make_host_fused_step(const FusedStepDesc& d);
 
 }  // namespace rn
