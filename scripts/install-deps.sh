@@ -13,6 +13,8 @@ packages=(
   libturbojpeg0-dev libjpeg62-turbo-dev libpng-dev  # image decode
   libgtest-dev libgmock-dev libbenchmark-dev       # tests and micro-benchmarks
   clang libclang-rt-14-dev          # libFuzzer targets (scripts/fuzz.sh)
+  libopenmpi-dev openmpi-bin        # data-parallel training across processes (src/dist)
+  iproute2                          # ip netns: the two-host distributed test
   dataset-fashion-mnist             # the default training data
   python3-torch python3-torchvision # golden data and PyTorch comparisons (/usr/bin/python3)
 )

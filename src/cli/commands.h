@@ -16,5 +16,6 @@ Runner add_eval_command(CLI::App& app);
 Runner add_export_command(CLI::App& app);
 Runner add_pack_command(CLI::App& app);
 Runner add_tune_command(CLI::App& app);
+Runner add_launch_command(CLI::App& app);
 
 }  // namespace rn::cli

@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "cli/format.h"
 #include "core/check.h"
+#include "dist/grad_buckets.h"
 #include "model/model.h"
 #include "model/plan.h"
 #include "model/stats.h"
@@ -25,7 +26,38 @@ struct InfoArgs {
   int64_t classes = 1000;
   std::string dtype = "fp32";
   std::string device = "cpu";
+  bool params = false;
+  int64_t fusion_threshold = 0;
 };
+
+// The parameter table in gradient-production order (the indices dist.bucket_boundaries
+// takes) and, with a fusion threshold, the gradient buckets it makes.
+void print_params(const Model& model, int64_t fusion_threshold) {
+  const ParamTable& t = model.params();
+  std::vector<int> bucket_of(t.params.size(), -1);
+  std::vector<GradBucket> buckets;
+  if (fusion_threshold > 0) {
+    std::vector<GradRange> ranges;
+    for (const ParamView& v : t.params) ranges.push_back({v.offset, v.numel});
+    buckets = make_grad_buckets(ranges, fusion_threshold);
+    for (size_t b = 0; b < buckets.size(); ++b)
+      for (int p = buckets[b].first; p <= buckets[b].last; ++p) bucket_of[static_cast<size_t>(p)] = static_cast<int>(b);
+  }
+  fmt::print("\nParameters in gradient-production order (backward writes index 0 first):\n");
+  fmt::print("  {:>5} {:<40} {:<18} {:>10} {:>10}{}\n", "index", "name", "shape", "elements", "offset",
+             buckets.empty() ? "" : "  bucket");
+  for (size_t i = 0; i < t.params.size(); ++i) {
+    const ParamView& v = t.params[i];
+    fmt::print("  {:>5} {:<40} {:<18} {:>10} {:>10}{}\n", i, v.name, v.shape.str(), v.numel, v.offset,
+               buckets.empty() ? "" : fmt::format("  {}", bucket_of[i] + 1));
+  }
+  if (!buckets.empty()) {
+    fmt::print("{} gradient buckets at dist.fusion_threshold {} bytes:\n", buckets.size(), fusion_threshold);
+    for (size_t b = 0; b < buckets.size(); ++b)
+      fmt::print("  bucket {:>3}: parameters {:>3}..{:<3} {:>10}\n", b + 1, buckets[b].first, buckets[b].last,
+                 human_bytes(static_cast<double>(buckets[b].bytes())));
+  }
+}
 
 int run_info(const InfoArgs& a) {
   ModelOptions o;
@@ -41,6 +73,7 @@ int run_info(const InfoArgs& a) {
   fmt::print("forward MACs     {} ({:.2f} GMACs per image)\n", with_commas(st.macs), st.macs / 1e9);
   fmt::print("training FLOPs   {:.2f} GFLOPs per image (forward + backward ~ 3x forward, 2 FLOPs per MAC)\n",
              6.0 * st.macs / 1e9);
+  if (a.params || a.fusion_threshold > 0) print_params(model, a.fusion_threshold);
   // A backend makes the kernels, so that the shared workspace is known; its arena pages are
   // never touched, so planning costs no memory.
   std::unique_ptr<Backend> backend;
@@ -91,6 +124,9 @@ Runner add_info_command(CLI::App& app) {
   cmd->add_option("--device", args->device,
                   "Backend whose kernels size the workspace (cpu, ref, auto), or none for a dry plan")
       ->capture_default_str();
+  cmd->add_flag("--params", args->params, "Also list the parameters in gradient-production order");
+  cmd->add_option("--fusion-threshold", args->fusion_threshold,
+                  "With --params: the gradient buckets this dist.fusion_threshold (bytes) makes");
   return [cmd, args]() -> int { return cmd->parsed() ? run_info(*args) : -1; };
 }
 

@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   runners.push_back(rn::cli::add_export_command(app));
   runners.push_back(rn::cli::add_pack_command(app));
   runners.push_back(rn::cli::add_tune_command(app));
+  runners.push_back(rn::cli::add_launch_command(app));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

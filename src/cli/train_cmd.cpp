@@ -12,6 +12,7 @@
 #include "data/idx_dataset.h"
 #include "data/loader.h"
 #include "data/transform.h"
+#include "dist/world.h"
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "model/zoo.h"
@@ -57,6 +58,9 @@ int run_train(const TrainArgs& a) {
   if (!a.resume.empty()) o.resume_overrides = a.sets;
   o.max_steps = a.max_steps;
   const TrainResult r = train(cfg, o);
+  const bool writer = !current_world() || current_world()->writer();
+  shutdown_world();  // every rank leaves MPI together
+  if (!writer) return r.interrupted ? 130 : 0;
   if (r.final_eval.samples > 0)
     fmt::print("final: top-1 {:.2f}%, top-5 {:.2f}%, loss {:.4f}; best top-1 {:.2f}%; {} steps in {:.1f} s; run {}\n",
                100 * r.final_eval.top1, 100 * r.final_eval.top5, r.final_eval.loss, 100 * r.best_top1, r.steps,

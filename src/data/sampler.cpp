@@ -40,7 +40,11 @@ std::vector<int64_t> epoch_indices(int64_t size, uint64_t seed, int64_t epoch, b
   shard_range(size, shard, &begin, &end);
   std::vector<int64_t> order = epoch_permutation(size, seed, epoch, shuffle);
   if (begin == 0 && end == size) return order;
-  return std::vector<int64_t>(order.begin() + begin, order.begin() + end);
+  if (!shard.equal) return std::vector<int64_t>(order.begin() + begin, order.begin() + end);
+  std::vector<int64_t> mine(static_cast<size_t>(end - begin));
+  for (int64_t i = 0; i < end - begin; ++i)
+    mine[static_cast<size_t>(i)] = order[static_cast<size_t>(i * shard.world_size + shard.rank)];
+  return mine;
 }
 
 }  // namespace rn

@@ -78,7 +78,12 @@ void Plan::add_step(std::string name, std::initializer_list<int> reads, std::ini
     if (b.first < 0) b.first = index;
     b.last = std::max(b.last, index);
   }
-  steps_.push_back({std::move(name), std::move(run)});
+  steps_.push_back({std::move(name), std::move(run), {}});
+}
+
+void Plan::mark_finishes(int weight, int bias) {
+  for (int p : {weight, bias})
+    if (p >= 0) steps_.back().finishes.push_back(p);
 }
 
 Tensor Plan::weight(int param_index) const {
@@ -324,6 +329,7 @@ void Plan::emit_backward(int id) {
       Tensor db = s.bias >= 0 ? model_.compute_grad(s.bias) : Tensor{};
       conv->backward_weights(model_.compute_grad(s.weight), s.bias >= 0 ? &db : nullptr, view(dy), view(x));
     });
+    mark_finishes(s.weight, s.bias);
     if (need_dx) {
       const int dx = grad_target(xv, dt);
       add_step("bwd_data " + n.name, {dy}, {dx},
@@ -336,6 +342,7 @@ void Plan::emit_backward(int id) {
       Tensor db = s.bias >= 0 ? model_.compute_grad(s.bias) : Tensor{};
       lin->backward_weights(model_.compute_grad(s.weight), s.bias >= 0 ? &db : nullptr, view(dy), view(x));
     });
+    mark_finishes(s.weight, s.bias);
     if (need_dx) {
       const int dx = grad_target(xv, dt);
       add_step("bwd_data " + n.name, {dy}, {dx},
@@ -362,6 +369,7 @@ void Plan::emit_backward(int id) {
       add_step("bwd " + n.name, {dy, x, y, sm, si}, {dx, dr}, run);
     else
       add_step("bwd " + n.name, {dy, x, y, sm, si}, {dx}, run);
+    mark_finishes(s.weight, s.bias);
     finish_contribution(xv, dx);
     if (dr >= 0) finish_contribution(rv, dr);
   } else if (attrs_if<ReluAttrs>(n)) {
@@ -437,15 +445,16 @@ int Plan::for_backward(int b) {
 }
 
 void Plan::run_steps(size_t begin, size_t end) {
-  if (!profiling_) {
-    for (size_t i = begin; i < end; ++i) steps_[i].run();
-    return;
-  }
   for (size_t i = begin; i < end; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    steps_[i].run();
-    backend_->synchronize();
-    step_seconds_[i] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!profiling_) {
+      steps_[i].run();
+    } else {
+      const auto t0 = std::chrono::steady_clock::now();
+      steps_[i].run();
+      backend_->synchronize();
+      step_seconds_[i] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    if (grad_ready_ && !steps_[i].finishes.empty()) grad_ready_(steps_[i].finishes);
   }
 }
 

@@ -127,6 +127,13 @@ class Plan {
   // Step names in program order ("fwd layer1.0.conv1", "bwd_data fc", ...).
   std::vector<std::string> step_names() const;
 
+  // Called after each backward step that finishes parameter gradients, with their indices
+  // into model().params().params (gradient-production order). Data-parallel training starts
+  // a gradient bucket's all-reduce there, overlapping the rest of backward. Runs on the
+  // thread that runs backward(); nullptr: none.
+  using GradReadyFn = std::function<void(const std::vector<int>& params)>;
+  void set_grad_ready(GradReadyFn fn) { grad_ready_ = std::move(fn); }
+
   // Per-step wall time, accumulated over runs while profiling is on (seconds, program order).
   void set_profiling(bool on);
   const std::vector<double>& step_seconds() const { return step_seconds_; }
@@ -141,7 +148,11 @@ class Plan {
   struct Step {
     std::string name;
     std::function<void()> run;
+    std::vector<int> finishes;  // parameters whose gradients are final after this step
   };
+  // Marks the last step added as the one that finishes node slots' weight and bias gradients.
+  void mark_finishes(int weight, int bias);
+  GradReadyFn grad_ready_;
 
   int add_buffer(const std::string& name, Shape shape, DType dtype, Layout layout, BufferRole role,
                  bool persistent = false);

@@ -30,6 +30,19 @@ void TraceRecorder::complete(std::string name, std::string category, double star
   events_.push_back(Event{std::move(name), std::move(category), start_us, dur_us, tid_locked(), std::move(args)});
 }
 
+void TraceRecorder::complete_on_track(const std::string& track, std::string name, std::string category,
+                                      double start_us, double dur_us,
+                                      std::vector<std::pair<std::string, double>> args) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = track_tids_.find(track);
+  if (it == track_tids_.end()) {
+    const int tid = 1000 + static_cast<int>(track_tids_.size());  // apart from the threads' 1, 2, ...
+    it = track_tids_.emplace(track, tid).first;
+    thread_names_.emplace_back(tid, track);
+  }
+  events_.push_back(Event{std::move(name), std::move(category), start_us, dur_us, it->second, std::move(args)});
+}
+
 void TraceRecorder::name_thread(const std::string& name) {
   std::lock_guard<std::mutex> lock(mu_);
   thread_names_.emplace_back(tid_locked(), name);

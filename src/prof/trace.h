@@ -31,6 +31,10 @@ class TraceRecorder {
   // An event on the calling thread.
   void complete(std::string name, std::string category, double start_us, double dur_us,
                 std::vector<std::pair<std::string, double>> args = {});
+  // An event on a named track of its own (work measured elsewhere, such as a gradient
+  // bucket's all-reduce on the communication thread).
+  void complete_on_track(const std::string& track, std::string name, std::string category, double start_us,
+                         double dur_us, std::vector<std::pair<std::string, double>> args = {});
   // Names the calling thread in the viewer ("loader worker 0", "trainer").
   void name_thread(const std::string& name);
 
@@ -45,6 +49,7 @@ class TraceRecorder {
   mutable std::mutex mu_;
   std::vector<Event> events_;
   std::unordered_map<std::thread::id, int> tids_;
+  std::unordered_map<std::string, int> track_tids_;
   std::vector<std::pair<int, std::string>> thread_names_;
 };
 

@@ -33,6 +33,9 @@ struct TrainState {
   int64_t step = 0;            // global optimizer steps done
   int64_t batch_in_epoch = 0;  // batches of `epoch` already consumed
   double best_top1 = -1;       // best validation top-1 so far; -1: none yet
+  // Samples per optimizer step over all ranks (data.batch_size x world size); 0 in
+  // checkpoints written before it was recorded (then: data.batch_size, one rank).
+  int64_t global_batch = 0;
   std::array<uint64_t, 4> rng{};
   LossScaler::State scaler;
   std::string config_yaml;  // the resolved config, for checking a resume

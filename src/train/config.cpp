@@ -217,20 +217,21 @@ struct Codec<E> {
   static YAML::Node encode(E v) { return YAML::Node(std::string(name_of(v))); }
 };
 
-// A list of floats; a single scalar is read as a one-element list.
-template <>
-struct Codec<std::vector<double>> {
-  static std::string type() { return "list of float"; }
-  static bool decode(const YAML::Node& n, std::vector<double>& out) {
-    std::vector<double> v;
+// A list of floats or ints; a single scalar is read as a one-element list.
+template <class T>
+requires std::is_arithmetic_v<T>
+struct Codec<std::vector<T>> {
+  static std::string type() { return "list of " + Codec<T>::type(); }
+  static bool decode(const YAML::Node& n, std::vector<T>& out) {
+    std::vector<T> v;
     if (n.IsScalar()) {
-      double x;
-      if (!Codec<double>::decode(n, x)) return false;
+      T x;
+      if (!Codec<T>::decode(n, x)) return false;
       v.push_back(x);
     } else if (n.IsSequence()) {
       for (const YAML::Node& item : n) {
-        double x;
-        if (!Codec<double>::decode(item, x)) return false;
+        T x;
+        if (!Codec<T>::decode(item, x)) return false;
         v.push_back(x);
       }
     } else {
@@ -239,9 +240,9 @@ struct Codec<std::vector<double>> {
     out = std::move(v);
     return true;
   }
-  static YAML::Node encode(const std::vector<double>& v) {
+  static YAML::Node encode(const std::vector<T>& v) {
     YAML::Node n(YAML::NodeType::Sequence);
-    for (double x : v) n.push_back(Codec<double>::encode(x));
+    for (T x : v) n.push_back(Codec<T>::encode(x));
     n.SetStyle(YAML::EmitterStyle::Flow);
     return n;
   }
@@ -280,6 +281,7 @@ std::vector<double> numbers_in(const std::string&) { return {}; }
 template <class E>
 requires std::is_enum_v<E> std::vector<double> numbers_in(E) { return {}; }
 std::vector<double> numbers_in(const std::vector<double>& v) { return v; }
+std::vector<double> numbers_in(const std::vector<int64_t>& v) { return {v.begin(), v.end()}; }
 std::vector<double> numbers_in(const std::array<int64_t, 2>& v) {
   return {static_cast<double>(v[0]), static_cast<double>(v[1])};
 }
@@ -491,6 +493,26 @@ std::vector<Field> build_fields() {
   f.push_back(RN_CONFIG_FIELD(memory.schedule,
                               "switch levels at epoch boundaries: 'EPOCH:LEVEL, ...', each from that many completed "
                               "epochs on ('60:O2': memory.level for 60 epochs, then O2); empty: no switch"));
+  // dist
+  f.push_back(RN_CONFIG_FIELD(dist.fusion_threshold,
+                              "data-parallel: gradient bucket size in bytes; each bucket's all-reduce starts as soon "
+                              "as backward has written it",
+                              at_least(1)));
+  f.push_back(RN_CONFIG_FIELD(dist.bucket_boundaries,
+                              "data-parallel: explicit bucket starts by parameter index (gradient-production order, "
+                              "as `resnet info --params` lists them) instead of fusion_threshold; empty: use the "
+                              "threshold",
+                              at_least(1)));
+  f.push_back(RN_CONFIG_FIELD(dist.sync_bn,
+                              "data-parallel: batch-norm statistics over the global batch (one all-reduce per BN "
+                              "layer in forward and in backward) instead of per rank"));
+  f.push_back(RN_CONFIG_FIELD(dist.timeout_s,
+                              "data-parallel: a collective that waits this long, or a rank silent this long, ends "
+                              "the job with a message naming the rank and what it was doing",
+                              above(0)));
+  f.push_back(RN_CONFIG_FIELD(dist.rank_table,
+                              "data-parallel: JSON file mapping ranks to hosts, devices and the network interface "
+                              "(docs/distributed.md); empty: the launcher's placement"));
   return f;
 }
 

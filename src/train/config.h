@@ -181,6 +181,17 @@ std::vector<MemorySwitch> parse_memory_schedule(const std::string& text);
 // The level for 0-based epoch `epoch` (the number of epochs completed before it).
 MemoryLevel memory_level_at_epoch(const MemoryConfig& memory, int64_t epoch);
 
+// Data-parallel training (docs/distributed.md). Only used when an MPI launcher starts
+// more than one rank.
+struct DistConfig {
+  int64_t fusion_threshold = 4 << 20;       // bytes per gradient bucket
+  std::vector<int64_t> bucket_boundaries;   // explicit bucket starts (parameter indices)
+  bool sync_bn = false;
+  double timeout_s = 300;
+  std::string rank_table;
+  bool operator==(const DistConfig&) const = default;
+};
+
 struct Config {
   ModelConfig model;
   DataConfig data;
@@ -190,6 +201,7 @@ struct Config {
   PrecisionConfig precision;
   RunConfig run;
   MemoryConfig memory;
+  DistConfig dist;
 
   // Throws rn::Error naming the first key that is out of range or inconsistent with another.
   void validate() const;

@@ -137,10 +137,13 @@ DataLoaderOptions loader_options(const Config& cfg, DType dtype, Layout layout) 
   return lo;
 }
 
-Loaders make_loaders(const Config& cfg, DType dtype, Layout layout, std::shared_ptr<TraceRecorder> trace) {
+Loaders make_loaders(const Config& cfg, DType dtype, Layout layout, std::shared_ptr<TraceRecorder> trace,
+                     ShardSpec shard) {
   const DataConfig& d = cfg.data;
   DataLoaderOptions lo = loader_options(cfg, dtype, layout);
   lo.trace = std::move(trace);
+  lo.shard = shard;
+  lo.shard.equal = true;
   Loaders loaders;
   switch (d.dataset) {
     case DatasetKind::fashion_mnist:

@@ -38,7 +38,10 @@ struct Loaders {
 // Loaders for training (shuffled, augmented, drop_last as configured) and validation (in
 // order, every sample). Batches come in `dtype` and `layout`. Checks that the data fit the
 // model (channels, size, classes).
-Loaders make_loaders(const Config& cfg, DType dtype, Layout layout, std::shared_ptr<TraceRecorder> trace = nullptr);
+// `shard`: this rank's part of a data-parallel job (training: dealt out, see data/sampler.h;
+// validation: a contiguous slice, every sample on exactly one rank).
+Loaders make_loaders(const Config& cfg, DType dtype, Layout layout, std::shared_ptr<TraceRecorder> trace = nullptr,
+                     ShardSpec shard = {});
 // The validation loader alone (resnet eval).
 std::unique_ptr<DataLoader> make_val_loader(const Config& cfg, DType dtype, Layout layout);
 

@@ -31,7 +31,8 @@ Plan& Evaluator::plan_for(int64_t batch) {
   return *plans_.back();
 }
 
-EvalResult Evaluator::run(DataLoader& loader, int64_t epoch, std::vector<Prediction>* predictions) {
+EvalResult Evaluator::run(DataLoader& loader, int64_t epoch, std::vector<Prediction>* predictions,
+                          Communicator* comm) {
   EvalResult r;
   double loss_sum = 0;
   int64_t top1 = 0, top5 = 0;
@@ -69,6 +70,14 @@ EvalResult Evaluator::run(DataLoader& loader, int64_t epoch, std::vector<Predict
       }
     }
     r.samples += b->size;
+  }
+  if (comm && comm->size() > 1) {
+    double sums[4] = {loss_sum, static_cast<double>(top1), static_cast<double>(top5), static_cast<double>(r.samples)};
+    comm->all_reduce(sums, 4, ReduceOp::sum, "evaluation sums");
+    loss_sum = sums[0];
+    top1 = static_cast<int64_t>(sums[1]);
+    top5 = static_cast<int64_t>(sums[2]);
+    r.samples = static_cast<int64_t>(sums[3]);
   }
   RN_CHECK(r.samples > 0) << "evaluation saw no samples";
   r.loss = loss_sum / static_cast<double>(r.samples);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "data/loader.h"
+#include "dist/communicator.h"
 #include "model/plan.h"
 #include "train/trainer.h"
 
@@ -24,7 +25,10 @@ class Evaluator {
  public:
   // Eval plans are made for the loader's batch size, and lazily for a partial last batch.
   Evaluator(Model& model, Backend& backend, const PlanOptions& base);
-  EvalResult run(DataLoader& loader, int64_t epoch, std::vector<Prediction>* predictions = nullptr);
+  // With `comm`, each rank evaluates its slice of the set and the sums are all-reduced, so
+  // every rank returns the figures of the whole set (predictions stay this rank's).
+  EvalResult run(DataLoader& loader, int64_t epoch, std::vector<Prediction>* predictions = nullptr,
+                 Communicator* comm = nullptr);
 
  private:
   Plan& plan_for(int64_t batch);

@@ -69,7 +69,9 @@ void add_extra(MetricsRecord& record, const std::map<std::string, double>& extra
 
 }  // namespace
 
-MetricsLog::MetricsLog(const std::string& run_dir) : path_((fs::path(run_dir) / kFileName).string()) {
+MetricsLog::MetricsLog(const std::string& run_dir, bool write) : path_((fs::path(run_dir) / kFileName).string()) {
+  start_ = std::chrono::steady_clock::now();
+  if (!write) return;
   time_offset_ = repair_and_last_time(path_);
   file_ = std::fopen(path_.c_str(), "a");
   RN_CHECK(file_ != nullptr) << "cannot open '" << path_ << "' for appending: " << std::strerror(errno);
@@ -119,6 +121,7 @@ void MetricsLog::log_eval(const EvalMetrics& m) {
 
 void MetricsLog::append(const MetricsRecord& record) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (!file_) return;
   nlohmann::ordered_json line = record.fields();
   line["time"] = std::round(elapsed_seconds() * 1000) / 1000;  // milliseconds are enough
   std::string text = line.dump() + "\n";                       // non-finite numbers become null

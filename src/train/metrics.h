@@ -98,7 +98,8 @@ class MetricsLog {
   // Opens RUN_DIR/metrics.jsonl for appending (creating it, not the folder). A resumed run
   // continues the file: a torn last line left by a killed run is cut off first (with a
   // warning), and "time" continues from the last record's.
-  explicit MetricsLog(const std::string& run_dir);
+  // write = false (the ranks of a data-parallel job other than 0): records go nowhere.
+  explicit MetricsLog(const std::string& run_dir, bool write = true);
   ~MetricsLog();
   MetricsLog(const MetricsLog&) = delete;
   MetricsLog& operator=(const MetricsLog&) = delete;

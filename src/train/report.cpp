@@ -248,6 +248,26 @@ std::string pipeline_table(const std::vector<json>& records) {
          rows + "</table>\n";
 }
 
+// Data-parallel communication per epoch ("comm" records): all-reduce time per step and the
+// share hidden behind backward. Nothing for single-process runs.
+std::string comm_table(const std::vector<json>& records) {
+  std::string rows;
+  for (const json& r : records) {
+    if (r["kind"].get_ref<const std::string&>() != "comm") continue;
+    rows += fmt::format(
+        "<tr><td>{:g}</td><td>{:g}</td><td>{:g}</td><td>{:.2f}</td><td>{:.2f}</td><td>{:.2f}</td><td>{:.0f}%</td>"
+        "<td>{:.2f}</td></tr>\n",
+        number(r, "epoch"), number(r, "ranks"), number(r, "buckets"), number(r, "bytes_per_step") / 1048576.0,
+        number(r, "step_ms"), number(r, "comm_ms"), 100 * number(r, "hidden_share"), number(r, "exposed_ms"));
+  }
+  if (rows.empty()) return "";
+  return "<h2>Communication</h2>\n<p>per training step, averaged over the epoch: the gradient all-reduce (in "
+         "buckets, started during backward), the share of it hidden behind backward and what the step waited for "
+         "after backward</p>\n<table class=\"summary\">\n<tr><th>epoch</th><th>ranks</th><th>buckets</th>"
+         "<th>MiB all-reduced</th><th>step ms</th><th>all-reduce ms</th><th>hidden</th><th>exposed ms</th></tr>\n" +
+         rows + "</table>\n";
+}
+
 }  // namespace
 
 std::string render_report_html(const std::vector<json>& records, const std::string& config_yaml,
@@ -265,6 +285,7 @@ std::string render_report_html(const std::vector<json>& records, const std::stri
     html += summary_table(h);
   }
   html += "<h2>Input pipeline</h2>\n" + pipeline_table(records);
+  html += comm_table(records);
   html += "<h2>Plots</h2>\n" + plots(h);
   html += "<h2>Memory</h2>\n" + memory_table(records);
   html += "<h2>Configuration</h2>\n";

@@ -2,6 +2,7 @@
 
 #include "core/log.h"
 #include "core/thread_pool.h"
+#include "dist/activity.h"
 
 namespace rn {
 
@@ -66,6 +67,17 @@ void TrainStep::queue_device_step(float lr) {
   fused_->step(w, g, half.data ? &half : nullptr, lr);
 }
 
+void TrainStep::set_gradient_reducer(GradientReducer* reducer) {
+  RN_CHECK(reducer == nullptr || !fused_)
+      << "data-parallel training on a device backend is not wired yet: the gradient reducer works on the host "
+         "gradient buffer, and a device model's gradients live on the device";
+  reducer_ = reducer;
+  if (reducer)
+    plan_.set_grad_ready([reducer](const std::vector<int>& params) { reducer->on_ready(params); });
+  else
+    plan_.set_grad_ready(nullptr);
+}
+
 bool TrainStep::run(double lr) {
   Model& model = plan_.model();
   if (fused_ && sink_size_ == 0) {
@@ -93,9 +105,17 @@ bool TrainStep::run(double lr) {
     return true;
   }
   model.zero_grads();
+  set_activity("forward");
   plan_.forward();
   const float scale = scaler_.scale();
+  set_activity("backward");
+  if (reducer_) reducer_->begin_step();
   plan_.backward(scale);
+  if (reducer_) {
+    set_activity("waiting for the gradient all-reduce");
+    comm_ = reducer_->finish();
+  }
+  set_activity("optimizer");
   const int64_t n = model.params().total;
   const bool overflow = scaler_.check_overflow(model.grad_data(), n);
   const float inv_scale = scaler_.inv_scale();  // read before update() may change it

@@ -21,6 +21,7 @@
 #include <functional>
 #include <memory>
 
+#include "dist/grad_buckets.h"
 #include "model/plan.h"
 #include "train/loss_scaler.h"
 #include "train/optimizer.h"
@@ -46,6 +47,13 @@ class TrainStep {
 
   Plan& plan() { return plan_; }
 
+  // Data-parallel training: backward hands each finished gradient to `reducer`, whose bucket
+  // all-reduces (average) overlap the rest of backward; the overflow check and the optimizer
+  // then see the averaged gradients, the same on every rank. nullptr: one rank.
+  void set_gradient_reducer(GradientReducer* reducer);
+  // The last step's communication (zero without a reducer).
+  const CommStats& last_comm() const { return comm_; }
+
  private:
   void queue_device_step(float lr);
 
@@ -60,6 +68,8 @@ class TrainStep {
   int64_t next_step_ = 0;  // sink mode: global step of the next run()
   int64_t window_end_ = -1;
   bool warmed_up_ = false;
+  GradientReducer* reducer_ = nullptr;
+  CommStats comm_;
 };
 
 // Rounds every master weight to the nearest `half` value (precision O3).

@@ -4,11 +4,16 @@
 #include <chrono>
 #include <csignal>
 #include <filesystem>
+#include <thread>
 
 #include "core/log.h"
 #include "core/rng.h"
 #include "core/thread_pool.h"
 #include "data/loader.h"
+#include "dist/activity.h"
+#include "dist/grad_buckets.h"
+#include "dist/mpi_communicator.h"
+#include "dist/world.h"
 #include "model/memory_usage.h"
 #include "model/model.h"
 #include "model/plan.h"
@@ -74,6 +79,47 @@ std::string fresh_run_dir(const std::string& out_dir) {
   return dir.string();
 }
 
+// One all-reduce per step: the loss (averaged for logging) and whether any rank was asked to
+// stop, so that every rank stops after the same step.
+struct StepAgreement {
+  float loss = 0;
+  bool stop = false;
+};
+StepAgreement agree_on_step(Communicator& comm, float loss, bool stop) {
+  if (comm.size() == 1) return {loss, stop};
+  double v[2] = {static_cast<double>(loss), stop ? 1.0 : 0.0};
+  comm.all_reduce(v, 2, ReduceOp::sum, "step loss and stop flag");
+  return {static_cast<float>(v[0] / comm.size()), v[1] > 0};
+}
+
+// Synchronised BN: the per-channel sums of every BN layer summed over the ranks.
+class CommStatsReducer final : public BatchStatsReducer {
+ public:
+  explicit CommStatsReducer(Communicator& comm) : comm_(comm) {}
+  void sum(double* values, int64_t n) override {
+    comm_.all_reduce(values, n, ReduceOp::sum, "synchronised BN statistics");
+  }
+
+ private:
+  Communicator& comm_;
+};
+
+// Communication figures summed over steps.
+struct CommTotals {
+  double total = 0, hidden = 0, exposed = 0;
+  int64_t steps = 0;
+  void add(const CommStats& c) {
+    total += c.total;
+    hidden += c.hidden;
+    exposed += c.exposed;
+    ++steps;
+  }
+  double ms_per_step(double x) const { return steps > 0 ? 1000 * x / static_cast<double>(steps) : 0; }
+  double hidden_share() const { return total > 0 ? hidden / total : 0; }
+};
+
+TrainResult train_impl(const Config& config_in, const TrainOptions& options);
+
 }  // namespace
 
 ModelOptions model_options(const ModelConfig& m) {
@@ -93,7 +139,19 @@ void install_stop_signal_handlers() {
 
 void request_stop() { g_stop = true; }
 
-TrainResult train(const Config& config_in, const TrainOptions& options) {
+TrainResult train(const Config& config, const TrainOptions& options) {
+  try {
+    return train_impl(config, options);
+  } catch (const std::exception& e) {
+    // One rank's error must end every rank, not leave them waiting in a collective.
+    if (World* w = current_world(); w && w->size > 1) abort_job(std::string("training stopped: ") + e.what());
+    throw;
+  }
+}
+
+namespace {
+
+TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
   Config cfg = config_in;
   const bool resuming = !options.resume_dir.empty();
   std::string run_dir;
@@ -108,20 +166,45 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
                                            << ": only memory.* settings may change (they do not change results)";
       apply_config_override(cfg, o);
     }
-    if (!options.resume_overrides.empty()) {
-      cfg.validate();
-      write_file_atomic(path, cfg.to_yaml());
-    }
+    if (!options.resume_overrides.empty()) cfg.validate();
+  }
+  // Data-parallel: this process's rank (world size 1 without a launcher). Only rank 0
+  // writes the run folder; the others read it (it must be on a file system they all see).
+  World& world = init_world({cfg.dist.timeout_s, cfg.dist.rank_table});
+  Communicator& comm = *world.comm;
+  const bool writer = world.writer();
+  set_activity("setting up", -1);
+  if (resuming) {
+    if (writer && !options.resume_overrides.empty()) write_file_atomic(run_dir + "/config.yaml", cfg.to_yaml());
   } else {
-    run_dir = fresh_run_dir(cfg.run.out_dir);
-    write_file_atomic(run_dir + "/config.yaml", cfg.to_yaml());
+    if (writer) run_dir = fresh_run_dir(cfg.run.out_dir);
+    run_dir = comm.broadcast_string(run_dir, 0, "the run folder's name");
+    if (writer) write_file_atomic(run_dir + "/config.yaml", cfg.to_yaml());
   }
   cfg.run.out_dir = run_dir;
-  log_to_file(run_dir + "/train.log");
-  set_host_threads(static_cast<int>(cfg.run.threads));
+  if (writer) {
+    log_to_file(run_dir + "/train.log");
+  } else {
+    // Other ranks print warnings and errors only, marked with their rank.
+    logger()->set_pattern(fmt::format("[%Y-%m-%d %H:%M:%S.%e] [%l] [rank {}] %v", world.rank));
+    set_log_level("warn");
+  }
+  int threads = static_cast<int>(cfg.run.threads);
+  if (threads == 0 && world.local_size > 1)  // share the cores among the ranks on this host
+    threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world.local_size);
+  set_host_threads(threads);
   g_stop = false;
 
   RN_LOG_INFO("{} run in {}", resuming ? "resuming" : "starting", run_dir);
+  if (world.size > 1) {
+    std::string placement;
+    const std::vector<std::string> hosts = comm.hosts();
+    for (int r = 0; r < world.size; ++r)
+      placement += fmt::format("{}{}:{}", r ? ", " : "", r,
+                               world.table ? world.table->host_of(r).name : hosts[static_cast<size_t>(r)]);
+    RN_LOG_INFO("data-parallel over {} ranks ({} communicator{}); rank:host {}", world.size, comm.name(),
+                world.table ? ", rank table " + world.table->source : "", placement);
+  }
   BackendOptions backend_options;
   backend_options.high_precision = cfg.run.implementation_mode == ImplementationMode::high_precision;
   auto backend = make_backend_for(cfg.run.device, backend_options);
@@ -149,14 +232,58 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
   LossScaler scaler(policy.loss_scale);
   RN_LOG_INFO("model {}: {} parameters", cfg.model.name, model.param_count());
 
+  CheckpointManager checkpoints(run_dir, cfg.run.checkpoint.keep_last, cfg.run.checkpoint.keep_best);
+  TrainState st;
+  Rng rng(static_cast<uint64_t>(cfg.run.seed));
+  if (resuming) {
+    set_activity("loading the checkpoint", -1);
+    auto loaded = checkpoints.latest_loadable(model, &optimizer);
+    if (loaded) {
+      st = loaded->state;
+      scaler.set_state(st.scaler);
+      rng.set_state(st.rng);
+      RN_LOG_INFO("resumed from {}: epoch {}, step {}, batch {} of the epoch", loaded->path, st.epoch, st.step,
+                  st.batch_in_epoch);
+      // The global batch is what a run is made of (learning rate, steps per epoch, the samples
+      // of each step): on another number of ranks, the per-rank batch changes to keep it.
+      const int64_t saved_global = st.global_batch > 0 ? st.global_batch : cfg.data.batch_size;
+      if (saved_global != cfg.data.batch_size * world.size) {
+        RN_CHECK(saved_global % world.size == 0)
+            << "cannot resume " << run_dir << " on " << world.size << " ranks: its global batch of " << saved_global
+            << " is not a multiple of " << world.size << "; use a number of ranks that divides it";
+        RN_LOG_INFO("resuming on {} rank(s): batch per rank {} -> {} keeps the global batch of {} (and with it the "
+                    "learning rate, the steps per epoch and the samples of every step)",
+                    world.size, cfg.data.batch_size, saved_global / world.size, saved_global);
+        cfg.data.batch_size = saved_global / world.size;
+        if (writer) write_file_atomic(run_dir + "/config.yaml", cfg.to_yaml());
+      }
+    } else {
+      RN_LOG_WARN("no checkpoint in {}: starting from the beginning", run_dir);
+    }
+  }
+  if (world.size > 1) {
+    // Every rank starts from rank 0's weights, running statistics and momentum.
+    set_activity("receiving the initial weights", st.step);
+    const ParamTable& pt = model.params();
+    comm.broadcast(model.param_data(), pt.total * 4, 0, "initial weights");
+    int64_t state_n = 0;
+    for (const StateView& v : model.state_views()) state_n = std::max(state_n, v.offset + v.numel);
+    if (state_n > 0) comm.broadcast(model.state_data(), state_n * 4, 0, "BN running statistics");
+    std::vector<float> momentum = optimizer.state();
+    if (!momentum.empty()) {
+      comm.broadcast(momentum.data(), static_cast<int64_t>(momentum.size()) * 4, 0, "optimizer state");
+      optimizer.set_state(momentum);
+    }
+  }
+
   // Data.
   const Layout layout = backend->preferred_layout();
-  std::shared_ptr<TraceRecorder> trace = cfg.run.trace ? std::make_shared<TraceRecorder>() : nullptr;
+  std::shared_ptr<TraceRecorder> trace = cfg.run.trace && writer ? std::make_shared<TraceRecorder>() : nullptr;
   if (trace) trace->name_thread("trainer");
   // On a GPU, image batches come as u8 and are normalised there (train/batch_feeder.h).
   const DType loader_dtype =
       loader_dtype_for(cfg.data.dataset == DatasetKind::imagefolder, policy.activation_dtype, *backend);
-  Loaders loaders = make_loaders(cfg, loader_dtype, layout, trace);
+  Loaders loaders = make_loaders(cfg, loader_dtype, layout, trace, ShardSpec{world.rank, world.size, true});
   BatchFeeder feeder(loaders.train->options().mean, loaders.train->options().std);
   DataLoader& train_loader = *loaders.train;
   DataLoader& val_loader = *loaders.val;
@@ -173,6 +300,30 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
   po.layout = layout;
   po.memory = cfg.memory.level;
   po.label_smoothing = static_cast<float>(cfg.loss.label_smoothing);
+
+  // Gradient fusion: buckets of the flat gradient buffer, all-reduced during backward.
+  std::unique_ptr<GradientReducer> reducer;
+  if (world.size > 1) {
+    std::vector<GradRange> ranges;
+    for (const ParamView& v : model.params().params) ranges.push_back({v.offset, v.numel});
+    std::vector<int> boundaries(cfg.dist.bucket_boundaries.begin(), cfg.dist.bucket_boundaries.end());
+    std::vector<GradBucket> buckets = make_grad_buckets(ranges, cfg.dist.fusion_threshold, boundaries);
+    int64_t largest = 0;
+    for (const GradBucket& b : buckets) largest = std::max(largest, b.bytes());
+    RN_LOG_INFO("gradient fusion: {} buckets ({}), largest {:.2f} MiB, all-reduced during backward", buckets.size(),
+                boundaries.empty() ? fmt::format("dist.fusion_threshold {} bytes", cfg.dist.fusion_threshold)
+                                   : "dist.bucket_boundaries",
+                largest / 1048576.0);
+    reducer = std::make_unique<GradientReducer>(comm, std::move(buckets), model.grad_data(),
+                                                static_cast<int>(model.params().params.size()));
+  }
+  CommStatsReducer bn_sync(comm);
+  if (world.size > 1) {
+    if (cfg.dist.sync_bn) po.bn_sync = &bn_sync;
+    RN_LOG_INFO("batch norm: statistics {}", cfg.dist.sync_bn ? fmt::format("over the global batch ({} ranks x {}, "
+                                                                            "synchronised)", world.size, po.batch)
+                                                              : fmt::format("per rank (batch {})", po.batch));
+  }
   std::unique_ptr<Plan> plan;
   std::unique_ptr<TrainStep> step;
   std::unique_ptr<Evaluator> evaluator;
@@ -188,6 +339,7 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
     plan = std::make_unique<Plan>(model, backend.get(), po);
     evaluator = std::make_unique<Evaluator>(model, *backend, po);
     step = std::make_unique<TrainStep>(*plan, optimizer, scaler, policy, sink_size);
+    step->set_gradient_reducer(reducer.get());
     const PlannedPeak p = plan->planned_peak(1);
     if (old_arena > 0)
       RN_LOG_INFO("epoch {}: memory level {} -> {}, re-planned: arena {:.1f} MiB -> {:.1f} MiB", epoch + 1,
@@ -208,36 +360,22 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
     memory_logged = false;
   };
 
-  const int64_t global_batch = cfg.data.batch_size;  // one rank for now
+  const int64_t global_batch = cfg.data.batch_size * world.size;
   const LrSchedule schedule(cfg.schedule, scaled_peak_lr(cfg.optimizer, global_batch), steps_per_epoch);
   RN_LOG_INFO("schedule {}: peak lr {:.6g} (base {:.6g} x {} / {}), {} epochs x {} steps, warmup {} steps",
               enum_name(cfg.schedule.name), schedule.peak_lr(), cfg.optimizer.base_lr, global_batch,
               cfg.optimizer.lr_scale_batch, cfg.schedule.epochs, steps_per_epoch, schedule.warmup_steps());
 
-  CheckpointManager checkpoints(run_dir, cfg.run.checkpoint.keep_last, cfg.run.checkpoint.keep_best);
-  TrainState st;
-  Rng rng(static_cast<uint64_t>(cfg.run.seed));
-  if (resuming) {
-    auto loaded = checkpoints.latest_loadable(model, &optimizer);
-    if (loaded) {
-      st = loaded->state;
-      scaler.set_state(st.scaler);
-      rng.set_state(st.rng);
-      RN_LOG_INFO("resumed from {}: epoch {}, step {}, batch {} of the epoch", loaded->path, st.epoch, st.step,
-                  st.batch_in_epoch);
-    } else {
-      RN_LOG_WARN("no checkpoint in {}: starting from the beginning", run_dir);
-    }
-  }
   st.config_yaml = cfg.to_yaml();
+  st.global_batch = global_batch;
   plan_at(memory_level_at_epoch(cfg.memory, st.epoch), st.epoch);
   auto set_sink_rates = [&] {
     if (sink_size > 0) step->set_lr_source([&schedule](int64_t s) { return schedule.lr(s); }, st.step);
   };
   set_sink_rates();
 
-  MetricsLog metrics(run_dir);
-  ProgressPrinter progress;
+  MetricsLog metrics(run_dir, writer);
+  ProgressPrinter progress(writer ? ProgressPrinter::Mode::automatic : ProgressPrinter::Mode::lines);
   TrainResult result;
   result.run_dir = run_dir;
   const auto t_start = std::chrono::steady_clock::now();
@@ -246,6 +384,8 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
     step->sync_host_state();  // a device run's weights, momentum and scaler into the host objects
     st.rng = rng.state();
     st.scaler = scaler.state();
+    if (!writer) return;
+    set_activity("writing a checkpoint");
     const std::string path = checkpoints.save(model, optimizer, st, epoch_end, top1);
     RN_LOG_INFO("checkpoint {}", path);
   };
@@ -263,9 +403,13 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
     auto interval_t0 = std::chrono::steady_clock::now();
     // The input-pipeline analyser's view of the epoch: copy and step time on this thread.
     PipelineSpan pipeline;
+    CommTotals comm_epoch, comm_interval;
     const auto epoch_t0 = std::chrono::steady_clock::now();
     float last_loss = 0.0f;
-    while (const Batch* b = train_loader.next()) {
+    for (;;) {
+      set_activity("waiting for a batch", st.step);
+      const Batch* b = train_loader.next();
+      if (!b) break;
       RN_CHECK(b->size == po.batch) << "partial training batch of " << b->size << " (data.drop_last=false is not "
                                     << "supported for training yet)";
       const double copy_us = trace_now_us();
@@ -282,13 +426,32 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
       }
       ++st.step;
       ++st.batch_in_epoch;
+      if (reducer) {
+        const CommStats& c = step->last_comm();
+        comm_epoch.add(c);
+        comm_interval.add(c);
+        if (trace) {
+          // The buckets' all-reduces on a track of their own, beside the step they overlap.
+          const double to_trace_us =
+              trace_now_us() -
+              1e6 * std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+          for (size_t k = 0; k < c.timings.size(); ++k)
+            trace->complete_on_track("gradient all-reduce", fmt::format("bucket {}/{}", k + 1, c.timings.size()),
+                                     "comm", 1e6 * c.timings[k].start + to_trace_us,
+                                     1e6 * (c.timings[k].end - c.timings[k].start),
+                                     {{"bytes", static_cast<double>(reducer->buckets()[k].bytes())}});
+        }
+      }
+      const bool at_limit = options.max_steps > 0 && st.step >= options.max_steps;
+      set_activity("agreeing on the step's loss", st.step);
       // Sink mode reads the loss (a synchronisation) only every sink_size steps.
       if (sink_size == 0 || st.step % sink_size == 0 || interval_steps == 0) last_loss = plan->loss();
-      const float loss = last_loss;
+      const StepAgreement agreed = agree_on_step(comm, last_loss, g_stop);
+      const float loss = agreed.loss;
       if (!std::isfinite(loss)) step->sync_host_state();  // the device's skip counters decide below
       interval_loss += loss;
       ++interval_steps;
-      interval_images += b->size;
+      interval_images += b->size * world.size;  // every rank takes a batch of this size
       RN_CHECK(std::isfinite(loss) || scaler.consecutive_skips() > 0)
           << "loss is " << loss << " at step " << st.step << "; training diverged (lower optimizer.base_lr?)";
       const auto now = std::chrono::steady_clock::now();
@@ -318,18 +481,24 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
         m.images_per_sec = pf.images_per_sec;
         m.data_wait_share = pf.data_wait_share;
         m.skipped_steps = scaler.skipped_steps();
+        if (reducer) {
+          m.extra["comm_ms"] = comm_interval.ms_per_step(comm_interval.total);
+          m.extra["comm_exposed_ms"] = comm_interval.ms_per_step(comm_interval.exposed);
+          m.extra["comm_hidden_share"] = comm_interval.hidden_share();
+          comm_interval = {};
+        }
         metrics.log_train(m);
         interval_loss = 0;
         interval_steps = interval_images = 0;
         interval_wait0 = train_loader.epoch_wait_seconds();
         interval_t0 = std::chrono::steady_clock::now();
       }
-      const bool at_limit = options.max_steps > 0 && st.step >= options.max_steps;
-      if (g_stop || at_limit) {
-        RN_LOG_INFO("{} at step {}: saving a checkpoint", g_stop ? "stop requested" : "step limit reached", st.step);
+      if (agreed.stop || at_limit) {
+        RN_LOG_INFO("{} at step {}: saving a checkpoint", agreed.stop ? "stop requested" : "step limit reached",
+                    st.step);
         save(false, std::nullopt);
         stop = true;
-        result.interrupted = g_stop;
+        result.interrupted = agreed.stop;
         break;
       }
       if (cfg.run.checkpoint.every_steps > 0 && st.step % cfg.run.checkpoint.every_steps == 0)
@@ -346,6 +515,22 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
     pipeline.wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_t0).count();
     const PipelineVerdict verdict = analyse_pipeline(pipeline);
     RN_LOG_INFO("epoch {} {}", st.epoch + 1, format_pipeline(pipeline, verdict));
+    if (reducer) {
+      RN_LOG_INFO(
+          "epoch {} communication: {} buckets, {:.2f} MiB per step, {:.2f} ms/step all-reducing, {:.0f}% of it hidden "
+          "behind backward ({:.2f} ms/step exposed)",
+          st.epoch + 1, reducer->buckets().size(), static_cast<double>(model.params().total) * 4 / 1048576.0,
+          comm_epoch.ms_per_step(comm_epoch.total), 100 * comm_epoch.hidden_share(),
+          comm_epoch.ms_per_step(comm_epoch.exposed));
+      metrics.append(MetricsRecord("comm", st.epoch + 1, st.step)
+                         .add("ranks", static_cast<int64_t>(world.size))
+                         .add("buckets", static_cast<int64_t>(reducer->buckets().size()))
+                         .add("bytes_per_step", static_cast<int64_t>(model.params().total * 4))
+                         .add("comm_ms", comm_epoch.ms_per_step(comm_epoch.total))
+                         .add("exposed_ms", comm_epoch.ms_per_step(comm_epoch.exposed))
+                         .add("hidden_share", comm_epoch.hidden_share())
+                         .add("step_ms", comm_epoch.steps > 0 ? 1000 * pipeline.compute / comm_epoch.steps : 0.0));
+    }
     // 1-based completed epochs, as eval records.
     metrics.append(MetricsRecord("pipeline", st.epoch + 1, st.step).add_fields(pipeline_json(pipeline, verdict)));
     if (train_loader.bad_file_count() > 0)
@@ -357,7 +542,8 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
     const bool last = st.epoch == epochs;
     std::optional<double> top1;
     if (last || (cfg.run.eval_interval_epochs > 0 && st.epoch % cfg.run.eval_interval_epochs == 0)) {
-      const EvalResult ev = evaluator->run(val_loader, done_epoch);
+      set_activity("evaluating", st.step);
+      const EvalResult ev = evaluator->run(val_loader, done_epoch, nullptr, &comm);
       result.final_eval = ev;
       top1 = ev.top1;
       EvalMetrics em;
@@ -372,17 +558,19 @@ TrainResult train(const Config& config_in, const TrainOptions& options) {
       st.best_top1 = std::max(st.best_top1, ev.top1);
     }
     if (cfg.run.checkpoint.every_epoch || last) save(true, top1);
-    write_report(run_dir);
+    if (writer) write_report(run_dir);
   }
   step->sync_host_state();
   result.steps = st.step;
   result.best_top1 = st.best_top1;
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   if (scaler.skipped_steps() > 0) RN_LOG_INFO("{} steps were skipped for inf/NaN gradients", scaler.skipped_steps());
-  write_report(run_dir);
+  if (writer) write_report(run_dir);
+  set_activity("finished", st.step);
   RN_LOG_INFO("{} after {} steps in {:.1f} s; report: {}/report.html", stop ? "stopped" : "finished", st.step,
               result.seconds, run_dir);
   return result;
 }
 
+}  // namespace
 }  // namespace rn

@@ -122,6 +122,25 @@ TEST(Report, InputPipelineTablePerEpoch) {
   EXPECT_NE(html.find("<td>1.2%</td>"), std::string::npos);
 }
 
+TEST(Report, CommunicationTableOnlyForDataParallelRuns) {
+  TestDir dir;
+  write_run(dir.path().string());
+  write_report(dir.path().string());
+  EXPECT_EQ(read_text_file(dir.file("report.html")).find("<h2>Communication</h2>"), std::string::npos);
+  {
+    MetricsLog log(dir.path().string());
+    MetricsRecord r("comm", 1, 100);
+    r.add("ranks", int64_t{2}).add("buckets", int64_t{7}).add("bytes_per_step", int64_t{3} << 20);
+    r.add("comm_ms", 12.5).add("exposed_ms", 2.5).add("hidden_share", 0.8).add("step_ms", 250.0);
+    log.append(r);
+  }
+  write_report(dir.path().string());
+  const std::string html = read_text_file(dir.file("report.html"));
+  EXPECT_NE(html.find("<h2>Communication</h2>"), std::string::npos);
+  EXPECT_NE(html.find("<td>3.00</td><td>250.00</td><td>12.50</td><td>80%</td><td>2.50</td>"), std::string::npos)
+      << html;
+}
+
 TEST(Report, EmptyMetricsSayNoData) {
   TestDir dir;
   { MetricsLog log(dir.path().string()); }  // creates an empty metrics.jsonl

@@ -1,0 +1,71 @@
+// Gradient fusion: the flat gradient buffer (parameters in the order backward produces
+// their gradients, see model/params.h) cut into buckets, each all-reduced as soon as
+// backward has written its last gradient, on the communicator's thread (or stream), while
+// backward goes on with the layers below. The optimizer then waits only for what is left.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dist/communicator.h"
+
+namespace rn {
+
+// One parameter tensor's range in the flat buffer, in elements.
+struct GradRange {
+  int64_t offset = 0, numel = 0;
+};
+
+struct GradBucket {
+  int first = 0, last = 0;  // parameter indices, inclusive
+  int64_t begin = 0, end = 0;  // element range [begin, end) of the flat buffer (alignment padding included)
+  int64_t bytes(size_t elem_bytes = 4) const { return (end - begin) * static_cast<int64_t>(elem_bytes); }
+};
+
+// Buckets of consecutive parameters. With `boundaries` empty: a new bucket starts when
+// adding the next parameter would pass `threshold_bytes`, so small gradients always share a
+// bucket and one larger than the threshold gets a bucket of its own. With `boundaries`
+// (parameter indices, increasing, each in (0, n)): a bucket starts at each of them and
+// the threshold is not used. Throws rn::Error for a bad threshold or boundary.
+std::vector<GradBucket> make_grad_buckets(const std::vector<GradRange>& params, int64_t threshold_bytes,
+                                          const std::vector<int>& boundaries = {}, size_t elem_bytes = 4);
+
+// Communication of one step, in seconds: `total` on the wire, of which `exposed` came after
+// backward ended (what the step waited for) and `hidden` overlapped backward.
+struct CommStats {
+  double total = 0, exposed = 0, hidden = 0;
+  int buckets = 0;
+  int64_t bytes = 0;
+  std::vector<CollectiveTiming> timings;  // per bucket, in bucket order
+  double backward_end = 0;                // when finish() was called (steady-clock seconds)
+  double hidden_share() const { return total > 0 ? hidden / total : 0; }
+};
+
+// Drives the all-reduce (average) of fp32 gradients bucket by bucket during backward.
+//   reducer.begin_step();  ... backward calls reducer.on_ready(params) ...;  reducer.finish();
+class GradientReducer {
+ public:
+  GradientReducer(Communicator& comm, std::vector<GradBucket> buckets, float* grads, int num_params);
+
+  const std::vector<GradBucket>& buckets() const { return buckets_; }
+  void begin_step();
+  // Backward has finished the gradients of these parameters: start every bucket now complete.
+  void on_ready(const std::vector<int>& params);
+  // Starts the buckets not yet started (parameters without a gradient this step), waits for
+  // all, and returns the step's communication figures.
+  CommStats finish();
+
+ private:
+  void issue(int bucket);
+
+  Communicator& comm_;
+  std::vector<GradBucket> buckets_;
+  float* grads_;
+  std::vector<int> bucket_of_;    // parameter -> bucket
+  std::vector<int> remaining_;    // bucket -> parameters not yet ready this step
+  std::vector<Communicator::Ticket> tickets_;  // bucket -> ticket (0: not issued)
+  std::vector<std::string> names_;
+};
+
+}  // namespace rn

@@ -1,0 +1,173 @@
+#include "dist/nccl_communicator.h"
+
+#include "core/check.h"
+
+#if RN_HAVE_NCCL
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <thread>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "dist/mpi_communicator.h"
+#endif
+
+namespace rn {
+
+#if RN_HAVE_NCCL
+
+#define RN_NCCL_CUDA_CHECK(call)                                                                          \
+  do {                                                                                                    \
+    const cudaError_t rn_err_ = (call);                                                                   \
+    RN_CHECK(rn_err_ == cudaSuccess) << #call << " failed: " << cudaGetErrorName(rn_err_) << ": "         \
+                                     << cudaGetErrorString(rn_err_);                                      \
+  } while (0)
+#define RN_NCCL_CHECK(call)                                                                               \
+  do {                                                                                                    \
+    const ncclResult_t rn_res_ = (call);                                                                  \
+    RN_CHECK(rn_res_ == ncclSuccess) << #call << " failed: " << ncclGetErrorString(rn_res_) << " ("       \
+                                     << ncclGetLastError(nullptr) << ")";                                 \
+  } while (0)
+
+namespace {
+
+ncclDataType_t nccl_type(ElemType t) {
+  switch (t) {
+    case ElemType::f32: return ncclFloat32;
+    case ElemType::f64: return ncclFloat64;
+    case ElemType::i32: return ncclInt32;
+    case ElemType::i64: return ncclInt64;
+    case ElemType::bf16: return ncclBfloat16;
+    case ElemType::f16: return ncclFloat16;
+  }
+  return ncclFloat32;
+}
+
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(Communicator& host, int device, void* compute_stream, double timeout_s)
+      : host_(host), compute_(static_cast<cudaStream_t>(compute_stream)), timeout_s_(timeout_s) {
+    int count = 0;
+    const cudaError_t e = cudaGetDeviceCount(&count);
+    RN_CHECK(e == cudaSuccess && count > 0) << "NCCL communicator: no usable CUDA device ("
+                                            << (e == cudaSuccess ? "none found" : cudaGetErrorString(e)) << ")";
+    RN_CHECK(device >= 0 && device < count) << "NCCL communicator: device " << device << " of " << count;
+    RN_NCCL_CUDA_CHECK(cudaSetDevice(device));
+    ncclUniqueId id{};
+    if (host.rank() == 0) RN_NCCL_CHECK(ncclGetUniqueId(&id));
+    host.broadcast(&id, sizeof id, 0, "the NCCL unique id");
+    RN_NCCL_CHECK(ncclCommInitRank(&comm_, host.size(), id, host.rank()));
+    RN_NCCL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
+
+  ~NcclCommunicator() override {
+    for (auto& [t, ev] : events_) cudaEventDestroy(ev.done);
+    if (stream_) cudaStreamDestroy(stream_);
+    if (comm_) ncclCommDestroy(comm_);
+  }
+
+  int rank() const override { return host_.rank(); }
+  int size() const override { return host_.size(); }
+  std::string name() const override { return "nccl"; }
+  std::vector<std::string> hosts() const override { return host_.hosts(); }
+
+  Ticket all_reduce_async(void* data, int64_t count, ElemType type, ReduceOp op, const std::string& what) override {
+    order_after_compute();
+    RN_NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(count), nccl_type(type),
+                                op == ReduceOp::average ? ncclAvg : ncclSum, comm_, stream_));
+    return record(what);
+  }
+
+  CollectiveTiming wait(Ticket t) override {
+    auto it = events_.find(t);
+    RN_CHECK(it != events_.end()) << "wait for NCCL collective " << t << " that is unknown or already waited for";
+    const double t0 = now_s();
+    for (;;) {
+      const cudaError_t q = cudaEventQuery(it->second.done);
+      if (q == cudaSuccess) break;
+      RN_CHECK(q == cudaErrorNotReady) << "NCCL " << it->second.what << ": " << cudaGetErrorString(q);
+      ncclResult_t async = ncclSuccess;
+      ncclCommGetAsyncError(comm_, &async);
+      if (async != ncclSuccess || now_s() - t0 > timeout_s_) {
+        const std::string why = async != ncclSuccess ? std::string("NCCL error: ") + ncclGetErrorString(async)
+                                                     : fmt::format("no completion after {:.1f} s", now_s() - t0);
+        ncclCommAbort(comm_);
+        comm_ = nullptr;
+        abort_job(fmt::format("NCCL {} on rank {}: {}", it->second.what, rank(), why));
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    const CollectiveTiming timing{it->second.issued, now_s()};
+    cudaEventDestroy(it->second.done);
+    events_.erase(it);
+    return timing;
+  }
+
+  void broadcast(void* data, int64_t bytes, int root, const std::string& what) override {
+    order_after_compute();
+    RN_NCCL_CHECK(ncclBroadcast(data, data, static_cast<size_t>(bytes), ncclUint8, root, comm_, stream_));
+    wait(record(what));
+  }
+  void barrier(const std::string& what) override { host_.barrier(what); }
+  std::vector<double> all_gather(double value, const std::string& what) override {
+    return host_.all_gather(value, what);
+  }
+
+ private:
+  void order_after_compute() {
+    cudaEvent_t ev;
+    RN_NCCL_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    RN_NCCL_CUDA_CHECK(cudaEventRecord(ev, compute_));
+    RN_NCCL_CUDA_CHECK(cudaStreamWaitEvent(stream_, ev, 0));
+    RN_NCCL_CUDA_CHECK(cudaEventDestroy(ev));  // released once the wait is satisfied
+  }
+  Ticket record(const std::string& what) {
+    Pending p;
+    p.what = what;
+    p.issued = now_s();
+    RN_NCCL_CUDA_CHECK(cudaEventCreateWithFlags(&p.done, cudaEventDisableTiming));
+    RN_NCCL_CUDA_CHECK(cudaEventRecord(p.done, stream_));
+    const Ticket t = ++issued_;
+    events_[t] = p;
+    return t;
+  }
+
+  struct Pending {
+    cudaEvent_t done = nullptr;
+    std::string what;
+    double issued = 0;
+  };
+  Communicator& host_;
+  cudaStream_t compute_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  ncclComm_t comm_ = nullptr;
+  double timeout_s_;
+  Ticket issued_ = 0;
+  std::unordered_map<Ticket, Pending> events_;
+};
+
+}  // namespace
+
+bool nccl_available() { return true; }
+
+std::unique_ptr<Communicator> make_nccl_communicator(Communicator& host, int device, void* compute_stream,
+                                                     double timeout_s) {
+  return std::make_unique<NcclCommunicator>(host, device, compute_stream, timeout_s);
+}
+
+#else
+
+bool nccl_available() { return false; }
+
+std::unique_ptr<Communicator> make_nccl_communicator(Communicator&, int, void*, double) {
+  RN_FAIL() << "this build has no NCCL (CUDA and NCCL were not found when it was configured)";
+}
+
+#endif
+
+}  // namespace rn

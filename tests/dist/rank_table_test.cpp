@@ -1,0 +1,91 @@
+#include <gtest/gtest.h>
+
+#include "core/check.h"
+#include "dist/rank_table.h"
+
+namespace rn {
+namespace {
+
+const char* kGood = R"({
+  "interface": "eth0",
+  "hosts": [{"name": "node1", "address": "10.0.0.1"}, {"name": "node2", "address": "10.0.0.2", "interface": "ib0"}],
+  "ranks": [{"rank": 1, "host": "node1", "device": 1}, {"rank": 0, "host": "node1", "device": 0},
+            {"rank": 2, "host": "node2", "device": 0}]
+})";
+
+std::string error_of(const std::string& json) {
+  try {
+    parse_rank_table(json, "t.json");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(RankTable, ParsesHostsRanksDevicesAndInterfaces) {
+  const RankTable t = parse_rank_table(kGood, "t.json");
+  ASSERT_EQ(t.world_size(), 3);
+  EXPECT_EQ(t.ranks[0].rank, 0);
+  EXPECT_EQ(t.ranks[1].device, 1);
+  EXPECT_EQ(t.host_of(2).name, "node2");
+  EXPECT_EQ(t.host_of(0).interface, "eth0");  // the default
+  EXPECT_EQ(t.host_of(2).interface, "ib0");   // the host's own
+  EXPECT_EQ(t.launch_name(t.host_of(2)), "10.0.0.2");
+}
+
+TEST(RankTable, MistakesAreErrorsThatSayWhatIsWrong) {
+  EXPECT_NE(error_of(R"({"hosts": [{"name": "a"}], "ranks": [{"rank": 0, "host": "a", "device": 0},
+            {"rank": 1, "host": "a", "device": 0}]})")
+                .find("rank 1 and rank 0 both use device 0 of host 'a'"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"hosts": [{"name": "a"}], "ranks": [{"rank": 0, "host": "b"}]})")
+                .find("rank 0 names unknown host 'b' (hosts: a)"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"hosts": [{"name": "a"}], "ranks": [{"rank": 0, "host": "a", "device": 0},
+            {"rank": 2, "host": "a", "device": 1}]})")
+                .find("rank 1 is missing"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"hosts": [{"name": "a"}], "ranks": [{"rank": 0, "host": "a", "device": 0},
+            {"rank": 0, "host": "a", "device": 1}]})")
+                .find("rank 0 is listed twice"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"hosts": [{"name": "a", "adress": "x"}], "ranks": [{"rank": 0, "host": "a"}]})").find("unknown key 'adress'"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"hosts": [{"name": "a"}, {"name": "a"}], "ranks": [{"rank": 0, "host": "a"}]})")
+                .find("host 'a' is listed twice"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"hosts": [{"name": "a"}], "ranks": [{"rank": -1, "host": "a"}]})")
+                .find("non-negative integer"),
+            std::string::npos);
+  EXPECT_NE(error_of("{not json").find("not valid JSON"), std::string::npos);
+  EXPECT_NE(error_of(R"({"hosts": [], "ranks": []})").find("\"hosts\" must be a non-empty list"), std::string::npos);
+}
+
+TEST(RankTable, PlacementIsChecked) {
+  const RankTable t = parse_rank_table(kGood, "t.json");
+  EXPECT_NO_THROW(check_rank_placement(t, 0, 3, "node1", {}));
+  EXPECT_NO_THROW(check_rank_placement(t, 2, 3, "somewhere", {"127.0.0.1", "10.0.0.2"}));  // by address
+  try {
+    check_rank_placement(t, 2, 3, "node1", {"10.0.0.1"});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 2 belongs on host 'node2' (10.0.0.2) but was started on 'node1'"),
+              std::string::npos)
+        << e.what();
+  }
+  try {
+    check_rank_placement(t, 0, 4, "node1", {});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("has 3 ranks but the launcher started 4"), std::string::npos) << e.what();
+  }
+}
+
+TEST(RankTable, LocalAddressesIncludeLoopback) {
+  const auto a = local_addresses();
+  EXPECT_NE(std::find(a.begin(), a.end(), "127.0.0.1"), a.end());
+  EXPECT_FALSE(local_hostname().empty());
+}
+
+}  // namespace
+}  // namespace rn

@@ -1,0 +1,285 @@
+// `resnet train` under mpirun on this machine: only rank 0 writes the run; a killed or a
+// stopped rank ends the job within the timeout with a message naming it; a 2-rank run
+// resumes on 1 rank; the launcher places ranks from a rank table.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <cmath>
+#include <map>
+#include <sstream>
+
+#include "dist_test_util.h"
+#include "model/safetensors.h"
+#include "train/metrics.h"
+
+namespace rn {
+namespace {
+
+using namespace rn::test;
+
+// Fashion-MNIST, resnet20, small: 320 training images -> 10 global steps of 32 per epoch.
+std::vector<std::string> train_args(const fs::path& out, int per_rank_batch, std::vector<std::string> extra = {}) {
+  std::vector<std::string> a = {resnet_binary(), "train",
+                                "--set", "run.out_dir=" + out.string(),
+                                "--set", "data.train_subset=320",
+                                "--set", "data.val_subset=200",
+                                "--set", "data.batch_size=" + std::to_string(per_rank_batch),
+                                "--set", "data.workers=1",
+                                "--set", "run.threads=1",
+                                "--set", "run.log_interval_steps=1",
+                                "--set", "run.deterministic=true",
+                                "--set", "schedule.epochs=2",
+                                "--set", "schedule.warmup_epochs=0"};
+  for (auto& e : extra) {
+    a.push_back("--set");
+    a.push_back(e);
+  }
+  return a;
+}
+
+std::vector<std::string> under_mpirun(int ranks, std::vector<std::string> args, const std::string& marker = "") {
+  std::vector<std::string> a = mpirun(ranks, marker);
+  a.insert(a.end(), args.begin(), args.end());
+  return a;
+}
+
+std::vector<nlohmann::json> records(const fs::path& run, const std::string& kind) {
+  std::vector<nlohmann::json> out;
+  for (const auto& r : read_metrics((run / "metrics.jsonl").string()))
+    if (r.value("kind", "") == kind) out.push_back(r);
+  return out;
+}
+
+TEST(DistTrain, TwoRanksTrainAndOnlyRankZeroWritesTheRun) {
+  const fs::path dir = fresh_dir("two_ranks");
+  const RunResult r =
+      run(under_mpirun(2, train_args(dir / "run", 16, {"dist.fusion_threshold=65536", "run.trace=true"})), 600,
+          dir / "out.log");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const std::string log = read_all(dir / "run" / "train.log");
+  EXPECT_NE(log.find("data-parallel over 2 ranks (mpi communicator)"), std::string::npos) << log;
+  // `resnet info --params` shows the same buckets the run used.
+  const RunResult info = run({resnet_binary(), "info", "--model", "resnet20", "--input", "1x28x28", "--classes", "10",
+                              "--params", "--fusion-threshold", "65536"},
+                             60, dir / "info.log");
+  ASSERT_EQ(info.status, 0) << info.output;
+  const size_t at = info.output.find(" gradient buckets at dist.fusion_threshold 65536 bytes");
+  ASSERT_NE(at, std::string::npos) << info.output;
+  const std::string count = info.output.substr(info.output.rfind('\n', at) + 1, at - info.output.rfind('\n', at) - 1);
+  EXPECT_NE(log.find("gradient fusion: " + count + " buckets (dist.fusion_threshold 65536 bytes)"), std::string::npos)
+      << count << "\n" << log;
+  EXPECT_NE(info.output.find("    0 fc.weight"), std::string::npos) << info.output;
+  EXPECT_NE(log.find("peak lr"), std::string::npos);
+  // One run folder (rank 1 did not make its own), every step logged once, with the
+  // communication figures; per-epoch "comm" records.
+  EXPECT_FALSE(fs::exists(dir / "run-2"));
+  const auto train = records(dir / "run", "train");
+  ASSERT_EQ(train.size(), 20u) << "2 epochs x 10 global steps of 32";
+  EXPECT_GT(train[0].value("comm_ms", 0.0), 0.0);
+  const auto comm = records(dir / "run", "comm");
+  ASSERT_EQ(comm.size(), 2u);
+  EXPECT_EQ(comm[0]["ranks"], 2);
+  EXPECT_GE(comm[0]["hidden_share"].get<double>(), 0.0);
+  EXPECT_LE(comm[0]["hidden_share"].get<double>(), 1.0);
+  const auto evals = records(dir / "run", "eval");
+  ASSERT_EQ(evals.size(), 2u);
+  EXPECT_TRUE(fs::exists(dir / "run" / "report.html"));
+  // The trace shows each bucket's all-reduce on its own track, inside the step it overlaps.
+  const nlohmann::json trace = nlohmann::json::parse(read_all(dir / "run" / "trace.json"));
+  int buckets = 0, track = 0;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] == "M" && e["args"]["name"] == "gradient all-reduce") track = e["tid"].get<int>();
+    if (e.value("cat", "") == "comm") ++buckets;
+  }
+  EXPECT_GE(track, 1000);
+  EXPECT_EQ(buckets % 20, 0) << "the same number of buckets in each of the 20 steps";
+  EXPECT_GE(buckets, 40);
+  EXPECT_NE(r.output.find("final: top-1"), std::string::npos) << "rank 0 prints the result";
+  EXPECT_EQ(r.output.find("final: top-1"), r.output.rfind("final: top-1")) << "only rank 0 prints it";
+}
+
+// The final checkpoint's parameters, by name.
+std::map<std::string, std::vector<float>> final_weights(const fs::path& run) {
+  std::map<std::string, std::vector<float>> out;
+  fs::path last;
+  for (const auto& e : fs::directory_iterator(run / "checkpoints"))
+    if (e.path().filename().string().rfind("step-", 0) == 0 && e.path() > last) last = e.path();
+  const SafetensorsFile f = SafetensorsFile::load(last.string());
+  for (const SafetensorsEntry& e : f.entries()) {
+    if (e.name.rfind("optimizer.", 0) == 0 || e.dtype != DType::f32) continue;
+    const Tensor t = f.view(e.name);
+    out[e.name].assign(t.ptr<float>(), t.ptr<float>() + t.shape.numel());
+  }
+  return out;
+}
+
+// The test the issue asks for: 2 ranks with batch B and synchronised BN train step by step
+// like 1 rank with batch 2B (the same global batches, the same BN statistics, averaged
+// gradients). On the reference backend (fp64 accumulation) the two differ only in the order
+// of fp32 roundings, 1e-7 relative. Training amplifies such differences where a ReLU input
+// sits within rounding of zero: at the default learning rate they grew to 5e-4 by step 5,
+// so the test trains at a tenth of it (base_lr 0.02), where the measured difference stays
+// at 1e-7 for all 10 steps; stated tolerance 1e-5 per step and in the final weights.
+// Per-rank BN differs by about 1e-2 (checked too). (With oneDNN the single-rank run uses
+// oneDNN's batch norm and other convolution blocking for batch 32, a few 1e-6 per step.)
+TEST(DistTrain, TwoRanksWithSyncBnMatchOneRankWithTwiceTheBatch) {
+  const fs::path dir = fresh_dir("sync_bn");
+  const std::vector<std::string> ref = {"run.device=ref", "schedule.epochs=1", "optimizer.base_lr=0.02"};
+  std::vector<std::string> sync = ref;
+  sync.push_back("dist.sync_bn=true");
+  RunResult r = run(under_mpirun(2, train_args(dir / "two", 16, sync)), 600, dir / "two.log");
+  ASSERT_EQ(r.status, 0) << r.output;
+  r = run(train_args(dir / "one", 32, ref), 600, dir / "one.log");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const auto two = records(dir / "two", "train"), one = records(dir / "one", "train");
+  ASSERT_EQ(two.size(), 10u);
+  ASSERT_EQ(one.size(), 10u);
+  double worst = 0;
+  for (size_t i = 0; i < one.size(); ++i) {
+    const double a = one[i]["loss"].get<double>(), b = two[i]["loss"].get<double>();
+    EXPECT_EQ(one[i]["lr"], two[i]["lr"]) << "step " << i + 1 << ": the learning rate follows the global batch";
+    worst = std::max(worst, std::fabs(a - b) / std::fabs(a));
+    EXPECT_NEAR(b, a, 1e-5 * std::fabs(a)) << "step " << i + 1;
+  }
+  const auto w1 = final_weights(dir / "one"), w2 = final_weights(dir / "two");
+  ASSERT_EQ(w1.size(), w2.size());
+  double num = 0, den = 0;
+  for (const auto& [name, v] : w1) {
+    const auto& u = w2.at(name);
+    ASSERT_EQ(u.size(), v.size()) << name;
+    for (size_t i = 0; i < v.size(); ++i) {
+      num += (u[i] - v[i]) * static_cast<double>(u[i] - v[i]);
+      den += static_cast<double>(v[i]) * v[i];
+    }
+  }
+  const double rel = std::sqrt(num / den);
+  std::printf("sync BN: worst per-step loss difference %.2e relative, final weights %.2e relative\n", worst, rel);
+  EXPECT_LT(rel, 1e-5);
+  // Without synchronised BN each rank normalises over its own 16 images: visibly different.
+  r = run(under_mpirun(2, train_args(dir / "per_rank", 16, ref)), 600, dir / "per_rank.log");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const auto per_rank = records(dir / "per_rank", "train");
+  double diff = 0;
+  for (size_t i = 0; i < one.size(); ++i)
+    diff = std::max(diff, std::fabs(per_rank[i]["loss"].get<double>() - one[i]["loss"].get<double>()));
+  EXPECT_GT(diff, 1e-3) << "per-rank BN should not match the single-rank run this closely";
+}
+
+// Waits until rank 0 has logged `steps` training records; false past the deadline.
+bool wait_for_steps(const fs::path& run, size_t steps, double deadline_s) {
+  const auto t0 = std::chrono::steady_clock::now();
+  while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < deadline_s) {
+    if (fs::exists(run / "metrics.jsonl")) {
+      std::ifstream f(run / "metrics.jsonl");
+      std::string line;
+      size_t n = 0;
+      while (std::getline(f, line)) n += line.find("\"kind\":\"train\"") != std::string::npos;
+      if (n >= steps) return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
+TEST(DistTrain, AKilledRankEndsTheJob) {
+  const fs::path dir = fresh_dir("killed");
+  const std::string marker = "killed-" + std::to_string(getpid());
+  const pid_t job = spawn(under_mpirun(2, train_args(dir / "run", 16, {"schedule.epochs=50", "dist.timeout_s=20"}), marker),
+                          dir / "out.log");
+  ASSERT_TRUE(wait_for_steps(dir / "run", 3, 300)) << read_all(dir / "out.log");
+  const pid_t victim = find_rank(marker, 1);
+  ASSERT_GT(victim, 0);
+  kill(victim, SIGKILL);
+  const RunResult r = wait_for(job, 60, dir / "out.log");
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.status, -1) << "the job did not end within 60 s of a rank's death:\n" << r.output;
+  EXPECT_NE(r.output.find("rank 1"), std::string::npos) << r.output;
+}
+
+TEST(DistTrain, AStoppedRankEndsTheJobWithinTheTimeoutNamingIt) {
+  const fs::path dir = fresh_dir("stopped");
+  const std::string marker = "stopped-" + std::to_string(getpid());
+  const double timeout = 8;
+  const pid_t job = spawn(under_mpirun(2, train_args(dir / "run", 16, {"schedule.epochs=50", "dist.timeout_s=8"}), marker),
+                          dir / "out.log");
+  ASSERT_TRUE(wait_for_steps(dir / "run", 3, 300)) << read_all(dir / "out.log");
+  const pid_t victim = find_rank(marker, 1);
+  ASSERT_GT(victim, 0);
+  kill(victim, SIGSTOP);  // alive but silent: what a hung machine looks like
+  const auto t0 = std::chrono::steady_clock::now();
+  const RunResult r = wait_for(job, 90, dir / "out.log");
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(r.status, -1) << "the job hung after a rank stopped:\n" << r.output;
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_LT(took, timeout + 30) << r.output;
+  EXPECT_GE(took, timeout - 2) << "ended well before the timeout (the last heartbeat may be up to 1 s old):\n" << r.output;
+  // Rank 0 speaks first and names rank 1 and what it was last seen doing.
+  EXPECT_NE(r.output.find("rank 1 on"), std::string::npos) << r.output;
+  EXPECT_TRUE(r.output.find("has sent no heartbeat") != std::string::npos ||
+              r.output.find("held up by rank 1") != std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("step "), std::string::npos);
+  const std::string log = read_all(dir / "run" / "train.log");
+  EXPECT_NE(log.find("rank 1"), std::string::npos) << "the message is in train.log too:\n" << log;
+}
+
+// A 2-rank run stopped after 7 steps and resumed on 1 rank takes the steps an uninterrupted
+// 2-rank run takes (synchronised BN on ref, as above, so that the per-rank batch changes the
+// arithmetic only by rounding). Steps 1-7 are the same computation (equal); the first
+// resumed step differs by rounding only (measured 1e-7, bound 1e-6); later steps drift as in
+// the test above, even at a quarter of its learning rate (measured 3e-5 by step 20, bound
+// 1e-4). A wrong sample order or per-rank BN would show as about 1e-2.
+TEST(DistTrain, ATwoRankRunResumesOnOneRankWithTheSameGlobalBatch) {
+  const fs::path dir = fresh_dir("resume_2_to_1");
+  const std::vector<std::string> sets = {"run.device=ref", "schedule.epochs=1", "optimizer.base_lr=0.005",
+                                         "dist.sync_bn=true"};
+  std::vector<std::string> first = train_args(dir / "run", 8, sets);
+  first.insert(first.end(), {"--max-steps", "7"});
+  RunResult r = run(under_mpirun(2, first), 600, dir / "first.log");
+  ASSERT_EQ(r.status, 0) << r.output;
+  ASSERT_EQ(records(dir / "run", "train").size(), 7u);
+  r = run({resnet_binary(), "train", "--resume", (dir / "run").string()}, 600, dir / "second.log");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const std::string log = read_all(dir / "run" / "train.log");
+  EXPECT_NE(log.find("batch per rank 8 -> 16 keeps the global batch of 16"), std::string::npos) << log;
+  r = run(under_mpirun(2, train_args(dir / "straight", 8, sets)), 600, dir / "straight.log");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const auto resumed = records(dir / "run", "train"), straight = records(dir / "straight", "train");
+  ASSERT_EQ(resumed.size(), 20u) << "20 global steps of 16, 7 of them before the resume";
+  ASSERT_EQ(straight.size(), 20u);
+  for (size_t i = 0; i < 20; ++i) {
+    EXPECT_EQ(resumed[i]["step"], straight[i]["step"]);
+    EXPECT_EQ(resumed[i]["lr"], straight[i]["lr"]) << "step " << i + 1;
+    const double a = straight[i]["loss"].get<double>();
+    const double bound = i < 7 ? 0.0 : i == 7 ? 1e-6 : 1e-4;
+    EXPECT_NEAR(resumed[i]["loss"].get<double>(), a, bound * std::fabs(a)) << "step " << i + 1;
+  }
+  EXPECT_EQ(records(dir / "run", "eval").size(), 1u);
+}
+
+TEST(DistTrain, LaunchPlacesRanksAsTheRankTableSays) {
+  const fs::path dir = fresh_dir("launch");
+  std::ofstream(dir / "table.json") << R"({"interface": "eth9",
+    "hosts": [{"name": "a", "address": "10.9.0.1"}, {"name": "b", "address": "10.9.0.2"}],
+    "ranks": [{"rank": 0, "host": "a", "device": 0}, {"rank": 1, "host": "a", "device": 1},
+              {"rank": 2, "host": "b", "device": 0}]})";
+  RunResult r = run({resnet_binary(), "launch", "--rank-table", (dir / "table.json").string(), "--dry-run", "--",
+                     "train", "--config", "x.yaml"},
+                    60, dir / "out.log");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("mpirun -np 3 --host 10.9.0.1:2,10.9.0.2:1 --map-by slot"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--mca btl_tcp_if_include eth9 --mca oob_tcp_if_include eth9"), std::string::npos);
+  EXPECT_NE(r.output.find("RN_RANK_TABLE=" + (dir / "table.json").string()), std::string::npos);
+  EXPECT_NE(r.output.find("train --config x.yaml"), std::string::npos);
+  // A rank table whose hosts are not this machine: each rank refuses its place.
+  std::ofstream(dir / "elsewhere.json") << R"({"hosts": [{"name": "no-such-host-xyz"}],
+    "ranks": [{"rank": 0, "host": "no-such-host-xyz"}, {"rank": 1, "host": "no-such-host-xyz", "device": 1}]})";
+  r = run(under_mpirun(2, train_args(dir / "run", 16, {"dist.rank_table=" + (dir / "elsewhere.json").string()})), 120,
+          dir / "elsewhere.log");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.status, -1);
+  EXPECT_NE(r.output.find("belongs on host 'no-such-host-xyz'"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace rn
