@@ -127,6 +127,16 @@ CudnnAlgoChoice pick(const std::vector<Perf>& results, int count, bool determini
                    << (deterministic_only ? " (deterministic algorithms only: high_precision mode)" : "");
 }
 
+// A configuration cuDNN does not implement (shape, type, layout) is unsupported, reported as
+// such; any other failure, including a broken installation (driver, sub-library, arch), is
+// an error.
+void search_status(cudnnStatus_t status, const std::string& what) {
+  if (status == CUDNN_STATUS_NOT_SUPPORTED || status == CUDNN_STATUS_NOT_SUPPORTED_SHAPE ||
+      status == CUDNN_STATUS_NOT_SUPPORTED_DATA_TYPE || status == CUDNN_STATUS_NOT_SUPPORTED_LAYOUT)
+    RN_UNSUPPORTED() << "cuda backend: cuDNN does not support " << what << ": " << cudnnGetErrorString(status);
+  RN_CUDNN_CHECK(status);
+}
+
 CudnnAlgoChoice CudnnConv::choose(Direction dir) {
   const std::string k = key(dir);
   if (auto hit = ctx_->algo_cache().find(k)) return *hit;
@@ -139,15 +149,15 @@ CudnnAlgoChoice CudnnConv::choose(Direction dir) {
   // The measured search allocates its own buffers (the plan's do not exist yet).
   if (dir == Direction::forward) {
     std::vector<cudnnConvolutionFwdAlgoPerf_t> r(kAsk);
-    RN_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(h, x_, w_, conv_, y_, kAsk, &got, r.data()));
+    search_status(cudnnFindConvolutionForwardAlgorithm(h, x_, w_, conv_, y_, kAsk, &got, r.data()), what);
     c = pick(r, got, det, what);
   } else if (dir == Direction::backward_data) {
     std::vector<cudnnConvolutionBwdDataAlgoPerf_t> r(kAsk);
-    RN_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(h, w_, y_, conv_, x_, kAsk, &got, r.data()));
+    search_status(cudnnFindConvolutionBackwardDataAlgorithm(h, w_, y_, conv_, x_, kAsk, &got, r.data()), what);
     c = pick(r, got, det, what);
   } else {
     std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> r(kAsk);
-    RN_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(h, x_, y_, conv_, w_, kAsk, &got, r.data()));
+    search_status(cudnnFindConvolutionBackwardFilterAlgorithm(h, x_, y_, conv_, w_, kAsk, &got, r.data()), what);
     c = pick(r, got, det, what);
   }
   RN_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_, math_));  // the search may have changed it
