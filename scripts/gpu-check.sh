@@ -21,7 +21,7 @@
 # nvidia/* folders of Python's site-packages (PyTorch's wheels). See docs/gpu.md.
 # Without a GPU it stops at once with a message (exit 3).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 root=$(pwd)
 out=${1:?usage: scripts/gpu-check.sh OUT_DIR}
 mkdir -p "$out"
@@ -98,9 +98,14 @@ mkdir -p "$RN_GOLDEN_DIR"
 # ---- 1. harness, 2. goldens ---------------------------------------------------------------
 section "cross-backend harness: cuda vs ref"
 "${run[@]}" "$test_ops" --gtest_filter='Ops/CrossBackendCuda.*:FusedMath.*:FusedStepDesc.*:CudnnAlgoCache.*' \
-  --gtest_brief=1 || fail "cross-backend harness on cuda"
+  --gtest_brief=1 2>&1 | tee "$out/harness.log"
+[[ ${PIPESTATUS[0]} == 0 ]] || fail "cross-backend harness on cuda"
+# On a GPU machine a skip for "no usable GPU" means the backend did not start: a failure.
+grep -q 'cuda backend not run' "$out/harness.log" && fail "the cuda backend did not start (see harness.log)"
 section "golden parity on cuda (fp32, fp16, bf16)"
-"${run[@]}" "$test_model" --gtest_filter='Zoo/GoldenParity.*cuda*:Zoo/GoldenParityHalf.*' || fail "golden parity on cuda"
+"${run[@]}" "$test_model" --gtest_filter='Zoo/GoldenParity.*cuda*:Zoo/GoldenParityHalf.*' 2>&1 | tee "$out/golden.log"
+[[ ${PIPESTATUS[0]} == 0 ]] || fail "golden parity on cuda"
+grep -qE 'golden not run|not importable' "$out/golden.log" && fail "golden parity did not run on cuda (see golden.log)"
 
 # ---- 3. eager vs sink -----------------------------------------------------------------------
 section "short training: eager vs sink (resnet20, synthetic, O2 fp16, high_precision)"
