@@ -4,9 +4,11 @@
 #include "ops/fused_math.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <vector>
 
@@ -224,7 +226,9 @@ TEST(CudnnAlgoCache, LinesRoundTripAndBadLinesAreRejected) {
 }
 
 TEST(CudnnAlgoCache, PersistsAcrossInstances) {
-  const std::string path = std::string(RN_BINARY_DIR) + "/algo_cache_test.tsv";
+  // A temporary folder: a build carried to a GPU machine may not have its build tree there.
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("rn_algo_cache_test_" + std::to_string(::getpid()) + ".tsv")).string();
   std::remove(path.c_str());
   {
     cuda::CudnnAlgoCache cache(path);
