@@ -18,11 +18,15 @@ std::vector<std::string> available_backends() {
   return names;
 }
 
-std::unique_ptr<Backend> make_backend(const std::string& name) {
+std::unique_ptr<Backend> make_backend(const std::string& name, [[maybe_unused]] const BackendOptions& options) {
   if (name == "ref") return make_ref_backend();
   if (name == "cpu") return make_cpu_backend();
 #ifdef RN_HAVE_CUDA
-  if (name == "cuda") return make_cuda_backend();
+  if (name == "cuda") {
+    CudaBackendOptions o;
+    o.mode = options.high_precision ? CudaImplMode::high_precision : CudaImplMode::high_performance;
+    return make_cuda_backend(o);
+  }
 #endif
   std::ostringstream list;
   for (const auto& n : available_backends()) list << " " << n;

@@ -44,6 +44,7 @@ struct BenchArgs {
   bool profile = false;
   bool find_max_batch = false;
   std::string memory_cap;
+  int sink = 0;  // device: replay the step as a CUDA graph, timing sink-step windows
 };
 
 template <typename E>
@@ -92,6 +93,7 @@ struct BenchResult {
   RangeResidency arena;        // measured: what the steps touched of the arena
   size_t peak_resident = 0;    // measured: the process's peak RSS while the plan lived
   size_t resident_growth = 0;  // measured: that peak minus the RSS before the plan was made
+  size_t device_peak = 0;      // device backends: peak bytes allocated on the device
 };
 
 PlanOptions plan_options(const BenchSetup& s, int64_t batch, MemoryLevel level) {
@@ -116,20 +118,40 @@ BenchResult bench_plan(const BenchSetup& s, int64_t batch, MemoryLevel level) {
   apply_optimizer_param_policy(table, oc);
   Optimizer opt(oc, table);
   LossScaler scaler(s.policy.loss_scale);
-  TrainStep step(plan, opt, scaler, s.policy);
+  TrainStep step(plan, opt, scaler, s.policy, a.sink);
+  if (a.sink > 0) step.set_lr_source([](int64_t) { return 0.01; }, 0);
 
   {  // Synthetic batch: normal pixels, uniform labels (fixed, as in the PyTorch side).
     Rng rng(7);
     const Tensor in = plan.input();
     std::vector<float> pixels(static_cast<size_t>(in.numel()));
     for (float& v : pixels) v = rng.normal();
-    convert(in.data, in.dtype, pixels.data(), DType::f32, pixels.size());
-    for (int64_t i = 0; i < batch; ++i) plan.labels().ptr<int32_t>()[i] = static_cast<int32_t>(rng.below(a.classes));
+    HostTensor staged(in.shape, in.dtype, in.layout);
+    convert(staged.view().data, in.dtype, pixels.data(), DType::f32, pixels.size());
+    plan.copy_from_host(in, staged.view().data);
+    std::vector<int32_t> labels(static_cast<size_t>(batch));
+    for (auto& l : labels) l = static_cast<int32_t>(rng.below(a.classes));
+    plan.copy_from_host(plan.labels(), labels.data());
   }
 
   plan.set_profiling(a.profile);
   std::vector<double> times;
-  for (int i = 0; i < a.warmup + a.steps; ++i) {
+  if (a.sink > 0) {
+    // Graph replays: the host waits once per window of `sink` steps; the step time is the
+    // window's time over its steps.
+    for (int i = 0; i < std::max(a.warmup, 1); ++i) step.run(0.01);
+    s.backend.synchronize();
+    for (int done = 0; done < a.steps;) {
+      const int n = std::min(a.sink, a.steps - done);
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < n; ++i) step.run(0.01);
+      s.backend.synchronize();
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      for (int i = 0; i < n; ++i) times.push_back(secs / n);
+      done += n;
+    }
+  }
+  for (int i = 0; i < (a.sink > 0 ? 0 : a.warmup + a.steps); ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     step.run(0.01);
     s.backend.synchronize();
@@ -146,6 +168,7 @@ BenchResult bench_plan(const BenchSetup& s, int64_t batch, MemoryLevel level) {
   const ProcessMemory pm = process_memory();
   r.peak_resident = pm.peak_resident;
   r.resident_growth = pm.peak_resident > base ? pm.peak_resident - base : 0;
+  r.device_peak = s.backend.memory().peak_bytes();
   return r;
 }
 
@@ -157,10 +180,10 @@ void print_result(const BenchSetup& s, MemoryLevel level, const BenchResult& r) 
         "{{\"system\":\"resnet.cpp\",\"model\":\"{}\",\"precision\":\"{}\",\"half\":\"{}\",\"batch\":{},"
         "\"device\":\"{}\",\"threads\":{},\"memory_level\":\"{}\",\"median_step_s\":{:.6f},"
         "\"images_per_sec\":{:.3f},\"steps\":{},\"planned_arena\":{},\"planned_total\":{},"
-        "\"arena_high_water\":{},\"peak_resident\":{},\"resident_growth\":{}}}\n",
+        "\"arena_high_water\":{},\"peak_resident\":{},\"resident_growth\":{},\"device_peak\":{},\"sink\":{}}}\n",
         a.model, a.precision, a.half, r.batch, s.backend.name(), host_threads(), memory_level_name(level),
         r.median_step_s, r.batch / r.median_step_s, a.steps, r.planned.arena, r.planned.total(), r.arena.high_water,
-        r.peak_resident, r.resident_growth);
+        r.peak_resident, r.resident_growth, r.device_peak, a.sink);
   } else {
     fmt::print(
         "{} | {} | batch {} | {} | {} threads | memory {} | planned arena {}, total {} | measured arena "
@@ -268,6 +291,9 @@ Runner add_bench_command(CLI::App& app) {
   cmd->add_option("--threads", a->threads, "Host threads (0: all cores)")->capture_default_str();
   cmd->add_flag("--json", a->json, "Print one JSON line");
   cmd->add_flag("--profile", a->profile, "Time every plan step and print the slowest");
+  cmd->add_option("--sink", a->sink, "GPU: replay the step as a CUDA graph, synchronising every N steps (0: eager)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   // The input pipeline alone.
   auto d = std::make_shared<DataBenchArgs>();
   cmd->add_option("--data", d->path, "Benchmark the loader alone on this image folder (no model)");

@@ -18,6 +18,7 @@ Runner add_pack_command(CLI::App& app);
 Runner add_doctor_command(CLI::App& app);
 Runner add_profile_command(CLI::App& app);
 Runner add_summary_command(CLI::App& app);
+Runner add_tune_command(CLI::App& app);
 Runner add_launch_command(CLI::App& app);
 
 }  // namespace rn::cli

@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   runners.push_back(rn::cli::add_doctor_command(app));
   runners.push_back(rn::cli::add_profile_command(app));
   runners.push_back(rn::cli::add_summary_command(app));
+  runners.push_back(rn::cli::add_tune_command(app));
   runners.push_back(rn::cli::add_launch_command(app));
   try {
     app.parse(argc, argv);

@@ -16,6 +16,7 @@
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "model/zoo.h"
+#include "train/batch_feeder.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/data_setup.h"
@@ -96,7 +97,9 @@ int run_eval(const EvalArgs& a) {
   const PrecisionPolicy policy = make_precision_policy(cfg.precision, *backend);
   Model model(build_model(cfg.model.name, model_options(cfg.model)));
   load_weights(a.weights, model);
-  std::unique_ptr<DataLoader> loader_ptr = make_val_loader(cfg, policy.activation_dtype, backend->preferred_layout());
+  const DType loader_dtype =
+      loader_dtype_for(cfg.data.dataset == DatasetKind::imagefolder, policy.activation_dtype, *backend);
+  std::unique_ptr<DataLoader> loader_ptr = make_val_loader(cfg, loader_dtype, backend->preferred_layout());
   DataLoader& loader = *loader_ptr;
   const DataLoaderOptions& lo = loader.options();
   PlanOptions po;

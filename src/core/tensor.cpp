@@ -4,6 +4,8 @@
 #include <cstring>
 #include <sstream>
 
+#include "core/memory_space.h"
+
 namespace rn {
 
 std::string_view layout_name(Layout l) { return l == Layout::nchw ? "nchw" : "nhwc"; }
@@ -68,6 +70,31 @@ HostTensor::HostTensor(Shape shape, DType dtype, Layout layout) {
   view_.data = buffer_.data();
 }
 
+Arena::Arena(size_t bytes) : Arena(bytes, host_memory()) {}
+
+Arena::Arena(size_t bytes, MemorySpace& space)
+    : space_(&space), base_(space.allocate(bytes)), bytes_(bytes), device_(space.device()) {}
+
+Arena::~Arena() { release(); }
+
+Arena::Arena(Arena&& o) noexcept : space_(o.space_), base_(o.base_), bytes_(o.bytes_), device_(o.device_) {
+  o.space_ = nullptr, o.base_ = nullptr, o.bytes_ = 0;
+}
+
+Arena& Arena::operator=(Arena&& o) noexcept {
+  if (this != &o) {
+    release();
+    space_ = o.space_, base_ = o.base_, bytes_ = o.bytes_, device_ = o.device_;
+    o.space_ = nullptr, o.base_ = nullptr, o.bytes_ = 0;
+  }
+  return *this;
+}
+
+void Arena::release() noexcept {
+  if (space_ && base_) space_->free(base_);
+  space_ = nullptr, base_ = nullptr, bytes_ = 0;
+}
+
 Tensor Arena::view(size_t offset, Shape shape, DType dtype, Layout layout) const {
   Tensor t;
   t.shape = shape;
@@ -77,6 +104,7 @@ Tensor Arena::view(size_t offset, Shape shape, DType dtype, Layout layout) const
   RN_CHECK(offset + t.bytes() <= bytes())
       << "view " << t.str() << " at offset " << offset << " overruns arena of " << bytes() << " bytes";
   t.data = static_cast<char*>(base()) + offset;
+  t.device = device_;
   return t;
 }
 

@@ -106,17 +106,29 @@ class HostTensor {
 
 // One aligned block carved into views at planned offsets. A training step allocates
 // nothing: every activation and gradient is a view into the arena.
+// The block lives in host memory, or in a device backend's MemorySpace (memory_space.h);
+// views carry its device.
+class MemorySpace;
 class Arena {
  public:
   static constexpr size_t kAlignment = 64;
   Arena() = default;
-  explicit Arena(size_t bytes) : buffer_(bytes) {}
-  size_t bytes() const { return buffer_.bytes(); }
-  void* base() const { return buffer_.data(); }
+  explicit Arena(size_t bytes);
+  Arena(size_t bytes, MemorySpace& space);
+  ~Arena();
+  Arena(Arena&&) noexcept;
+  Arena& operator=(Arena&&) noexcept;
+  size_t bytes() const { return bytes_; }
+  void* base() const { return base_; }
+  Device device() const { return device_; }
   Tensor view(size_t offset, Shape shape, DType dtype, Layout layout = Layout::nchw) const;
 
  private:
-  HostBuffer buffer_;
+  void release() noexcept;
+  MemorySpace* space_ = nullptr;
+  void* base_ = nullptr;
+  size_t bytes_ = 0;
+  Device device_ = Device::cpu;
 };
 
 inline size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }

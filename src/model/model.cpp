@@ -133,6 +133,61 @@ void Model::init(uint64_t seed) {
   }
 }
 
-void Model::zero_grads() { grad_buf_.zero(); }
+void Model::zero_grads() {
+  if (device_.space)
+    device_.grads.zero();
+  else
+    grad_buf_.zero();
+}
+
+void Model::place_on(MemorySpace& space) {
+  if (space.device() == Device::cpu) {
+    RN_CHECK(!device_.space) << "model '" << graph_.name << "' is on " << device_name(compute_device())
+                             << "; a host plan cannot use it";
+    return;
+  }
+  if (device_.space == &space) return;
+  RN_CHECK(!device_.space) << "model '" << graph_.name << "' is already placed on another device";
+  device_.space = &space;
+  device_.params = DeviceBuffer(space, param_buf_.bytes());
+  device_.grads = DeviceBuffer(space, grad_buf_.bytes());
+  device_.state = DeviceBuffer(space, state_buf_.bytes());
+  to_device();
+}
+
+void Model::to_host() const {
+  if (!device_.space) return;
+  device_.space->copy(param_buf_.data(), device_.params.data(), param_buf_.bytes());
+  device_.space->copy(grad_buf_.data(), device_.grads.data(), grad_buf_.bytes());
+  device_.space->copy(state_buf_.data(), device_.state.data(), state_buf_.bytes());
+}
+
+void Model::to_device() const {
+  if (!device_.space) return;
+  device_.space->copy(device_.params.data(), param_buf_.data(), param_buf_.bytes());
+  device_.space->copy(device_.grads.data(), grad_buf_.data(), grad_buf_.bytes());
+  device_.space->copy(device_.state.data(), state_buf_.data(), state_buf_.bytes());
+}
+
+Tensor Model::compute_param(int i) const {
+  const ParamView& v = params_.params.at(static_cast<size_t>(i));
+  Tensor t{compute_param_data() + v.offset, v.shape, DType::f32};
+  t.device = compute_device();
+  return t;
+}
+
+Tensor Model::compute_grad(int i) const {
+  const ParamView& v = params_.params.at(static_cast<size_t>(i));
+  Tensor t{compute_grad_data() + v.offset, v.shape, DType::f32};
+  t.device = compute_device();
+  return t;
+}
+
+Tensor Model::compute_state(int i) const {
+  const StateView& v = state_.at(static_cast<size_t>(i));
+  Tensor t{compute_state_data() + v.offset, v.shape, DType::f32};
+  t.device = compute_device();
+  return t;
+}
 
 }  // namespace rn

@@ -1,11 +1,18 @@
 // A model: its graph plus the flat buffers that outlive any plan: fp32 parameters
 // (master weights), their gradients, and the non-trainable state (BN running stats).
 // Plans for training and evaluation, at any batch size or memory level, share them.
+//
+// The host buffers are what initialisation, weight I/O, checkpoints and the host optimizer
+// use. A plan on a device backend places the model on that backend's MemorySpace
+// (place_on): device copies of all three buffers are made and the plans compute on them
+// (the compute_* accessors); to_host() / to_device() copy between the two explicitly. On
+// the host, compute_* are the host buffers themselves and nothing is copied.
 #pragma once
 
 #include <string>
 #include <vector>
 
+#include "core/memory_space.h"
 #include "model/graph.h"
 #include "model/params.h"
 
@@ -47,9 +54,33 @@ class Model {
   // torchvision's initialisation: conv kaiming normal (fan_out, relu); BN gamma 1 (0 where
   // zero_init), beta 0, running mean 0, var 1; linear U(-1/sqrt(in), 1/sqrt(in)).
   void init(uint64_t seed);
+  // Zeroes the gradients the plans accumulate into (compute_grad_data()).
   void zero_grads();
 
+  // Device placement (see above). place_on a host space is a no-op; placing a model that
+  // is already on another device is an error.
+  void place_on(MemorySpace& space);
+  Device compute_device() const { return device_.space ? device_.space->device() : Device::cpu; }
+  MemorySpace& compute_space() const { return device_.space ? *device_.space : host_memory(); }
+  float* compute_param_data() const {
+    return device_.space ? static_cast<float*>(device_.params.data()) : param_data();
+  }
+  float* compute_grad_data() const { return device_.space ? static_cast<float*>(device_.grads.data()) : grad_data(); }
+  float* compute_state_data() const { return device_.space ? static_cast<float*>(device_.state.data()) : state_data(); }
+  Tensor compute_param(int index) const;
+  Tensor compute_grad(int index) const;
+  Tensor compute_state(int index) const;
+  // Copies parameters, gradients and state from the device to the host buffers / the
+  // other way (no-ops for a host model).
+  void to_host() const;
+  void to_device() const;
+
  private:
+  struct DeviceCopy {
+    MemorySpace* space = nullptr;
+    DeviceBuffer params, grads, state;
+  };
+  DeviceCopy device_;
   Graph graph_;
   ParamTable params_;
   std::vector<StateView> state_;

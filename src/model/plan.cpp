@@ -39,13 +39,17 @@ Plan::Plan(Model& model, Backend* backend, const PlanOptions& options)
   validate_plan(buffers_, arena_bytes_, num_steps());
   if (!backend_) return;
 
-  arena_ = Arena(arena_bytes_);
-  release_pages(arena_.base(), arena_.bytes());  // untouched until a step writes it: measurable
+  // Everything the steps touch lives in the backend's memory (the device for a GPU backend).
+  MemorySpace& space = backend_->memory();
+  model_.place_on(space);
+  arena_ = Arena(arena_bytes_, space);
+  if (space.device() == Device::cpu)
+    release_pages(arena_.base(), arena_.bytes());  // untouched until a step writes it: measurable
   views_.resize(buffers_.size());
   for (size_t i = 0; i < buffers_.size(); ++i)
     views_[i] = arena_.view(buffers_[i].offset, meta_[i].shape, meta_[i].dtype, meta_[i].layout);
   if (options_.dtype != DType::f32)
-    half_weights_ = HostBuffer(static_cast<size_t>(model_.params().total) * dtype_size(options_.dtype));
+    half_weights_ = DeviceBuffer(space, static_cast<size_t>(model_.params().total) * dtype_size(options_.dtype));
 }
 
 Plan::~Plan() = default;
@@ -92,7 +96,7 @@ void Plan::mark_finishes(int weight, int bias) {
 
 Tensor Plan::weight(int param_index) const {
   // Convolution and linear weights in options().dtype: the master or its half copy.
-  Tensor master = model_.param(param_index);
+  Tensor master = model_.compute_param(param_index);
   if (options_.dtype == DType::f32) return master;
   const ParamView& v = model_.params().params[static_cast<size_t>(param_index)];
   Tensor t = master;
@@ -111,8 +115,9 @@ void Plan::build_forward() {
       cast = keep(casts_, backend_->make_cast({model_.params().total, DType::f32, options_.dtype}));
     add_step("cast weights", {}, {}, [this, cast] {
       const int64_t total = model_.params().total;
-      Tensor src{model_.param_data(), {total}, DType::f32};
+      Tensor src{model_.compute_param_data(), {total}, DType::f32};
       Tensor dst{half_weights_.data(), {total}, options_.dtype};
+      src.device = dst.device = model_.compute_device();
       cast->forward(dst, src);
     });
   }
@@ -160,7 +165,7 @@ void Plan::emit_forward(int id) {
     Conv2dDesc d{c->p, N, xs[2], xs[3], dt, L};
     Conv2dKernel* k = kernels_[static_cast<size_t>(id)].conv = backend_ ? keep(convs_, backend_->make_conv2d(d)) : nullptr;
     add_step("fwd " + n.name, {x}, {y}, [this, k, x, y, s] {
-      Tensor b = s.bias >= 0 ? model_.param(s.bias) : Tensor{};
+      Tensor b = s.bias >= 0 ? model_.compute_param(s.bias) : Tensor{};
       k->forward(view(y), view(x), weight(s.weight), s.bias >= 0 ? &b : nullptr);
     });
   } else if (const auto* b = attrs_if<BatchNormAttrs>(n)) {
@@ -176,8 +181,9 @@ void Plan::emit_forward(int id) {
       add_recipe(y, Recipe{id, x, r, sm, si, nullptr});
       auto run = [this, k, x, y, r, sm, si, s] {
         Tensor rt = r >= 0 ? view(r) : Tensor{};
-        k->forward_training(view(y), view(sm), view(si), view(x), r >= 0 ? &rt : nullptr, model_.param(s.weight),
-                            model_.param(s.bias), model_.state(s.running_mean), model_.state(s.running_var));
+        k->forward_training(view(y), view(sm), view(si), view(x), r >= 0 ? &rt : nullptr,
+                            model_.compute_param(s.weight), model_.compute_param(s.bias),
+                            model_.compute_state(s.running_mean), model_.compute_state(s.running_var));
       };
       if (r >= 0)
         add_step("fwd " + n.name, {x, r}, {y, sm, si}, run);
@@ -186,8 +192,9 @@ void Plan::emit_forward(int id) {
     } else {
       auto run = [this, k, x, y, r, s] {
         Tensor rt = r >= 0 ? view(r) : Tensor{};
-        k->forward_inference(view(y), view(x), r >= 0 ? &rt : nullptr, model_.param(s.weight), model_.param(s.bias),
-                             model_.state(s.running_mean), model_.state(s.running_var));
+        k->forward_inference(view(y), view(x), r >= 0 ? &rt : nullptr, model_.compute_param(s.weight),
+                             model_.compute_param(s.bias), model_.compute_state(s.running_mean),
+                             model_.compute_state(s.running_var));
       };
       if (r >= 0)
         add_step("fwd " + n.name, {x, r}, {y}, run);
@@ -216,7 +223,7 @@ void Plan::emit_forward(int id) {
     LinearDesc d{N, l->in_features, l->out_features, l->bias, dt};
     LinearKernel* k = kernels_[static_cast<size_t>(id)].linear = backend_ ? keep(linears_, backend_->make_linear(d)) : nullptr;
     add_step("fwd " + n.name, {x}, {y}, [this, k, x, y, s] {
-      Tensor b = s.bias >= 0 ? model_.param(s.bias) : Tensor{};
+      Tensor b = s.bias >= 0 ? model_.compute_param(s.bias) : Tensor{};
       k->forward(view(y), view(x), weight(s.weight), s.bias >= 0 ? &b : nullptr);
     });
   } else {
@@ -327,8 +334,8 @@ void Plan::emit_backward(int id) {
     Conv2dKernel* conv = k.conv;
     // Weight gradients first: they are what the all-reduce waits for.
     add_step("bwd_weights " + n.name, {dy, x}, {}, [this, conv, dy, x, s] {
-      Tensor db = s.bias >= 0 ? model_.grad(s.bias) : Tensor{};
-      conv->backward_weights(model_.grad(s.weight), s.bias >= 0 ? &db : nullptr, view(dy), view(x));
+      Tensor db = s.bias >= 0 ? model_.compute_grad(s.bias) : Tensor{};
+      conv->backward_weights(model_.compute_grad(s.weight), s.bias >= 0 ? &db : nullptr, view(dy), view(x));
     });
     mark_finishes(s.weight, s.bias);
     if (need_dx) {
@@ -340,8 +347,8 @@ void Plan::emit_backward(int id) {
   } else if (attrs_if<LinearAttrs>(n)) {
     LinearKernel* lin = k.linear;
     add_step("bwd_weights " + n.name, {dy, x}, {}, [this, lin, dy, x, s] {
-      Tensor db = s.bias >= 0 ? model_.grad(s.bias) : Tensor{};
-      lin->backward_weights(model_.grad(s.weight), s.bias >= 0 ? &db : nullptr, view(dy), view(x));
+      Tensor db = s.bias >= 0 ? model_.compute_grad(s.bias) : Tensor{};
+      lin->backward_weights(model_.compute_grad(s.weight), s.bias >= 0 ? &db : nullptr, view(dy), view(x));
     });
     mark_finishes(s.weight, s.bias);
     if (need_dx) {
@@ -363,8 +370,8 @@ void Plan::emit_backward(int id) {
     RN_CHECK(rv < 0 || dr >= 0) << "plan: residual of '" << n.name << "' is the input batch";
     auto run = [this, bn, dx, dr, dy, x, y, sm, si, s] {
       Tensor drt = dr >= 0 ? view(dr) : Tensor{};
-      bn->backward(view(dx), dr >= 0 ? &drt : nullptr, model_.grad(s.weight), model_.grad(s.bias), view(dy),
-                   view(x), view(y), model_.param(s.weight), view(sm), view(si));
+      bn->backward(view(dx), dr >= 0 ? &drt : nullptr, model_.compute_grad(s.weight), model_.compute_grad(s.bias),
+                   view(dy), view(x), view(y), model_.compute_param(s.weight), view(sm), view(si));
     };
     if (dr >= 0)
       add_step("bwd " + n.name, {dy, x, y, sm, si}, {dx, dr}, run);
@@ -430,8 +437,8 @@ int Plan::for_backward(int b) {
     const int sm = rc.saved_mean, si = rc.saved_invstd;
     auto run = [this, bn, out, src, res, sm, si, s] {
       Tensor rt = res >= 0 ? view(res) : Tensor{};
-      bn->forward_recompute(view(out), view(src), res >= 0 ? &rt : nullptr, model_.param(s.weight),
-                            model_.param(s.bias), view(sm), view(si));
+      bn->forward_recompute(view(out), view(src), res >= 0 ? &rt : nullptr, model_.compute_param(s.weight),
+                            model_.compute_param(s.bias), view(sm), view(si));
     };
     if (res >= 0)
       add_step("recompute " + name, {src, res, sm, si}, {out}, run);
@@ -476,6 +483,18 @@ void Plan::backward(float loss_scale) {
   run_steps(static_cast<size_t>(forward_steps_), steps_.size());
 }
 
+Tensor Plan::half_weights() const {
+  if (options_.dtype == DType::f32 || !half_weights_.data()) return {};
+  Tensor t{half_weights_.data(), {model_.params().total}, options_.dtype};
+  t.device = half_weights_.device();
+  return t;
+}
+
+void Plan::set_loss_scale_source(const Tensor* source) {
+  RN_CHECK(loss_kernel_) << "plan: a dry plan has no loss kernel";
+  loss_kernel_->set_scale_source(source);
+}
+
 Tensor Plan::input() const { return view(input_); }
 Tensor Plan::labels() const { return view(labels_); }
 Tensor Plan::logits() const { return view(logits_); }
@@ -483,8 +502,23 @@ Tensor Plan::probs() const { return view(probs_); }
 
 float Plan::loss() const {
   float v = 0.0f;
-  std::memcpy(&v, view(loss_).data, sizeof(float));
+  copy_to_host(&v, view(loss_));
   return v;
+}
+
+void Plan::copy_from_host(const Tensor& dst, const void* host) const {
+  RN_CHECK(backend_) << "plan: a dry plan has no memory";
+  backend_->memory().copy(dst.data, host, dst.bytes());
+}
+
+void Plan::copy_from_host_async(const Tensor& dst, const void* host) const {
+  RN_CHECK(backend_) << "plan: a dry plan has no memory";
+  backend_->memory().copy_to_device_async(dst.data, host, dst.bytes());
+}
+
+void Plan::copy_to_host(void* host, const Tensor& src) const {
+  RN_CHECK(backend_) << "plan: a dry plan has no memory";
+  backend_->memory().copy(host, src.data, src.bytes());
 }
 
 Tensor Plan::activation(int node) const { return view(act_.at(static_cast<size_t>(node))); }
@@ -546,7 +580,10 @@ PlannedPeak Plan::planned_peak(int optimizer_copies) const {
   return p;
 }
 
-RangeResidency Plan::arena_residency() const { return resident_range(arena_.base(), arena_.bytes()); }
+RangeResidency Plan::arena_residency() const {
+  if (arena_.device() != Device::cpu) return {};  // device memory: not measurable by page residency
+  return resident_range(arena_.base(), arena_.bytes());
+}
 
 std::vector<std::string> Plan::step_names() const {
   std::vector<std::string> names;

@@ -95,6 +95,18 @@ class Plan {
   Tensor logits() const;  // fp32 [N, K], valid after forward()
   Tensor probs() const;   // fp32 [N, K] softmax, valid after forward()
   float loss() const;     // mean loss of the batch, valid after forward()
+  // Copies between host memory and a tensor of this plan (input, labels, logits, probs),
+  // wherever the backend keeps it.
+  void copy_from_host(const Tensor& dst, const void* host) const;
+  void copy_to_host(void* host, const Tensor& src) const;
+  // copy_from_host without waiting (MemorySpace::copy_to_device_async).
+  void copy_from_host_async(const Tensor& dst, const void* host) const;
+  Backend* backend() const { return backend_; }
+  // The half-precision copy of the weights (empty when options().dtype is fp32).
+  Tensor half_weights() const;
+  // The loss reads its gradient scale from this fp32 [1] tensor (the device loss scale);
+  // nullptr: only backward()'s argument.
+  void set_loss_scale_source(const Tensor* source);
 
   void forward();
   void backward(float loss_scale = 1.0f);
@@ -187,7 +199,7 @@ class Plan {
   int forward_steps_ = 0;
   size_t arena_bytes_ = 0;
   Arena arena_;
-  HostBuffer half_weights_;
+  DeviceBuffer half_weights_;
 
   std::vector<int> act_;      // node -> output buffer
   std::vector<int> grad_;     // node -> gradient buffer (final)

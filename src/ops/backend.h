@@ -8,9 +8,12 @@
 #include <string>
 #include <vector>
 
+#include "core/memory_space.h"
+#include "ops/augment.h"
 #include "ops/batch_norm.h"
 #include "ops/conv2d.h"
 #include "ops/elementwise.h"
+#include "ops/fused_step.h"
 #include "ops/linear.h"
 #include "ops/loss.h"
 #include "ops/pool.h"
@@ -44,11 +47,38 @@ class Backend {
 
   // Waits for all queued work (no-op on synchronous backends).
   virtual void synchronize() {}
+
+  // Where this backend's tensors live: plans allocate their arena, the half weights and
+  // the model's flat buffers here. Host memory unless the backend runs on a device.
+  virtual MemorySpace& memory() { return host_memory(); }
+
+  // The device training step (ops/fused_step.h); host backends run the host optimizer
+  // instead and refuse with rn::Unsupported.
+  virtual std::unique_ptr<FusedStepKernel> make_fused_step(const FusedStepDesc&) {
+    RN_UNSUPPORTED() << "backend '" << name() << "' has no fused device step";
+  }
+  virtual std::unique_ptr<StepGraph> make_step_graph() {
+    RN_UNSUPPORTED() << "backend '" << name() << "' cannot capture a step as a graph (sink mode needs CUDA)";
+  }
+  // The input pipeline's last step (ops/augment.h); host backends run it on the host.
+  virtual std::unique_ptr<CropFlipNormalizeKernel> make_crop_flip_normalize(const CropFlipNormalizeDesc& d) {
+    return make_host_crop_flip_normalize(d);
+  }
+  // One line for the log: the device and its mode.
+  virtual std::string describe() const { return name(); }
+  // What `resnet tune` reports: the algorithm cache's location and size ("" where none).
+  virtual std::string tuning_state() const { return {}; }
+};
+
+// Backend-wide choices. high_precision (GPU): deterministic algorithms only, no
+// reduced-precision reductions; host backends are always both, and ignore it.
+struct BackendOptions {
+  bool high_precision = false;
 };
 
 // "ref", "cpu" (oneDNN), "cuda" (when built). An unknown or unavailable name is an error
 // that lists the available backends.
-std::unique_ptr<Backend> make_backend(const std::string& name);
+std::unique_ptr<Backend> make_backend(const std::string& name, const BackendOptions& options = {});
 std::vector<std::string> available_backends();
 
 }  // namespace rn

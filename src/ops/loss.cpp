@@ -47,7 +47,25 @@ void SoftmaxCrossEntropyKernel::backward(const Tensor& dlogits, const Tensor& pr
   check_tensor(dlogits, nk, DType::f32, "dlogits", op);
   check_tensor(probs, nk, DType::f32, "probs", op);
   check_labels(labels, desc_, op);
+  if (has_scale_source_ && scale_source_.device == Device::cpu) {
+    // A host scale: folded in here, so host backends need not know about it.
+    const Tensor keep = scale_source_;
+    has_scale_source_ = false;
+    do_backward(dlogits, probs, labels, grad_scale * *keep.ptr<float>());
+    has_scale_source_ = true;
+    return;
+  }
   do_backward(dlogits, probs, labels, grad_scale);
+}
+
+void SoftmaxCrossEntropyKernel::set_scale_source(const Tensor* source) {
+  if (source == nullptr) {
+    has_scale_source_ = false;
+    return;
+  }
+  check_tensor(*source, {1}, DType::f32, "scale source", desc_.str());
+  scale_source_ = *source;
+  has_scale_source_ = true;
 }
 
 }  // namespace rn

@@ -27,8 +27,16 @@ class SoftmaxCrossEntropyKernel {
   // loss: fp32 [1]; probs: fp32 [N,K] saved for backward.
   void forward(const Tensor& loss, const Tensor& probs, const Tensor& logits, const Tensor& labels);
   void backward(const Tensor& dlogits, const Tensor& probs, const Tensor& labels, float grad_scale);
+  // An fp32 [1] tensor whose value multiplies grad_scale in every backward: the loss scale
+  // kept in device memory by a fused device step, so that no host round trip is needed.
+  // A host tensor is read by the public backward; a device one by the backend's kernel.
+  // nullptr removes it.
+  void set_scale_source(const Tensor* source);
 
  protected:
+  const Tensor* scale_source() const { return has_scale_source_ ? &scale_source_ : nullptr; }
+  Tensor scale_source_;
+  bool has_scale_source_ = false;
   virtual void do_forward(const Tensor& loss, const Tensor& probs, const Tensor& logits, const Tensor& labels) = 0;
   virtual void do_backward(const Tensor& dlogits, const Tensor& probs, const Tensor& labels, float grad_scale) = 0;
   SoftmaxCrossEntropyDesc desc_;

@@ -44,6 +44,8 @@ constexpr EnumItem<DeviceChoice> kDeviceChoices[] = {{DeviceChoice::auto_select,
                                                      {DeviceChoice::cpu, "cpu"},
                                                      {DeviceChoice::ref, "ref"},
                                                      {DeviceChoice::cuda, "cuda"}};
+constexpr EnumItem<ImplementationMode> kImplementationModes[] = {
+    {ImplementationMode::high_performance, "high_performance"}, {ImplementationMode::high_precision, "high_precision"}};
 constexpr EnumItem<MemoryLevel> kMemoryLevels[] = {
     {MemoryLevel::O0, "O0"}, {MemoryLevel::O1, "O1"}, {MemoryLevel::O2, "O2"}};
 // Only the half types are valid for precision.half_dtype.
@@ -57,6 +59,7 @@ std::span<const EnumItem<PrecisionLevel>> enum_items(PrecisionLevel) { return kP
 std::span<const EnumItem<LossScalePolicy>> enum_items(LossScalePolicy) { return kLossScalePolicies; }
 std::span<const EnumItem<DeviceChoice>> enum_items(DeviceChoice) { return kDeviceChoices; }
 std::span<const EnumItem<MemoryLevel>> enum_items(MemoryLevel) { return kMemoryLevels; }
+std::span<const EnumItem<ImplementationMode>> enum_items(ImplementationMode) { return kImplementationModes; }
 std::span<const EnumItem<DType>> enum_items(DType) { return kHalfTypes; }
 std::span<const EnumItem<BadFilePolicy>> enum_items(BadFilePolicy) { return kBadFilePolicies; }
 
@@ -466,6 +469,15 @@ std::vector<Field> build_fields() {
                               "that chrome://tracing and Perfetto open"));
   f.push_back(RN_CONFIG_FIELD(run.seed, "seed of weights init, data order and augmentation", at_least(0)));
   f.push_back(RN_CONFIG_FIELD(run.deterministic, "bitwise reproducible kernels (possibly slower)"));
+  f.push_back(RN_CONFIG_FIELD(run.implementation_mode,
+                              "GPU kernels: high_performance takes the fastest measured cuDNN algorithms; "
+                              "high_precision only deterministic ones and no reduced-precision cuBLAS reductions "
+                              "(BN and the loss accumulate in fp32 in both). Logged at start"));
+  f.push_back(RN_CONFIG_FIELD(run.sink_size,
+                              "GPU sink mode: capture the training step as a CUDA graph and replay it, "
+                              "synchronising with the host (loss read-back, next learning rates) every sink_size "
+                              "steps; 0: eager steps",
+                              at_least(0)));
   f.push_back(RN_CONFIG_FIELD(run.out_dir, "run folder: train.log, metrics.jsonl, config.yaml, checkpoints"));
   f.push_back(RN_CONFIG_FIELD(run.log_interval_steps, "steps between progress lines", at_least(1)));
   f.push_back(
@@ -653,6 +665,7 @@ std::string_view enum_name(ScheduleKind v) { return name_of(v); }
 std::string_view enum_name(PrecisionLevel v) { return name_of(v); }
 std::string_view enum_name(LossScalePolicy v) { return name_of(v); }
 std::string_view enum_name(DeviceChoice v) { return name_of(v); }
+std::string_view enum_name(ImplementationMode v) { return name_of(v); }
 std::string_view enum_name(MemoryLevel v) { return name_of(v); }
 std::string_view enum_name(BadFilePolicy v) { return name_of(v); }
 

@@ -30,6 +30,7 @@ enum class ScheduleKind : uint8_t { cosine, step, poly, constant };
 enum class PrecisionLevel : uint8_t { O0, O1, O2, O3 };
 enum class LossScalePolicy : uint8_t { none, static_scale, dynamic };  // YAML: none | static | dynamic
 enum class DeviceChoice : uint8_t { auto_select, cpu, ref, cuda };     // YAML: auto | cpu | ref | cuda
+enum class ImplementationMode : uint8_t { high_performance, high_precision };
 
 // The names used in YAML and in logs.
 std::string_view enum_name(DatasetKind v);
@@ -38,6 +39,7 @@ std::string_view enum_name(ScheduleKind v);
 std::string_view enum_name(PrecisionLevel v);
 std::string_view enum_name(LossScalePolicy v);
 std::string_view enum_name(DeviceChoice v);
+std::string_view enum_name(ImplementationMode v);
 std::string_view enum_name(MemoryLevel v);
 std::string_view enum_name(BadFilePolicy v);
 
@@ -145,6 +147,12 @@ struct RunConfig {
   int64_t threads = 0;  // host threads; 0: all cores
   int64_t seed = 42;
   bool deterministic = false;  // bitwise reproducible kernels and data order, possibly slower
+  // GPU: high_precision keeps cuBLAS from reduced-precision reductions and takes only
+  // deterministic cuDNN algorithms; high_performance the fastest measured ones.
+  ImplementationMode implementation_mode = ImplementationMode::high_performance;
+  // GPU sink mode: the step is captured as a CUDA graph and replayed; the host
+  // synchronises (reads the loss, uploads the next rates) every sink_size steps. 0: eager.
+  int64_t sink_size = 0;
   std::string out_dir = "runs/default";
   int64_t log_interval_steps = 50;
   int64_t eval_interval_epochs = 1;  // 0: evaluate only after the last epoch

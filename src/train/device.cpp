@@ -2,20 +2,25 @@
 
 #include <algorithm>
 
+#include "core/log.h"
+
 namespace rn {
 
-std::unique_ptr<Backend> make_backend_for(DeviceChoice choice) {
+std::unique_ptr<Backend> make_backend_for(DeviceChoice choice, const BackendOptions& options) {
   switch (choice) {
     case DeviceChoice::cpu: return make_backend("cpu");
     case DeviceChoice::ref: return make_backend("ref");
-    case DeviceChoice::cuda: return make_backend("cuda");
+    case DeviceChoice::cuda:
+      return make_backend("cuda", options);
     case DeviceChoice::auto_select: {
       const auto names = available_backends();
       if (std::find(names.begin(), names.end(), "cuda") != names.end()) {
         try {
-          return make_backend("cuda");
-        } catch (const Error&) {
-          // no usable GPU in this process: fall through to the CPU, which the log says
+          return make_backend("cuda", options);
+        } catch (const Error& e) {
+          // No usable GPU in this process: the CPU, saying why (debug: a CPU-only machine
+          // is the common case, not a problem).
+          RN_LOG_DEBUG("device auto: the CUDA backend is built but cannot start ({}); using the CPU", e.what());
         }
       }
       return make_backend("cpu");

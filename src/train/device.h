@@ -9,7 +9,8 @@
 
 namespace rn {
 
-std::unique_ptr<Backend> make_backend_for(DeviceChoice choice);
+// `auto` falls back to the CPU when the CUDA backend cannot start (no GPU, no driver).
+std::unique_ptr<Backend> make_backend_for(DeviceChoice choice, const BackendOptions& options = {});
 DeviceChoice device_from_name(const std::string& name);  // auto | cpu | ref | cuda
 
 }  // namespace rn

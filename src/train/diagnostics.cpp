@@ -50,6 +50,7 @@ TrainDiagnostics::~TrainDiagnostics() {
 void TrainDiagnostics::begin_epoch(double wait_total) {
   last_wait_ = wait_total;
   last_end_ = std::chrono::steady_clock::now();
+  pending_ = {};  // an epoch boundary: steps of the last one are not carried over
 }
 
 void TrainDiagnostics::before_step(int64_t step) {
@@ -63,13 +64,13 @@ void TrainDiagnostics::after_step(const StepDiagnostics& s) {
   const auto now = std::chrono::steady_clock::now();
   epoch_ = s.epoch;
   step_ = s.step;
-  StepSample sample;
-  sample.seconds = std::chrono::duration<double>(now - last_end_).count() - excluded_;
+  StepSample& sample = pending_;
+  sample.seconds += std::chrono::duration<double>(now - last_end_).count() - excluded_;
   excluded_ = 0;
-  sample.data_wait = s.wait_total - last_wait_;
-  sample.comm = s.comm_seconds;
-  sample.host_sync = s.host_sync_seconds;
-  sample.images = s.images;
+  sample.data_wait += s.wait_total - last_wait_;
+  sample.comm += s.comm_seconds;
+  sample.host_sync += s.host_sync_seconds;
+  sample.images += s.images;
   if (device_) {
     const DeviceSample d = device_->latest();
     sample.clock_mhz = d.clock_mhz;
@@ -77,7 +78,12 @@ void TrainDiagnostics::after_step(const StepDiagnostics& s) {
   }
   last_end_ = now;
   last_wait_ = s.wait_total;
-  if (auto w = variance_.add(s.step, sample)) {
+  std::optional<VarianceWarning> warning;
+  if (s.sync_point) {
+    warning = variance_.add(s.step, sample);
+    pending_ = {};
+  }
+  if (auto& w = warning) {
     RN_LOG_WARN("{}", w->text);
     if (writer_)
       writer_->append(MetricsRecord("variance_warning", s.epoch, s.step)

@@ -35,6 +35,10 @@ struct StepDiagnostics {
   bool applied = true;
   double comm_seconds = 0;       // communication not hidden behind compute (distributed runs)
   double host_sync_seconds = 0;  // the host waiting for the device
+  // False between host synchronisations (sink mode: the device runs many queued steps per
+  // sync, so one step's host time means nothing): such steps are added up and analysed as
+  // one sample at the next synchronisation.
+  bool sync_point = true;
 };
 
 class TrainDiagnostics {
@@ -60,6 +64,7 @@ class TrainDiagnostics {
   double last_wait_ = 0;
   std::chrono::steady_clock::time_point last_end_;
   double excluded_ = 0;                      // seconds the monitors spent inside the current step's interval
+  StepSample pending_;                       // steps since the last synchronisation (sink mode)
   std::atomic<int64_t> epoch_{0}, step_{0};  // read by the device monitor's thread
 };
 

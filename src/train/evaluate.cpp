@@ -4,14 +4,16 @@
 #include <cstring>
 #include <numeric>
 
+#include "train/batch_feeder.h"
+
 namespace rn {
 
 void copy_batch(Plan& plan, const Batch& batch) {
   const Tensor in = plan.input();
   RN_CHECK(batch.images.dtype == in.dtype && batch.images.layout == in.layout && batch.images.shape == in.shape)
       << "batch " << batch.images.str() << " does not match the plan's input " << in.str();
-  std::memcpy(in.data, batch.images.data, in.bytes());
-  std::memcpy(plan.labels().data, batch.labels.data, plan.labels().bytes());
+  plan.copy_from_host_async(in, batch.images.data);
+  plan.copy_from_host_async(plan.labels(), batch.labels.data);
 }
 
 Evaluator::Evaluator(Model& model, Backend& backend, const PlanOptions& base)
@@ -35,16 +37,19 @@ EvalResult Evaluator::run(DataLoader& loader, int64_t epoch, std::vector<Predict
   double loss_sum = 0;
   int64_t top1 = 0, top5 = 0;
   loader.start_epoch(epoch);
+  BatchFeeder feeder(loader.options().mean, loader.options().std);
   while (const Batch* b = loader.next()) {
     Plan& plan = plan_for(b->size);
-    copy_batch(plan, *b);
+    feeder.feed(plan, *b);
     plan.forward();
     loss_sum += static_cast<double>(plan.loss()) * static_cast<double>(b->size);
-    const Tensor probs = plan.probs();
-    const int64_t K = probs.shape[1];
+    const Tensor probs_view = plan.probs();
+    const int64_t K = probs_view.shape[1];
+    std::vector<float> probs_host(static_cast<size_t>(probs_view.numel()));
+    plan.copy_to_host(probs_host.data(), probs_view);
     std::vector<int32_t> order(static_cast<size_t>(K));
     for (int64_t n = 0; n < b->size; ++n) {
-      const float* p = probs.ptr<float>() + n * K;
+      const float* p = probs_host.data() + n * K;
       std::iota(order.begin(), order.end(), 0);
       const int k = static_cast<int>(std::min<int64_t>(5, K));
       std::partial_sort(order.begin(), order.begin() + k, order.end(),

@@ -61,28 +61,38 @@ void LossScaler::change_scale(double next, const std::string& reason) {
   state_.scale = next;
 }
 
+fused::LossScaleRule LossScaler::rule() const {
+  fused::LossScaleRule r;
+  r.dynamic = cfg_.policy == LossScalePolicy::dynamic;
+  r.backoff = cfg_.backoff_factor;
+  r.growth = cfg_.growth_factor;
+  r.growth_interval = cfg_.growth_interval;
+  r.min_scale = std::min(kMinScale, cfg_.initial);
+  r.max_scale = std::max(kMaxScale, cfg_.initial);
+  return r;
+}
+
+// The arithmetic is fused::loss_scale_update, the same function the device's fused step
+// runs; here it is wrapped with the log lines.
 bool LossScaler::update(bool overflow) {
+  fused::LossScaleCounters c{state_.scale, state_.step, state_.clean_steps, state_.skipped_steps,
+                             state_.consecutive_skips};
+  const int64_t clean_before = c.clean_steps + 1;
+  const bool applied = fused::loss_scale_update(c, rule(), overflow);
   if (overflow) {
-    ++state_.skipped_steps;
-    ++state_.consecutive_skips;
-    state_.clean_steps = 0;
     if (cfg_.policy == LossScalePolicy::dynamic)
-      change_scale(std::max(std::min(kMinScale, cfg_.initial), state_.scale * cfg_.backoff_factor),
-                   fmt::format("overflow, {} skipped in a row", state_.consecutive_skips));
+      change_scale(c.scale, fmt::format("overflow, {} skipped in a row", c.consecutive_skips));
     else
       RN_LOG_WARN("step {} skipped: inf/NaN gradients (loss scale {} is {})", state_.step, state_.scale,
                   enum_name(cfg_.policy));
   } else {
-    state_.consecutive_skips = 0;
-    ++state_.clean_steps;
-    if (cfg_.policy == LossScalePolicy::dynamic && state_.clean_steps >= cfg_.growth_interval) {
-      change_scale(std::min(std::max(kMaxScale, cfg_.initial), state_.scale * cfg_.growth_factor),
-                   fmt::format("{} steps without overflow", state_.clean_steps));
-      state_.clean_steps = 0;
-    }
+    change_scale(c.scale, fmt::format("{} steps without overflow", clean_before));
   }
-  ++state_.step;
-  return !overflow;
+  state_.step = c.step;
+  state_.clean_steps = c.clean_steps;
+  state_.skipped_steps = c.skipped_steps;
+  state_.consecutive_skips = c.consecutive_skips;
+  return applied;
 }
 
 void LossScaler::set_state(const State& s) {

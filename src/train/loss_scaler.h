@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <string>
 
+#include "ops/fused_math.h"
 #include "train/config.h"
 
 namespace rn {
@@ -51,7 +52,11 @@ class LossScaler {
   LossScalePolicy policy() const { return cfg_.policy; }
 
   const State& state() const { return state_; }
+  // The rule as the device's fused step applies it (ops/fused_math.h).
+  fused::LossScaleRule rule() const;
   void set_state(const State& s);
+  // set_state without the log line (the device step logs its own changes).
+  void set_state_quietly(const State& s) { state_ = s; }
 
   static constexpr double kMinScale = 1.0;
   static constexpr double kMaxScale = 16777216.0;  // 2^24

@@ -18,7 +18,7 @@ void apply_optimizer_param_policy(ParamTable& table, const OptimizerConfig& cfg)
 }
 
 Optimizer::Optimizer(const OptimizerConfig& cfg, const ParamTable& table, ThreadPool* pool)
-    : cfg_(cfg), pool_(pool ? pool : &ThreadPool::global()), total_(table.total) {
+    : cfg_(cfg), table_(table), pool_(pool ? pool : &ThreadPool::global()), total_(table.total) {
   RN_CHECK(cfg.momentum >= 0 && cfg.weight_decay >= 0)
       << "Optimizer: momentum " << cfg.momentum << ", weight_decay " << cfg.weight_decay;
   const auto n = table.params.size();

@@ -19,6 +19,7 @@
 
 #include "core/thread_pool.h"
 #include "model/params.h"
+#include "ops/fused_math.h"
 #include "train/config.h"
 
 namespace rn {
@@ -27,24 +28,11 @@ namespace rn {
 // not LARS-adapted and are decayed only with decay_bn_and_bias; every other tensor is both.
 void apply_optimizer_param_policy(ParamTable& table, const OptimizerConfig& cfg);
 
-// The per-element and per-tensor arithmetic, kept free of the pass structure so that a
-// device kernel can share it. `g` is the unscaled gradient.
-inline void sgd_update_element(float& w, float& buf, float g, float wd, float lr, float momentum, bool nesterov) {
-  const float d = g + wd * w;
-  buf = momentum * buf + d;
-  w -= lr * (nesterov ? d + momentum * buf : buf);
-}
-
-inline void lars_update_element(float& w, float& v, float g, float wd, float scaled_lr, float momentum, bool nesterov) {
-  const float d = g + wd * w;
-  v = momentum * v + scaled_lr * d;
-  w -= nesterov ? momentum * v + scaled_lr * d : v;
-}
-
-inline double lars_trust_ratio(double w_norm, double g_norm, double wd, double eta, double eps) {
-  if (!(w_norm > 0) || !(g_norm > 0)) return 1.0;
-  return eta * w_norm / (g_norm + wd * w_norm + eps);
-}
+// The per-element and per-tensor arithmetic lives in ops/fused_math.h, shared with the
+// device's fused optimizer kernel.
+using fused::lars_trust_ratio;
+using fused::lars_update_element;
+using fused::sgd_update_element;
 
 class Optimizer {
  public:
@@ -66,6 +54,8 @@ class Optimizer {
   // for the gradient monitor.
   const std::vector<double>& last_trust_ratios() const { return trust_; }
   const OptimizerConfig& config() const { return cfg_; }
+  // The parameter table as given (with its weight-decay and LARS flags).
+  const ParamTable& params() const { return table_; }
 
  private:
   struct Segment {
@@ -75,6 +65,7 @@ class Optimizer {
   void compute_trust_ratios(const float* weights, const float* grads, float grad_multiplier);
 
   OptimizerConfig cfg_;
+  ParamTable table_;
   ThreadPool* pool_;
   std::vector<Segment> segments_;
   std::vector<double> decay_;            // per parameter: weight_decay or 0

@@ -1,14 +1,76 @@
 #include "train/train_step.h"
 
+#include "core/log.h"
 #include "core/thread_pool.h"
 #include "dist/activity.h"
 
 namespace rn {
 
-TrainStep::TrainStep(Plan& plan, Optimizer& optimizer, LossScaler& scaler, const PrecisionPolicy& policy)
-    : plan_(plan), optimizer_(optimizer), scaler_(scaler), policy_(policy) {}
+FusedStepDesc fused_step_desc(const OptimizerConfig& cfg, const ParamTable& table, const LossScaler& scaler,
+                              const PrecisionPolicy& policy) {
+  FusedStepDesc d;
+  d.total = table.total;
+  for (const ParamView& p : table.params)
+    d.params.push_back({p.offset, p.numel, p.weight_decay ? static_cast<float>(cfg.weight_decay) : 0.0f, p.lars_adapt});
+  d.optimizer = cfg.name == OptimizerKind::lars ? FusedOptimizer::lars : FusedOptimizer::sgd;
+  d.nesterov = cfg.nesterov;
+  d.momentum = static_cast<float>(cfg.momentum);
+  d.lars_eta = cfg.lars_eta;
+  d.lars_eps = cfg.lars_eps;
+  d.loss_scale = scaler.rule();
+  d.half = policy.conv_dtype;
+  d.round_master_to_half = policy.round_master_to_half;
+  return d;
+}
+
+TrainStep::TrainStep(Plan& plan, Optimizer& optimizer, LossScaler& scaler, const PrecisionPolicy& policy, int sink_size)
+    : plan_(plan), optimizer_(optimizer), scaler_(scaler), policy_(policy), sink_size_(sink_size) {
+  RN_CHECK(sink_size >= 0) << "sink_size " << sink_size << " is negative";
+  Backend* backend = plan.backend();
+  if (backend == nullptr || backend->device() == Device::cpu) {
+    RN_CHECK(sink_size == 0) << "sink mode (sink_size " << sink_size << ") needs a device backend; "
+                             << (backend ? backend->name() : "a dry plan") << " runs on the host";
+    return;
+  }
+  RN_CHECK(sink_size == 0 || plan.options().memory != MemoryLevel::O2)
+      << "sink mode cannot capture memory level O2 (its recompute checks synchronise); use O1";
+  fused_ = backend->make_fused_step(fused_step_desc(optimizer.config(), optimizer.params(), scaler, policy));
+  // The host objects' state (a fresh start or a resumed checkpoint) moves to the device.
+  const LossScaler::State& s = scaler.state();
+  fused_->set_counters({s.scale, s.step, s.clean_steps, s.skipped_steps, s.consecutive_skips});
+  fused_->write_momentum(optimizer.state().data());
+  const Tensor scale = fused_->loss_scale_tensor();
+  plan.set_loss_scale_source(&scale);
+  if (sink_size > 0) graph_ = backend->make_step_graph();
+}
+
+TrainStep::~TrainStep() {
+  if (fused_) plan_.set_loss_scale_source(nullptr);
+}
+
+void TrainStep::set_lr_source(std::function<double(int64_t)> lr_at, int64_t first_step) {
+  lr_at_ = std::move(lr_at);
+  next_step_ = first_step;
+  window_end_ = -1;
+}
+
+void TrainStep::queue_device_step(float lr) {
+  Model& model = plan_.model();
+  model.zero_grads();
+  plan_.forward();
+  plan_.backward(1.0f);  // the device loss scale multiplies this
+  const int64_t n = model.params().total;
+  Tensor w{model.compute_param_data(), {n}, DType::f32};
+  Tensor g{model.compute_grad_data(), {n}, DType::f32};
+  w.device = g.device = model.compute_device();
+  const Tensor half = plan_.half_weights();
+  fused_->step(w, g, half.data ? &half : nullptr, lr);
+}
 
 void TrainStep::set_gradient_reducer(GradientReducer* reducer) {
+  RN_CHECK(reducer == nullptr || !fused_)
+      << "data-parallel training on a device backend is not wired yet: the gradient reducer works on the host "
+         "gradient buffer, and a device model's gradients live on the device";
   reducer_ = reducer;
   if (reducer)
     plan_.set_grad_ready([reducer](const std::vector<int>& params) { reducer->on_ready(params); });
@@ -18,6 +80,30 @@ void TrainStep::set_gradient_reducer(GradientReducer* reducer) {
 
 bool TrainStep::run(double lr) {
   Model& model = plan_.model();
+  if (fused_ && sink_size_ == 0) {
+    queue_device_step(static_cast<float>(lr));
+    return true;
+  }
+  if (fused_) {
+    RN_CHECK(lr_at_) << "sink mode: set_lr_source() first";
+    if (next_step_ >= window_end_) {  // a new window: the only synchronisation
+      std::vector<float> table(static_cast<size_t>(sink_size_));
+      for (int i = 0; i < sink_size_; ++i) table[static_cast<size_t>(i)] = static_cast<float>(lr_at_(next_step_ + i));
+      fused_->set_lr_table(table);
+      window_end_ = next_step_ + sink_size_;
+    }
+    if (!warmed_up_) {
+      // The first step runs eagerly (libraries finish their lazy set-up outside the
+      // capture), taking its rate from the table like every replay.
+      queue_device_step(-1.0f);
+      warmed_up_ = true;
+    } else {
+      if (!graph_->captured()) graph_->capture([this] { queue_device_step(-1.0f); });
+      graph_->replay();
+    }
+    ++next_step_;
+    return true;
+  }
   model.zero_grads();
   set_activity("forward");
   plan_.forward();
@@ -37,6 +123,25 @@ bool TrainStep::run(double lr) {
   optimizer_.step(model.param_data(), model.grad_data(), lr, inv_scale);
   if (policy_.round_master_to_half) round_weights_to(model.param_data(), n, policy_.half);
   return true;
+}
+
+void TrainStep::sync_host_state() {
+  if (!fused_) return;
+  const fused::LossScaleCounters c = fused_->counters();
+  LossScaler::State s;
+  s.scale = c.scale;
+  s.step = c.step;
+  s.clean_steps = c.clean_steps;
+  s.skipped_steps = c.skipped_steps;
+  s.consecutive_skips = c.consecutive_skips;
+  if (s.scale != scaler_.state().scale)
+    RN_LOG_INFO("loss scale {} -> {} at step {} (device; {} steps skipped so far)", scaler_.state().scale, s.scale,
+                s.step, s.skipped_steps);
+  scaler_.set_state_quietly(s);
+  std::vector<float> momentum(static_cast<size_t>(plan_.model().params().total));
+  fused_->read_momentum(momentum.data());
+  optimizer_.set_state(momentum);
+  plan_.model().to_host();
 }
 
 void round_weights_to(float* w, int64_t n, DType half) {

@@ -2,7 +2,24 @@
 // overflow check on all gradients, then the optimizer (one fused pass that also unscales)
 // or a skip that leaves weights and optimizer state untouched. Shared by `resnet train`
 // and `resnet bench` so that the benchmark times exactly what training runs.
+//
+// On a host backend the Optimizer and LossScaler objects do the work. On a device backend
+// the same arithmetic runs on the device (ops/fused_step.h): the loss scale, its counters
+// and the momentum live there, the loss reads the scale from device memory, and a step
+// queues work without waiting for it. sync_host_state() brings the device state back into
+// the Optimizer, LossScaler and Model (logging every loss-scale change as the host scaler
+// does), for logs and checkpoints.
+//
+// Sink mode (device only, sink_size > 0): the first step runs eagerly, the second is
+// captured as one graph (zero gradients, forward, backward, fused update) and every later
+// step replays it; the learning rate
+// comes from a device table of the next sink_size rates, uploaded every sink_size steps,
+// which is the only host synchronisation. Eager and sink modes queue the same kernels in
+// the same order, so they give the same results.
 #pragma once
+
+#include <functional>
+#include <memory>
 
 #include "dist/grad_buckets.h"
 #include "model/plan.h"
@@ -14,11 +31,19 @@ namespace rn {
 
 class TrainStep {
  public:
-  TrainStep(Plan& plan, Optimizer& optimizer, LossScaler& scaler, const PrecisionPolicy& policy);
+  TrainStep(Plan& plan, Optimizer& optimizer, LossScaler& scaler, const PrecisionPolicy& policy, int sink_size = 0);
+  ~TrainStep();
 
   // The caller has filled plan.input() and plan.labels(). Returns true when the update was
-  // applied, false when the step was skipped for an inf/NaN gradient.
+  // applied, false when the step was skipped for an inf/NaN gradient; on a device the
+  // verdict is known only after sync_host_state(), and run() returns true.
   bool run(double lr);
+  // Sink mode: the rate of global step s (the table is filled from it); run()'s lr is ignored.
+  void set_lr_source(std::function<double(int64_t)> lr_at, int64_t first_step);
+
+  bool on_device() const { return fused_ != nullptr; }
+  int sink_size() const { return sink_size_; }
+  void sync_host_state();
 
   Plan& plan() { return plan_; }
 
@@ -30,15 +55,28 @@ class TrainStep {
   const CommStats& last_comm() const { return comm_; }
 
  private:
+  void queue_device_step(float lr);
+
   Plan& plan_;
   Optimizer& optimizer_;
   LossScaler& scaler_;
   PrecisionPolicy policy_;
+  int sink_size_ = 0;
+  std::unique_ptr<FusedStepKernel> fused_;
+  std::unique_ptr<StepGraph> graph_;
+  std::function<double(int64_t)> lr_at_;
+  int64_t next_step_ = 0;  // sink mode: global step of the next run()
+  int64_t window_end_ = -1;
+  bool warmed_up_ = false;
   GradientReducer* reducer_ = nullptr;
   CommStats comm_;
 };
 
 // Rounds every master weight to the nearest `half` value (precision O3).
 void round_weights_to(float* weights, int64_t n, DType half);
+
+// The device step's description from the host optimizer's configuration and parameters.
+FusedStepDesc fused_step_desc(const OptimizerConfig& cfg, const ParamTable& table, const LossScaler& scaler,
+                              const PrecisionPolicy& policy);
 
 }  // namespace rn

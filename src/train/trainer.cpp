@@ -20,6 +20,7 @@
 #include "model/zoo.h"
 #include "prof/pipeline.h"
 #include "prof/trace.h"
+#include "train/batch_feeder.h"
 #include "train/checkpoint.h"
 #include "train/checkpoint_file.h"
 #include "train/data_setup.h"
@@ -205,9 +206,20 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
     RN_LOG_INFO("data-parallel over {} ranks ({} communicator{}); rank:host {}", world.size, comm.name(),
                 world.table ? ", rank table " + world.table->source : "", placement);
   }
-  auto backend = make_backend_for(cfg.run.device);
+  BackendOptions backend_options;
+  backend_options.high_precision = cfg.run.implementation_mode == ImplementationMode::high_precision;
+  auto backend = make_backend_for(cfg.run.device, backend_options);
   const PrecisionPolicy policy = make_precision_policy(cfg.precision, *backend);
-  RN_LOG_INFO("device {} ({} host threads); {}", backend->name(), host_threads(), policy.describe());
+  RN_LOG_INFO("device {} ({} host threads); {}", backend->describe(), host_threads(), policy.describe());
+  RN_LOG_INFO(
+      "implementation mode {}{}", enum_name(cfg.run.implementation_mode),
+      backend->device() == Device::cpu ? " (host backends are deterministic and fp32-accumulating anyway)" : "");
+  const int sink_size = static_cast<int>(cfg.run.sink_size);
+  if (sink_size > 0) {
+    RN_CHECK(backend->device() != Device::cpu)
+        << "run.sink_size=" << sink_size << " needs the CUDA backend (device " << backend->name() << ")";
+    RN_LOG_INFO("sink mode: the step runs as a CUDA graph; the host synchronises every {} steps", sink_size);
+  }
   if (cfg.run.deterministic)
     RN_LOG_INFO(
         "deterministic mode: fixed data order and augmentation, kernels with a fixed summation order "
@@ -269,8 +281,12 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
   const Layout layout = backend->preferred_layout();
   std::shared_ptr<TraceRecorder> trace = cfg.run.trace && writer ? std::make_shared<TraceRecorder>() : nullptr;
   if (trace) trace->name_thread("trainer");
-  Loaders loaders = make_loaders(cfg, policy.activation_dtype, layout, trace, ShardSpec{world.rank, world.size, true},
+  // On a GPU, image batches come as u8 and are normalised there (train/batch_feeder.h).
+  const DType loader_dtype =
+      loader_dtype_for(cfg.data.dataset == DatasetKind::imagefolder, policy.activation_dtype, *backend);
+  Loaders loaders = make_loaders(cfg, loader_dtype, layout, trace, ShardSpec{world.rank, world.size, true},
                                  options.wrap_train_dataset);
+  BatchFeeder feeder(loaders.train->options().mean, loaders.train->options().std);
   DataLoader& train_loader = *loaders.train;
   DataLoader& val_loader = *loaders.val;
   const int64_t steps_per_epoch = train_loader.batches_per_epoch();
@@ -317,13 +333,14 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
   auto plan_at = [&](MemoryLevel level, int64_t epoch) {
     const size_t old_arena = plan ? plan->memory().arena_bytes : 0;
     const MemoryLevel old_level = po.memory;
+    if (step) step->sync_host_state();  // device optimizer and scaler state back to the host objects
     step.reset();
     evaluator.reset();
     plan.reset();  // the old arena goes first: the new plan may need that memory
     po.memory = level;
     plan = std::make_unique<Plan>(model, backend.get(), po);
     evaluator = std::make_unique<Evaluator>(model, *backend, po);
-    step = std::make_unique<TrainStep>(*plan, optimizer, scaler, policy);
+    step = std::make_unique<TrainStep>(*plan, optimizer, scaler, policy, sink_size);
     step->set_gradient_reducer(reducer.get());
     const PlannedPeak p = plan->planned_peak(1);
     if (old_arena > 0)
@@ -354,6 +371,10 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
   st.config_yaml = cfg.to_yaml();
   st.global_batch = global_batch;
   plan_at(memory_level_at_epoch(cfg.memory, st.epoch), st.epoch);
+  auto set_sink_rates = [&] {
+    if (sink_size > 0) step->set_lr_source([&schedule](int64_t s) { return schedule.lr(s); }, st.step);
+  };
+  set_sink_rates();
 
   MetricsLog metrics(run_dir, writer);
   ProgressPrinter progress(writer ? ProgressPrinter::Mode::automatic : ProgressPrinter::Mode::lines);
@@ -365,6 +386,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
   const auto t_start = std::chrono::steady_clock::now();
 
   auto save = [&](bool epoch_end, std::optional<double> top1) {
+    step->sync_host_state();  // a device run's weights, momentum and scaler into the host objects
     st.rng = rng.state();
     st.scaler = scaler.state();
     if (!writer) return;
@@ -377,7 +399,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
   bool stop = false;
   while (st.epoch < epochs && !stop) {
     if (const MemoryLevel level = memory_level_at_epoch(cfg.memory, st.epoch); level != po.memory)
-      plan_at(level, st.epoch);
+      plan_at(level, st.epoch), set_sink_rates();
     train_loader.start_epoch(st.epoch, st.batch_in_epoch);
     diag.begin_epoch(train_loader.epoch_wait_seconds());
     // Interval statistics for the log lines.
@@ -389,6 +411,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
     PipelineSpan pipeline;
     CommTotals comm_epoch, comm_interval;
     const auto epoch_t0 = std::chrono::steady_clock::now();
+    float last_loss = 0.0f;
     for (;;) {
       set_activity("waiting for a batch", st.step);
       const Batch* b = train_loader.next();
@@ -396,7 +419,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
       RN_CHECK(b->size == po.batch) << "partial training batch of " << b->size << " (data.drop_last=false is not "
                                     << "supported for training yet)";
       const double copy_us = trace_now_us();
-      copy_batch(*plan, *b);
+      feeder.feed(*plan, *b);
       const double step_us = trace_now_us();
       const double lr = schedule.lr(st.step);
       diag.before_step(st.step + 1);
@@ -429,9 +452,12 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
       }
       const bool at_limit = options.max_steps > 0 && st.step >= options.max_steps;
       set_activity("agreeing on the step's loss", st.step);
-      const auto agree_t0 = std::chrono::steady_clock::now();
-      const StepAgreement agreed = agree_on_step(comm, plan->loss(), g_stop);
+      // Sink mode reads the loss (a synchronisation) only every sink_size steps.
+      const auto sync_t0 = std::chrono::steady_clock::now();
+      if (sink_size == 0 || st.step % sink_size == 0 || interval_steps == 0) last_loss = plan->loss();
+      const StepAgreement agreed = agree_on_step(comm, last_loss, g_stop);
       const float loss = agreed.loss;
+      if (!std::isfinite(loss)) step->sync_host_state();  // the device's skip counters decide below
       diag.after_step(
           {.epoch = st.epoch,
            .step = st.step,
@@ -440,7 +466,8 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
            .loss_scale = scale_used,
            .applied = applied,
            .comm_seconds = reducer ? step->last_comm().exposed : 0.0,
-           .host_sync_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - agree_t0).count()});
+           .host_sync_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - sync_t0).count(),
+           .sync_point = sink_size == 0 || st.step % sink_size == 0});
       interval_loss += loss;
       ++interval_steps;
       interval_images += b->size * world.size;  // every rank takes a batch of this size
@@ -457,6 +484,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
       pf.total_steps = epochs * steps_per_epoch;
       pf.loss = interval_loss / static_cast<double>(interval_steps);
       pf.lr = lr;
+      if (step->on_device() && st.step % cfg.run.log_interval_steps == 0) step->sync_host_state();
       pf.loss_scale = scaler.scale();
       pf.images_per_sec = dt > 0 ? static_cast<double>(interval_images) / dt : 0;
       pf.data_wait_share = dt > 0 ? (train_loader.epoch_wait_seconds() - interval_wait0) / dt : 0;
@@ -551,6 +579,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
     if (cfg.run.checkpoint.every_epoch || last) save(true, top1);
     if (writer) write_report(run_dir);
   }
+  step->sync_host_state();
   result.steps = st.step;
   result.best_top1 = st.best_top1;
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();

@@ -30,6 +30,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "core/rng.h"
 #include "ops/backend.h"
+#include "ops/staged_backend.h"
 
 namespace rn {
 namespace {
@@ -62,8 +63,17 @@ double tolerance(DType output_dtype, bool exact_op) {
   }
 }
 
-// The backend under test. The harness works on host memory, so only host backends fit.
-constexpr const char* kBackendUnderTest = "cpu";
+// The backend under test: "cpu" in the CrossBackend suite, "cuda" in CrossBackendCuda
+// (built with CUDA, run when a GPU is present). The harness works on host tensors; a device
+// backend is wrapped by StagedBackend below, which copies every argument to the device and
+// back around each call.
+const char* kBackendUnderTest = "cpu";
+
+// Where a backend stores an fp32 output through a narrower type, its tolerance is that
+// type's. cuDNN's filter gradient has the filter's type, so the cuda backend's conv dw of a
+// half case is rounded to the case dtype before it is added into the fp32 gradient (as
+// PyTorch's autocast does).
+DType conv_dw_rounding(DType case_dtype) { return std::string(kBackendUnderTest) == "cuda" ? case_dtype : DType::f32; }
 
 // ---------------------------------------------------------------------------------------
 // Cases. Each alternative of OpCase is one op (family and mode); std::visit below makes the
@@ -97,10 +107,13 @@ struct LinearCase {
 struct LossCase {
   SoftmaxCrossEntropyDesc d;
 };
+struct CropFlipNormalizeCase {
+  CropFlipNormalizeDesc d;
+};
 using OpCase = std::variant<ConvCase, BatchNormCase, ReluCase, AddCase, CastCase, MaxPoolCase, GlobalAvgPoolCase,
-                            LinearCase, LossCase>;
+                            LinearCase, LossCase, CropFlipNormalizeCase>;
 // A new op family means a new alternative, a runner and cases; this count is a reminder.
-static_assert(std::variant_size_v<OpCase> == 9, "add the new op's runner and cases to the harness");
+static_assert(std::variant_size_v<OpCase> == 10, "add the new op's runner and cases to the harness");
 
 struct Case {
   std::string name;
@@ -137,10 +150,11 @@ Conv2dParams conv(int64_t c, int64_t k, int64_t r, int64_t s, int64_t stride, in
   return p;
 }
 
-std::vector<Case> cases() {
+std::vector<Case> cases(bool with_f16 = false) {
   std::vector<Case> all;
   const Layout layouts[] = {Layout::nhwc, Layout::nchw};
-  const DType dtypes[] = {DType::f32, DType::bf16};
+  std::vector<DType> dtypes = {DType::f32, DType::bf16};
+  if (with_f16) dtypes.push_back(DType::f16);
 
   // conv2d: ResNet's shapes in miniature plus the odd ones.
   Conv2dParams rect = conv(8, 8, 1, 3, 1, 0);  // 1x3 kernel, stride 2x1, pad 0x2, dilation 1x2
@@ -239,6 +253,16 @@ std::vector<Case> cases() {
     all.push_back({"cast_" + std::string(dtype_name(src)) + "_to_" + std::string(dtype_name(dst)), CastCase{d}, half,
                    /*exact=*/true});
   }
+  // crop_flip_normalize: the same arithmetic everywhere, so every output must match exactly.
+  for (DType t : dtypes)
+    for (Layout l : layouts) {
+      CropFlipNormalizeDesc d;
+      d.batch = 4, d.channels = 3, d.src_h = 13, d.src_w = 11, d.out_h = 9, d.out_w = 10;
+      d.mean = {0.485f, 0.456f, 0.406f}, d.std = {0.229f, 0.224f, 0.225f};
+      d.dtype = t, d.layout = l;
+      all.push_back({"crop_flip_normalize_n4_13x11_to_9x10" + suffix(l, t), CropFlipNormalizeCase{d}, t,
+                     /*exact=*/true});
+    }
   for (const auto& [n, k, smoothing] : {std::tuple{8, 10, 0.0f}, std::tuple{8, 10, 0.1f}, std::tuple{1, 1000, 0.1f}}) {
     SoftmaxCrossEntropyDesc d;
     d.batch = n, d.classes = k, d.label_smoothing = smoothing;
@@ -309,8 +333,9 @@ void compare(Results& out, const std::string& name, const Twin& t) {
 }
 
 // For an accumulated parameter gradient: compares the increments after - before.
-void compare_increment(Results& out, const std::string& name, const Twin& t, const std::vector<float>& before) {
-  Compared c{name + "(+=)", t.dut.view().dtype, as_f32(t.ref.view()), as_f32(t.dut.view())};
+void compare_increment(Results& out, const std::string& name, const Twin& t, const std::vector<float>& before,
+                       DType rounded_to = DType::f32) {
+  Compared c{name + "(+=)", rounded_to, as_f32(t.ref.view()), as_f32(t.dut.view())};
   for (size_t i = 0; i < before.size(); ++i) c.ref[i] -= before[i], c.dut[i] -= before[i];
   out.push_back(std::move(c));
 }
@@ -368,7 +393,7 @@ void run(const ConvCase& c, DType t, Backends b, Rng& rng, Results& out) {
   Twin dw = twin_of(dw0, d.w_shape(), DType::f32), db = twin_of(db0, {d.p.out_channels}, DType::f32);
   kr->backward_weights(dw.ref, d.p.bias ? &db.ref.view() : nullptr, dy.ref, x.ref);
   kd->backward_weights(dw.dut, d.p.bias ? &db.dut.view() : nullptr, dy.dut, x.dut);
-  compare_increment(out, "dw", dw, dw0);
+  compare_increment(out, "dw", dw, dw0, conv_dw_rounding(t));
   if (d.p.bias) compare_increment(out, "db", db, db0);
 }
 
@@ -611,6 +636,23 @@ void run(const LossCase& c, DType, Backends b, Rng& rng, Results& out) {
   compare(out, "dlogits", dlogits);
 }
 
+// Random pixels; crops inside, overlapping the border (zero padding) and flipped.
+void run(const CropFlipNormalizeCase& c, DType t, Backends b, Rng& rng, Results& out) {
+  const CropFlipNormalizeDesc& d = c.d;
+  auto kr = b.ref.make_crop_flip_normalize(d);
+  auto kd = b.dut.make_crop_flip_normalize(d);
+  HostTensor x({d.x_shape().numel()}, DType::u8), crops({d.batch, 3}, DType::i32);
+  for (int64_t i = 0; i < x.numel(); ++i) x.ptr<uint8_t>()[i] = static_cast<uint8_t>(rng.below(256));
+  const int32_t placements[4][3] = {{0, 0, 0}, {2, 1, 1}, {-2, 3, 0}, {5, -1, 1}};
+  for (int64_t n = 0; n < d.batch; ++n)
+    for (int k = 0; k < 3; ++k) crops.ptr<int32_t>()[n * 3 + k] = placements[n % 4][k];
+  Twin y = nan_twin(d.y_shape(), t, d.layout);
+  HostTensor yr(d.y_shape(), t, d.layout);
+  kr->forward(yr, x, crops);
+  kd->forward(y.dut, x, crops);
+  out.push_back({"y", t, as_f32(yr.view()), as_f32(y.dut.view())});
+}
+
 // ---------------------------------------------------------------------------------------
 // Summary, printed once after all cases.
 
@@ -623,9 +665,15 @@ struct Summary {
   std::map<std::string, Worst> worst;  // "<case dtype> case, <output dtype> outputs" -> worst
   std::vector<std::string> unsupported_cases;
 
-  static Summary& get() {
-    static Summary s;
-    return s;
+  static Summary& get(const std::string& backend = kBackendUnderTest) {
+    static std::map<std::string, Summary> all;
+    return all[backend];
+  }
+  static std::vector<std::string> backends_run() {
+    std::vector<std::string> names;
+    for (const char* n : {"cpu", "cuda"})
+      if (get(n).passed + get(n).failed + get(n).unsupported > 0) names.push_back(n);
+    return names;
   }
   void note_error(DType case_dtype, DType output_dtype, double err, double tol, const std::string& where) {
     const std::string key =
@@ -638,10 +686,11 @@ struct Summary {
 class SummaryPrinter : public ::testing::Environment {
  public:
   void TearDown() override {
-    const Summary& s = Summary::get();
-    if (s.passed + s.failed + s.unsupported == 0) return;
-    std::printf("\n[cross-backend] %s vs ref: %d passed, %d failed, %d unsupported\n", kBackendUnderTest, s.passed,
-                s.failed, s.unsupported);
+    for (const std::string& name : Summary::backends_run()) print(name, Summary::get(name));
+  }
+  static void print(const std::string& name, const Summary& s) {
+    std::printf("\n[cross-backend] %s vs ref: %d passed, %d failed, %d unsupported\n", name.c_str(), s.passed, s.failed,
+                s.unsupported);
     for (const auto& [key, w] : s.worst)
       std::printf("[cross-backend] worst relative error, %s: %.3g (tolerance %.3g) in %s\n", key.c_str(), w.error,
                   w.tolerance, w.where.c_str());
@@ -656,7 +705,10 @@ class SummaryPrinter : public ::testing::Environment {
 Backend& backend(const std::string& name) {
   static std::map<std::string, std::unique_ptr<Backend>> made;
   auto& b = made[name];
-  if (!b) b = make_backend(name);
+  if (!b) {
+    b = make_backend(name);
+    if (b->device() != Device::cpu) b = make_staged_backend(std::move(b));
+  }
   return *b;
 }
 
@@ -668,8 +720,24 @@ uint64_t seed_of(const std::string& name) {
 
 class CrossBackend : public ::testing::TestWithParam<Case> {};
 
+void run_case(const Case& c);
+
 TEST_P(CrossBackend, MatchesReference) {
-  const Case& c = GetParam();
+  kBackendUnderTest = "cpu";
+  run_case(GetParam());
+}
+
+// The cuda backend: every case, fp16 too, when this build has it and a GPU is present.
+class CrossBackendCuda : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CrossBackendCuda, MatchesReference) {
+  std::string why;
+  if (!cuda_usable(&why)) GTEST_SKIP() << "cuda backend not run: " << why;
+  kBackendUnderTest = "cuda";
+  run_case(GetParam());
+}
+
+void run_case(const Case& c) {
   Results results;
   Rng rng(seed_of(c.name));
   try {
@@ -705,6 +773,8 @@ TEST_P(CrossBackend, MatchesReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ops, CrossBackend, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Ops, CrossBackendCuda, ::testing::ValuesIn(cases(/*with_f16=*/true)),
                          [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 // ---------------------------------------------------------------------------------------

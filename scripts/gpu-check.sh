@@ -1,0 +1,164 @@
+#!/usr/bin/env bash
+# The GPU verification of the CUDA backend, in one run (under 8 minutes on an H200):
+#
+#   scripts/gpu-check.sh OUT_DIR
+#
+#   1. the cross-backend op harness, cuda against ref (fp32, fp16, bf16);
+#   2. the golden parity tests on cuda: fp32 against torchvision with the fp32 bound,
+#      fp16 and bf16 within their bounds;
+#   3. a short training (resnet20, synthetic 32x32 images, O2 fp16) in eager mode and in
+#      sink mode (CUDA graph replay), in high_precision mode (deterministic algorithms),
+#      whose final weights must be identical;
+#   4. `resnet bench` resnet50 224x224 batch 256 O2 fp16 and bf16, and the same step in
+#      PyTorch (torchvision resnet50, channels_last, autocast, fused SGD), eager and
+#      torch.compile, on the same GPU in the same run;
+#   5. one table: images/s, the ratios to PyTorch eager, peak device memory.
+# The full log goes to OUT_DIR/gpu-check.log and the table to OUT_DIR/table.md.
+#
+# Binaries: gpu-bundle/bundle.tar.xz (scripts/gpu-bundle.sh, made on a development machine
+# and carried here) when present; else build/ if it has the CUDA backend; else it builds
+# (which needs the project's -dev packages). CUDA libraries: /usr/local/cuda and the
+# nvidia/* folders of Python's site-packages (PyTorch's wheels). See docs/gpu.md.
+# Without a GPU it stops at once with a message (exit 3).
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+root=$(pwd)
+out=${1:?usage: scripts/gpu-check.sh OUT_DIR}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+exec > >(tee "$out/gpu-check.log") 2>&1
+t_start=$(date +%s)
+elapsed() { echo $(( $(date +%s) - t_start )); }
+section() { echo; echo "=== [$(elapsed) s] $*"; }
+status=0
+fail() { echo "FAILED: $*"; status=1; }
+
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+  echo "gpu-check: no NVIDIA GPU here (nvidia-smi missing or lists none); nothing to check."
+  exit 3
+fi
+section "machine"
+date -u
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv
+gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)
+git log -1 --format='commit %H %s' 2>/dev/null || true
+py=$(command -v python3 || true)
+[[ -n $py ]] && "$py" -c 'import torch, torchvision; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(), "torchvision", torchvision.__version__)' || echo "no PyTorch"
+
+# ---- CUDA library folders ------------------------------------------------------------------
+libdirs=()
+add_dir() { [[ -d $1 ]] && compgen -G "$1/*.so*" >/dev/null && libdirs+=("$1"); }
+add_dir /usr/local/cuda/lib64
+if [[ -n $py ]]; then
+  site=$("$py" -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))' 2>/dev/null || true)
+  if [[ -n $site ]]; then
+    for d in "$site"/nvidia/*/lib "$site"/nvidia/*/lib64 "$site"/nvidia/cu*/lib; do add_dir "$d"; done
+  fi
+  tlib=$("$py" -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))' 2>/dev/null || true)
+  [[ -n $tlib ]] && add_dir "$tlib"
+fi
+cuda_path=$(IFS=:; echo "${libdirs[*]}")
+echo "CUDA library folders: $cuda_path"
+
+# ---- binaries -------------------------------------------------------------------------------
+section "binaries"
+run=()  # the prefix that starts one of our binaries
+bin=""
+if [[ -f gpu-bundle/bundle.tar.xz ]]; then
+  b="$out/bundle"
+  rm -rf "$b" && mkdir -p "$b" && tar -C "$b" -xJf gpu-bundle/bundle.tar.xz
+  head -3 "$b/MANIFEST"
+  loader=$(ls "$b"/lib/ld-linux*.so* | head -1)
+  bin="$b/bin"
+  run=("$loader" --library-path "$b/lib:$cuda_path")
+elif [[ -x build/resnet ]] && nm -C build/resnet 2>/dev/null | grep make_cuda_backend >/dev/null; then
+  bin="$root/build" ; export LD_LIBRARY_PATH="$cuda_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+else
+  echo "no carried bundle and no CUDA build: building here"
+  cmake --preset default -DRN_CUDA=ON && cmake --build build -j"$(nproc)" --target resnet test_ops test_model || { echo "build failed"; exit 1; }
+  bin="$root/build"; export LD_LIBRARY_PATH="$cuda_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+resnet_bin=$bin/resnet; [[ -x $bin/resnet ]] || resnet_bin=$bin/../resnet
+test_ops=$bin/test_ops; [[ -x $test_ops ]] || test_ops=$bin/tests/test_ops
+test_model=$bin/test_model; [[ -x $test_model ]] || test_model=$bin/tests/test_model
+resnet() { "${run[@]}" "$resnet_bin" "$@"; }
+if ((${#run[@]})); then
+  missing=$("${run[0]}" --list --library-path "${run[2]}" "$resnet_bin" 2>&1 | grep 'not found' || true)
+else
+  missing=$(ldd "$resnet_bin" | grep 'not found' || true)
+fi
+if [[ -n $missing ]]; then
+  echo "libraries not found (install them or add their folder):"; echo "$missing"; exit 1
+fi
+export RN_CUDNN_ALGO_CACHE="$out/cudnn_algos.tsv"
+export RN_PYTHON=${py:-/usr/bin/python3} RN_SOURCE_DIR="$root" RN_GOLDEN_DIR="$out/golden"
+mkdir -p "$RN_GOLDEN_DIR"
+
+# ---- 1. harness, 2. goldens ---------------------------------------------------------------
+section "cross-backend harness: cuda vs ref"
+"${run[@]}" "$test_ops" --gtest_filter='Ops/CrossBackendCuda.*:FusedMath.*:FusedStepDesc.*:CudnnAlgoCache.*' \
+  --gtest_brief=1 2>&1 | tee "$out/harness.log"
+[[ ${PIPESTATUS[0]} == 0 ]] || fail "cross-backend harness on cuda"
+# On a GPU machine a skip for "no usable GPU" means the backend did not start: a failure.
+grep -q 'cuda backend not run' "$out/harness.log" && fail "the cuda backend did not start (see harness.log)"
+section "golden parity on cuda (fp32, fp16, bf16)"
+"${run[@]}" "$test_model" --gtest_filter='Zoo/GoldenParity.*cuda*:Zoo/GoldenParityHalf.*' 2>&1 | tee "$out/golden.log"
+[[ ${PIPESTATUS[0]} == 0 ]] || fail "golden parity on cuda"
+grep -qE 'golden not run|not importable' "$out/golden.log" && fail "golden parity did not run on cuda (see golden.log)"
+
+# ---- 3. eager vs sink -----------------------------------------------------------------------
+section "short training: eager vs sink (resnet20, synthetic, O2 fp16, high_precision)"
+train_set=(--set model.name=resnet20 --set model.in_channels=3 --set model.num_classes=10
+  --set model.image_size=[32,32] --set data.dataset=synthetic --set data.train_subset=2560
+  --set data.val_subset=256 --set data.batch_size=64 --set data.mean=[0.5,0.5,0.5] --set data.std=[0.25,0.25,0.25]
+  --set schedule.epochs=1 --set precision.level=O2 --set precision.half_dtype=fp16
+  --set run.device=cuda --set run.implementation_mode=high_precision --set run.log_interval_steps=10
+  --set run.checkpoint.keep_best=false)
+for mode in eager sink; do
+  sink=0; [[ $mode == sink ]] && sink=10
+  rm -rf "$out/train_$mode"
+  resnet train "${train_set[@]}" --set run.sink_size=$sink --set run.out_dir="$out/train_$mode" || fail "training ($mode)"
+done
+"${py:-python3}" "$root/tools/compare_checkpoints.py" "$out"/train_eager/checkpoints "$out"/train_sink/checkpoints \
+  || fail "eager and sink training disagree"
+
+# ---- 4. throughput ----------------------------------------------------------------------------
+section "throughput: resnet50 224x224 batch 256"
+bench_json="$out/bench.jsonl"; : > "$bench_json"
+for half in fp16 bf16; do
+  resnet bench --device cuda --model resnet50 --batch 256 --precision O2 --half $half --steps 30 --warmup 5 --json \
+    | tee -a "$bench_json" || fail "resnet bench $half"
+  resnet bench --device cuda --model resnet50 --batch 256 --precision O2 --half $half --steps 30 --warmup 3 --sink 10 \
+    --json | sed 's/"system":"resnet.cpp"/"system":"resnet.cpp-sink"/' | tee -a "$bench_json" || fail "resnet bench $half sink"
+done
+if [[ -n $py ]]; then
+  for half in fp16 bf16; do
+    "$py" bench/torch_gpu_step.py --half $half | tee -a "$bench_json" || fail "pytorch eager $half"
+  done
+  for half in fp16 bf16; do
+    if (( $(elapsed) > 330 )); then echo "torch.compile $half skipped: $(elapsed) s used of the 8-minute budget"; continue; fi
+    TORCHINDUCTOR_CACHE_DIR="$out/inductor" "$py" bench/torch_gpu_step.py --half $half --compile --warmup 3 \
+      | tee -a "$bench_json" || fail "pytorch compile $half"
+  done
+fi
+
+# ---- 5. table -------------------------------------------------------------------------------------
+section "table"
+"${py:-python3}" - "$bench_json" "$gpu_name" "$driver" > "$out/table.md" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip().startswith("{")]
+print(f"GPU: {sys.argv[2]}, driver {sys.argv[3]}; resnet50, 224x224, batch 256, O2 / autocast\n")
+print("| system | half | img/s | vs PyTorch eager | vs torch.compile | peak device memory |")
+print("| --- | --- | ---: | ---: | ---: | ---: |")
+for r in rows:
+    half = r.get("half")
+    eager = next((x["images_per_sec"] for x in rows if x["system"] == "pytorch-eager" and x.get("half") == half), None)
+    comp = next((x["images_per_sec"] for x in rows if x["system"] == "pytorch-compile" and x.get("half") == half), None)
+    ips = r["images_per_sec"]
+    f = lambda ref: f"{ips / ref:.2f}x" if ref else "-"
+    print(f"| {r['system']} | {half} | {ips:.0f} | {f(eager)} | {f(comp)} | {r.get('device_peak', 0) / 2**30:.2f} GiB |")
+PY
+cat "$out/table.md"
+section "done in $(elapsed) s: $([[ $status == 0 ]] && echo 'all checks passed' || echo 'SOME CHECKS FAILED')"
+exit $status

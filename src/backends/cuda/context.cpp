@@ -1,0 +1,161 @@
+#include "backends/cuda/context.h"
+
+#include "core/log.h"
+
+namespace rn {
+
+std::string_view cuda_impl_mode_name(CudaImplMode m) {
+  return m == CudaImplMode::high_performance ? "high_performance" : "high_precision";
+}
+
+int cuda_device_count(std::string* why_none) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    if (why_none) *why_none = std::string("cudaGetDeviceCount: ") + cudaGetErrorName(e) + ": " + cudaGetErrorString(e);
+    cudaGetLastError();  // clear the sticky-free error so later calls are not confused
+    return 0;
+  }
+  if (n == 0 && why_none) *why_none = "cudaGetDeviceCount reports no CUDA device";
+  return n;
+}
+
+namespace cuda {
+
+void* DeviceMemory::allocate(size_t bytes) {
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, bytes == 0 ? 256 : bytes);
+  RN_CHECK(e == cudaSuccess) << "out of device memory allocating " << bytes << " bytes: " << cudaGetErrorString(e);
+  std::lock_guard lock(mutex_);
+  sizes_[p] = bytes;
+  in_use_ += bytes;
+  peak_ = std::max(peak_, in_use_);
+  return p;
+}
+
+void DeviceMemory::free(void* p) noexcept {
+  if (!p) return;
+  cudaFree(p);
+  std::lock_guard lock(mutex_);
+  if (auto it = sizes_.find(p); it != sizes_.end()) {
+    in_use_ -= it->second;
+    sizes_.erase(it);
+  }
+}
+
+void DeviceMemory::copy(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  RN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
+  RN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void DeviceMemory::copy_to_device_async(void* dst, const void* src, size_t bytes) {
+  if (bytes) RN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+}
+
+void DeviceMemory::zero(void* p, size_t bytes) {
+  if (bytes) RN_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
+}
+
+namespace {
+cudaStream_t make_stream(int device) {
+  std::string why;
+  const int n = cuda_device_count(&why);
+  if (n == 0) RN_FAIL() << "cuda backend: no usable GPU (" << why << ")";
+  RN_CHECK(device >= 0 && device < n) << "cuda backend: device " << device << " requested, " << n << " present";
+  RN_CUDA_CHECK(cudaSetDevice(device));
+  cudaStream_t s = nullptr;
+  RN_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return s;
+}
+}  // namespace
+
+Context::Context(const CudaBackendOptions& o)
+    : device_(o.device),
+      mode_(o.mode),
+      stream_(make_stream(o.device)),
+      memory_(stream_),
+      algo_cache_(o.algo_cache_path) {
+  cudaDeviceProp prop{};
+  RN_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+  gpu_name_ = prop.name;
+  sm_ = prop.major * 10 + prop.minor;
+  RN_CUDNN_CHECK(cudnnCreate(&cudnn_));
+  RN_CUDNN_CHECK(cudnnSetStream(cudnn_, stream_));
+  RN_CUBLAS_CHECK(cublasCreate(&cublas_));
+  RN_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+  // high_precision: no reduced-precision reductions inside cuBLAS's half GEMMs.
+  RN_CUBLAS_CHECK(cublasSetMathMode(
+      cublas_, mode_ == CudaImplMode::high_precision
+                   ? static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)
+                   : CUBLAS_DEFAULT_MATH));
+  // A workspace of our own, so that cuBLAS allocates nothing inside a captured graph.
+  cublas_workspace_ = DeviceBuffer(memory_, size_t{32} << 20);
+  RN_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_workspace_.data(), cublas_workspace_.bytes()));
+  flags_ = DeviceBuffer(memory_, 64);
+  flags_.zero();
+  RN_LOG_INFO("cuda backend: {} (sm_{}), cuDNN {}, implementation mode {}, algorithm cache {}", gpu_name_, sm_,
+              cudnnGetVersion(), cuda_impl_mode_name(mode_), algo_cache_.path());
+}
+
+Context::~Context() {
+  if (stream_) cudaStreamSynchronize(stream_);
+  workspace_ = DeviceBuffer();
+  flags_ = DeviceBuffer();
+  cublas_workspace_ = DeviceBuffer();
+  if (cublas_) cublasDestroy(cublas_);
+  if (cudnn_) cudnnDestroy(cudnn_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+void Context::reserve(size_t bytes) {
+  if (bytes <= workspace_.bytes()) return;
+  if (workspace_.data()) RN_CUDA_CHECK(cudaStreamSynchronize(stream_));  // nothing may still use the old one
+  workspace_ = DeviceBuffer(memory_, bytes);
+}
+
+void Context::synchronize() {
+  RN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  int flags[1] = {0};
+  RN_CUDA_CHECK(cudaMemcpyAsync(flags, flags_.data(), sizeof(flags), cudaMemcpyDeviceToHost, stream_));
+  RN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (flags[0] != 0) {
+    RN_CUDA_CHECK(cudaMemsetAsync(flags_.data(), 0, sizeof(int), stream_));
+    RN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    RN_FAIL() << "cuda backend: softmax_cross_entropy: the label of sample " << flags[0] - 1
+              << " is outside [0, classes)";
+  }
+}
+
+cudnnDataType_t cudnn_dtype(DType t) {
+  switch (t) {
+    case DType::f32:
+      return CUDNN_DATA_FLOAT;
+    case DType::f16:
+      return CUDNN_DATA_HALF;
+    case DType::bf16:
+      return CUDNN_DATA_BFLOAT16;
+    default:
+      RN_FAIL() << "cuda backend: no cuDNN type for " << dtype_name(t);
+  }
+}
+
+cudaDataType_t cuda_dtype(DType t) {
+  switch (t) {
+    case DType::f32:
+      return CUDA_R_32F;
+    case DType::f16:
+      return CUDA_R_16F;
+    case DType::bf16:
+      return CUDA_R_16BF;
+    default:
+      RN_FAIL() << "cuda backend: no CUDA type for " << dtype_name(t);
+  }
+}
+
+void require_nhwc(Layout l, const std::string& op) {
+  if (l != Layout::nhwc) RN_UNSUPPORTED() << "cuda backend, " << op << ": runs NHWC activations only";
+}
+
+}  // namespace cuda
+}  // namespace rn

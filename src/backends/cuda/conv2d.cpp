@@ -1,0 +1,223 @@
+// conv2d on cuDNN, NHWC activations. The caller's weights are PyTorch's KCRS; cuDNN's fast
+// NHWC kernels want KRSC filters, so each call first transposes the (small) weights into
+// the scratch, and the weight gradient comes back in KRSC, in the activation dtype, and is
+// then added into the fp32 KCRS gradient (parameter gradients accumulate).
+//
+// Math: fp32 convolutions use CUDNN_FMA_MATH (no TF32: fp32 parity with PyTorch is a test);
+// fp16/bf16 use tensor-op math with fp32 accumulation (cuDNN's PSEUDO_HALF/BFLOAT16 configs).
+// Algorithms: cuDNN's measured search, once per key (cudnn_algo_cache.h); in high_precision
+// mode only deterministic algorithms are taken.
+#include <algorithm>
+#include <sstream>
+#include <vector>
+
+#include "backends/cuda/context.h"
+#include "backends/cuda/kernels.h"
+#include "core/log.h"
+
+namespace rn::cuda {
+namespace {
+
+constexpr size_t kMaxAlgoWorkspace = size_t{1} << 30;
+size_t aligned(size_t v) { return align_up(v, 256); }
+
+enum class Direction { forward, backward_data, backward_filter };
+const char* direction_name(Direction d) {
+  return d == Direction::forward ? "fwd" : d == Direction::backward_data ? "bwd_data" : "bwd_filter";
+}
+
+class CudnnConv final : public Conv2dKernel {
+ public:
+  CudnnConv(const ContextPtr& ctx, const Conv2dDesc& d);
+  ~CudnnConv() override;
+
+ protected:
+  void do_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b) override;
+  void do_backward_data(const Tensor& dx, const Tensor& dy, const Tensor& w) override;
+  void do_backward_weights(const Tensor& dw, const Tensor* db, const Tensor& dy, const Tensor& x) override;
+
+ private:
+  std::string key(Direction dir) const;
+  CudnnAlgoChoice choose(Direction dir);
+  void* weights_krsc(const Tensor& w) const;  // the transposed weights in the scratch
+  char* scratch() const { return static_cast<char*>(ctx_->workspace()); }
+  void set_math(int math_type) const {
+    RN_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_, static_cast<cudnnMathType_t>(math_type)));
+  }
+
+  ContextPtr ctx_;
+  cudnnTensorDescriptor_t x_ = nullptr, y_ = nullptr;
+  cudnnFilterDescriptor_t w_ = nullptr;
+  cudnnConvolutionDescriptor_t conv_ = nullptr;
+  cudnnMathType_t math_;
+  CudnnAlgoChoice fwd_, bwd_data_, bwd_filter_;
+  int64_t w_elems_ = 0;
+  size_t w_bytes_ = 0, dw_at_ = 0, algo_ws_at_ = 0;
+  size_t bias_at_ = 0;
+};
+
+CudnnConv::CudnnConv(const ContextPtr& ctx, const Conv2dDesc& d) : Conv2dKernel(d), ctx_(ctx) {
+  const Conv2dParams& p = d.p;
+  const cudnnDataType_t dt = cudnn_dtype(d.dtype);
+  RN_CUDNN_CHECK(cudnnCreateTensorDescriptor(&x_));
+  RN_CUDNN_CHECK(cudnnCreateTensorDescriptor(&y_));
+  RN_CUDNN_CHECK(cudnnCreateFilterDescriptor(&w_));
+  RN_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv_));
+  RN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x_, CUDNN_TENSOR_NHWC, dt, static_cast<int>(d.batch),
+                                            static_cast<int>(p.in_channels), static_cast<int>(d.in_h),
+                                            static_cast<int>(d.in_w)));
+  RN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(y_, CUDNN_TENSOR_NHWC, dt, static_cast<int>(d.batch),
+                                            static_cast<int>(p.out_channels), static_cast<int>(d.out_h()),
+                                            static_cast<int>(d.out_w())));
+  RN_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w_, dt, CUDNN_TENSOR_NHWC, static_cast<int>(p.out_channels),
+                                            static_cast<int>(p.in_channels / p.groups), static_cast<int>(p.kernel_h),
+                                            static_cast<int>(p.kernel_w)));
+  RN_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv_, static_cast<int>(p.pad_h), static_cast<int>(p.pad_w),
+                                                 static_cast<int>(p.stride_h), static_cast<int>(p.stride_w),
+                                                 static_cast<int>(p.dilation_h), static_cast<int>(p.dilation_w),
+                                                 CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+  RN_CUDNN_CHECK(cudnnSetConvolutionGroupCount(conv_, static_cast<int>(p.groups)));
+  math_ = d.dtype == DType::f32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH;
+  RN_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_, math_));
+
+  w_elems_ = d.w_shape().numel();
+  w_bytes_ = aligned(static_cast<size_t>(w_elems_) * dtype_size(d.dtype));
+  dw_at_ = w_bytes_;
+  algo_ws_at_ = 2 * w_bytes_;
+  fwd_ = choose(Direction::forward);
+  bwd_data_ = choose(Direction::backward_data);
+  bwd_filter_ = choose(Direction::backward_filter);
+  const size_t algo_ws = aligned(std::max({fwd_.workspace, bwd_data_.workspace, bwd_filter_.workspace}));
+  bias_at_ = algo_ws_at_ + algo_ws;
+  const int64_t M = d.batch * d.out_h() * d.out_w();
+  const size_t bias_bytes = p.bias ? static_cast<size_t>(channel_partials_floats(M, p.out_channels)) * 4 : 0;
+  ctx_->reserve(bias_at_ + bias_bytes);
+}
+
+CudnnConv::~CudnnConv() {
+  cudnnDestroyConvolutionDescriptor(conv_);
+  cudnnDestroyFilterDescriptor(w_);
+  cudnnDestroyTensorDescriptor(y_);
+  cudnnDestroyTensorDescriptor(x_);
+}
+
+std::string CudnnConv::key(Direction dir) const {
+  const Conv2dDesc& d = desc_;
+  const Conv2dParams& p = d.p;
+  std::ostringstream s;
+  s << direction_name(dir) << "|" << dtype_name(d.dtype) << "|nhwc|n" << d.batch << "c" << p.in_channels << "h"
+    << d.in_h << "w" << d.in_w << "|k" << p.out_channels << "r" << p.kernel_h << "s" << p.kernel_w << "|st"
+    << p.stride_h << "x" << p.stride_w << "|pad" << p.pad_h << "x" << p.pad_w << "|dil" << p.dilation_h << "x"
+    << p.dilation_w << "|g" << p.groups << "|math" << static_cast<int>(math_) << "|"
+    << cuda_impl_mode_name(ctx_->mode()) << "|cudnn" << cudnnGetVersion() << "|" << ctx_->gpu_name();
+  return s.str();
+}
+
+// Picks the fastest successful result that fits the workspace limit (and, in
+// high_precision mode, is deterministic).
+template <typename Perf>
+CudnnAlgoChoice pick(const std::vector<Perf>& results, int count, bool deterministic_only, const std::string& what) {
+  for (int i = 0; i < count; ++i) {
+    const Perf& r = results[static_cast<size_t>(i)];
+    if (r.status != CUDNN_STATUS_SUCCESS || r.memory > kMaxAlgoWorkspace) continue;
+    if (deterministic_only && r.determinism != CUDNN_DETERMINISTIC) continue;
+    return {static_cast<int>(r.algo), r.memory, static_cast<int>(r.mathType)};
+  }
+  RN_UNSUPPORTED() << "cuda backend: cuDNN has no usable algorithm for " << what
+                   << (deterministic_only ? " (deterministic algorithms only: high_precision mode)" : "");
+}
+
+// A configuration cuDNN does not implement (shape, type, layout) is unsupported, reported as
+// such; any other failure, including a broken installation (driver, sub-library, arch), is
+// an error.
+void search_status(cudnnStatus_t status, const std::string& what) {
+  if (status == CUDNN_STATUS_NOT_SUPPORTED || status == CUDNN_STATUS_NOT_SUPPORTED_SHAPE ||
+      status == CUDNN_STATUS_NOT_SUPPORTED_DATA_TYPE || status == CUDNN_STATUS_NOT_SUPPORTED_LAYOUT)
+    RN_UNSUPPORTED() << "cuda backend: cuDNN does not support " << what << ": " << cudnnGetErrorString(status);
+  RN_CUDNN_CHECK(status);
+}
+
+CudnnAlgoChoice CudnnConv::choose(Direction dir) {
+  const std::string k = key(dir);
+  if (auto hit = ctx_->algo_cache().find(k)) return *hit;
+  const std::string what = std::string(direction_name(dir)) + " " + desc_.str();
+  const bool det = ctx_->mode() == CudaImplMode::high_precision;
+  cudnnHandle_t h = ctx_->cudnn();
+  constexpr int kAsk = 16;
+  int got = 0;
+  CudnnAlgoChoice c;
+  // The measured search allocates its own buffers (the plan's do not exist yet).
+  if (dir == Direction::forward) {
+    std::vector<cudnnConvolutionFwdAlgoPerf_t> r(kAsk);
+    search_status(cudnnFindConvolutionForwardAlgorithm(h, x_, w_, conv_, y_, kAsk, &got, r.data()), what);
+    c = pick(r, got, det, what);
+  } else if (dir == Direction::backward_data) {
+    std::vector<cudnnConvolutionBwdDataAlgoPerf_t> r(kAsk);
+    search_status(cudnnFindConvolutionBackwardDataAlgorithm(h, w_, y_, conv_, x_, kAsk, &got, r.data()), what);
+    c = pick(r, got, det, what);
+  } else {
+    std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> r(kAsk);
+    search_status(cudnnFindConvolutionBackwardFilterAlgorithm(h, x_, y_, conv_, w_, kAsk, &got, r.data()), what);
+    c = pick(r, got, det, what);
+  }
+  RN_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_, math_));  // the search may have changed it
+  ctx_->algo_cache().put(k, c);
+  RN_LOG_DEBUG("cuda backend: {}: algorithm {} (math {}, workspace {} bytes)", what, c.algo, c.math_type, c.workspace);
+  return c;
+}
+
+void* CudnnConv::weights_krsc(const Tensor& w) const {
+  const Conv2dParams& p = desc_.p;
+  launch_kcrs_to_krsc(scratch(), w.data, desc_.dtype, p.out_channels, p.in_channels / p.groups, p.kernel_h, p.kernel_w,
+                      ctx_->stream());
+  return scratch();
+}
+
+void CudnnConv::do_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b) {
+  void* wk = weights_krsc(w);
+  const float one = 1.0f, zero = 0.0f;
+  set_math(fwd_.math_type);
+  RN_CUDNN_CHECK(cudnnConvolutionForward(ctx_->cudnn(), &one, x_, x.data, w_, wk, conv_,
+                                         static_cast<cudnnConvolutionFwdAlgo_t>(fwd_.algo), scratch() + algo_ws_at_,
+                                         fwd_.workspace, &zero, y_, y.data));
+  if (b) {
+    const int64_t M = desc_.batch * desc_.out_h() * desc_.out_w();
+    launch_bias_add(y.data, b->ptr<float>(), desc_.dtype, M, desc_.p.out_channels, ctx_->stream());
+  }
+}
+
+void CudnnConv::do_backward_data(const Tensor& dx, const Tensor& dy, const Tensor& w) {
+  void* wk = weights_krsc(w);
+  const float one = 1.0f, zero = 0.0f;
+  set_math(bwd_data_.math_type);
+  RN_CUDNN_CHECK(cudnnConvolutionBackwardData(ctx_->cudnn(), &one, w_, wk, y_, dy.data, conv_,
+                                              static_cast<cudnnConvolutionBwdDataAlgo_t>(bwd_data_.algo),
+                                              scratch() + algo_ws_at_, bwd_data_.workspace, &zero, x_, dx.data));
+}
+
+void CudnnConv::do_backward_weights(const Tensor& dw, const Tensor* db, const Tensor& dy, const Tensor& x) {
+  const Conv2dParams& p = desc_.p;
+  const float one = 1.0f, zero = 0.0f;
+  void* dwk = scratch() + dw_at_;
+  set_math(bwd_filter_.math_type);
+  RN_CUDNN_CHECK(cudnnConvolutionBackwardFilter(ctx_->cudnn(), &one, x_, x.data, y_, dy.data, conv_,
+                                                static_cast<cudnnConvolutionBwdFilterAlgo_t>(bwd_filter_.algo),
+                                                scratch() + algo_ws_at_, bwd_filter_.workspace, &zero, w_, dwk));
+  launch_accumulate_krsc_to_kcrs(dw.ptr<float>(), dwk, desc_.dtype, p.out_channels, p.in_channels / p.groups,
+                                 p.kernel_h, p.kernel_w, ctx_->stream());
+  if (db) {
+    const int64_t M = desc_.batch * desc_.out_h() * desc_.out_w();
+    launch_bias_grad(db->ptr<float>(), dy.data, desc_.dtype, M, p.out_channels,
+                     reinterpret_cast<float*>(scratch() + bias_at_), ctx_->stream());
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Conv2dKernel> make_conv2d(const ContextPtr& ctx, const Conv2dDesc& d) {
+  d.validate();
+  require_nhwc(d.layout, d.str());
+  return std::make_unique<CudnnConv>(ctx, d);
+}
+
+}  // namespace rn::cuda

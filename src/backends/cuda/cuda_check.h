@@ -1,0 +1,51 @@
+// Status checks for every CUDA runtime, cuDNN, cuBLAS and NCCL call: a failure throws
+// rn::Error naming the call, the file, the line and the library's own message. Every
+// kernel launch is followed by RN_CUDA_LAUNCH_CHECK(), which reports launch errors (bad
+// configuration, missing kernel image for this GPU) at the launch that caused them.
+#pragma once
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include "core/check.h"
+
+#define RN_CUDA_CHECK(call)                                                                                        \
+  do {                                                                                                             \
+    const cudaError_t rn_status_ = (call);                                                                         \
+    if (rn_status_ != cudaSuccess)                                                                                 \
+      ::rn::detail::Thrower<::rn::Error>{} & ::rn::detail::CheckMessage(__FILE__, __LINE__, nullptr)               \
+                                                 << "CUDA call " #call " failed: " << cudaGetErrorName(rn_status_) \
+                                                 << ": " << cudaGetErrorString(rn_status_);                        \
+  } while (0)
+
+#define RN_CUDA_LAUNCH_CHECK() RN_CUDA_CHECK(cudaGetLastError())
+
+#define RN_CUDNN_CHECK(call)                                                                         \
+  do {                                                                                               \
+    const cudnnStatus_t rn_status_ = (call);                                                         \
+    if (rn_status_ != CUDNN_STATUS_SUCCESS)                                                          \
+      ::rn::detail::Thrower<::rn::Error>{} & ::rn::detail::CheckMessage(__FILE__, __LINE__, nullptr) \
+                                                 << "cuDNN call " #call " failed: "                  \
+                                                 << cudnnGetErrorString(rn_status_);                 \
+  } while (0)
+
+#define RN_CUBLAS_CHECK(call)                                                                \
+  do {                                                                                       \
+    const cublasStatus_t rn_status_ = (call);                                                \
+    if (rn_status_ != CUBLAS_STATUS_SUCCESS)                                                 \
+      ::rn::detail::Thrower<::rn::Error>{} &                                                 \
+          ::rn::detail::CheckMessage(__FILE__, __LINE__, nullptr)                            \
+              << "cuBLAS call " #call " failed: " << cublasGetStatusName(rn_status_) << ": " \
+              << cublasGetStatusString(rn_status_);                                          \
+  } while (0)
+
+// NCCL is checked the same way where it is used (include nccl.h first).
+#define RN_NCCL_CHECK(call)                                                                                           \
+  do {                                                                                                                \
+    const ncclResult_t rn_status_ = (call);                                                                           \
+    if (rn_status_ != ncclSuccess)                                                                                    \
+      ::rn::detail::Thrower<::rn::Error>{} & ::rn::detail::CheckMessage(__FILE__, __LINE__, nullptr)                  \
+                                                 << "NCCL call " #call " failed: " << ncclGetErrorString(rn_status_); \
+  } while (0)

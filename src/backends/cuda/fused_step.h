@@ -1,0 +1,14 @@
+// The CUDA fused training step and step graph (ops/fused_step.h).
+#pragma once
+
+#include <memory>
+
+#include "backends/cuda/context.h"
+#include "ops/fused_step.h"
+
+namespace rn::cuda {
+
+std::unique_ptr<FusedStepKernel> make_fused_step(const ContextPtr& ctx, const FusedStepDesc& d);
+std::unique_ptr<StepGraph> make_step_graph(const ContextPtr& ctx);
+
+}  // namespace rn::cuda

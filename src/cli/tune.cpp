@@ -1,0 +1,81 @@
+// `resnet tune`: fills the GPU's convolution algorithm cache ahead of time. Making a
+// training plan creates every convolution kernel, and the CUDA backend searches (and
+// records, in memory and in its cache file) the fastest algorithm of each shape it has not
+// seen; a later `resnet train` or `resnet bench` with the same model, batch, precision and
+// mode then starts without searching.
+#include <fmt/format.h>
+
+#include <chrono>
+
+#include "cli/commands.h"
+#include "cli/format.h"
+#include "model/plan.h"
+#include "model/zoo.h"
+#include "train/device.h"
+#include "train/precision.h"
+
+namespace rn::cli {
+namespace {
+
+struct TuneArgs {
+  std::string model = "resnet50";
+  std::string input = "3x224x224";
+  int64_t classes = 1000;
+  std::vector<int64_t> batches = {256};
+  std::string precision = "O2";
+  std::string half = "fp16";
+  std::string device = "cuda";
+  bool high_precision = false;
+};
+
+int run_tune(const TuneArgs& a) {
+  ModelOptions o;
+  parse_input_shape(a.input, &o.in_channels, &o.height, &o.width);
+  o.num_classes = a.classes;
+  Model model(build_model(a.model, o));
+  BackendOptions bo;
+  bo.high_precision = a.high_precision;
+  auto backend = make_backend_for(device_from_name(a.device), bo);
+  RN_CHECK(backend->device() != Device::cpu)
+      << "resnet tune: the " << backend->name() << " backend keeps no algorithm cache (tuning is for --device cuda)";
+  PrecisionConfig pc;
+  bool known = false;
+  for (PrecisionLevel l : {PrecisionLevel::O0, PrecisionLevel::O1, PrecisionLevel::O2, PrecisionLevel::O3})
+    if (enum_name(l) == a.precision) pc.level = l, known = true;
+  RN_CHECK(known) << "resnet tune: unknown precision level '" << a.precision << "' (O0, O1, O2 or O3)";
+  pc.half_dtype = dtype_from_name(a.half);
+  const PrecisionPolicy policy = make_precision_policy(pc, *backend);
+  for (int64_t batch : a.batches) {
+    const auto t0 = std::chrono::steady_clock::now();
+    PlanOptions po;
+    po.batch = batch;
+    po.dtype = policy.conv_dtype;
+    po.activation_dtype = policy.activation_dtype;
+    po.layout = backend->preferred_layout();
+    Plan plan(model, backend.get(), po);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    fmt::print("{} batch {} ({}): planned in {:.1f} s\n", a.model, batch, policy.describe(), s);
+  }
+  fmt::print("{}\n", backend->tuning_state());
+  return 0;
+}
+
+}  // namespace
+
+Runner add_tune_command(CLI::App& app) {
+  auto a = std::make_shared<TuneArgs>();
+  CLI::App* cmd =
+      app.add_subcommand("tune", "Search and cache the GPU convolution algorithms of a model ahead of time");
+  cmd->add_option("--model", a->model, "Model name")->capture_default_str();
+  cmd->add_option("--input", a->input, "Input shape CxHxW")->capture_default_str();
+  cmd->add_option("--classes", a->classes, "Number of classes")->capture_default_str();
+  cmd->add_option("--batch", a->batches, "Batch size (repeatable)")->capture_default_str();
+  cmd->add_option("--precision", a->precision, "Precision level O0, O1, O2, O3")->capture_default_str();
+  cmd->add_option("--half", a->half, "Half dtype for O1-O3: bf16 or fp16")->capture_default_str();
+  cmd->add_option("--device", a->device, "cuda (or auto)")->capture_default_str();
+  cmd->add_flag("--high-precision", a->high_precision,
+                "Tune for run.implementation_mode=high_precision (deterministic algorithms only)");
+  return [cmd, a]() -> int { return cmd->parsed() ? run_tune(*a) : -1; };
+}
+
+}  // namespace rn::cli
