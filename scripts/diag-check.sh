@@ -4,14 +4,14 @@
 # utilisation, memory in metrics.jsonl), the doctor's measured fp16 run (not only the
 # analytic ranges), and the per-layer profile's peaks and consistency on the GPU.
 # scripts/gpu-check.sh calls it; it works on a CPU-only machine too (DEVICE=cpu).
-# Usage: scripts/diag-check.sh [BUILD_DIR=build] [DEVICE=cuda]
+# Usage: [RN_RESNET=COMMAND] [DIAG_OUT=DIR] scripts/diag-check.sh [BUILD_DIR=build] [DEVICE=cuda]
 #   PROFILE_ARGS="--model resnet20 --input 3x32x32 --classes 10 --batch 32" for a quick CPU smoke run
 # Exit status: non-zero when a tool fails or a check below does not hold.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build="${1:-build}"
 device="${2:-cuda}"
-bin="$build/resnet"
+bin="${RN_RESNET:-$build/resnet}"  # gpu-check.sh passes a wrapper that starts the carried bundle
 out="${DIAG_OUT:-$build/diag-check}"
 rm -rf "$out" && mkdir -p "$out"
 fail=0

@@ -12,7 +12,9 @@
 #   4. `resnet bench` resnet50 224x224 batch 256 O2 fp16 and bf16, and the same step in
 #      PyTorch (torchvision resnet50, channels_last, autocast, fused SGD), eager and
 #      torch.compile, on the same GPU in the same run;
-#   5. one table: images/s, the ratios to PyTorch eager, peak device memory.
+#   5. one table: images/s, the ratios to PyTorch eager, peak device memory;
+#   6. the troubleshooting tools on the GPU (scripts/diag-check.sh): NVML device samples,
+#      the doctor's measured fp16/bf16 runs, the per-layer profile adding up.
 # The full log goes to OUT_DIR/gpu-check.log and the table to OUT_DIR/table.md.
 #
 # Binaries: gpu-bundle/bundle.tar.xz (scripts/gpu-bundle.sh, made on a development machine
@@ -160,5 +162,17 @@ for r in rows:
     print(f"| {r['system']} | {half} | {ips:.0f} | {f(eager)} | {f(comp)} | {r.get('device_peak', 0) / 2**30:.2f} GiB |")
 PY
 cat "$out/table.md"
+
+# ---- 6. the troubleshooting tools on the GPU (issue 7), after the table so it is never lost -----
+section "diagnostics: device monitor (NVML), doctor fp16/bf16, per-layer profile (scripts/diag-check.sh)"
+if (( $(elapsed) > 400 )); then
+  echo "diag-check skipped: $(elapsed) s used of the 8-minute budget; run scripts/diag-check.sh on its own"
+else
+  printf '#!/bin/sh\nexec %s "$@"\n' "$(printf '%q ' "${run[@]}" "$resnet_bin")" > "$out/resnet.sh"
+  chmod +x "$out/resnet.sh"
+  RN_RESNET="$out/resnet.sh" DIAG_OUT="$out/diag" timeout $(( 470 - $(elapsed) )) scripts/diag-check.sh "$bin" cuda \
+    2>&1 | tee "$out/diag-check.log"
+  [[ ${PIPESTATUS[0]} == 0 ]] || fail "diag-check (see diag-check.log and $out/diag)"
+fi
 section "done in $(elapsed) s: $([[ $status == 0 ]] && echo 'all checks passed' || echo 'SOME CHECKS FAILED')"
 exit $status

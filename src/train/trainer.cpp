@@ -398,8 +398,10 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
   const int64_t epochs = cfg.schedule.epochs;
   bool stop = false;
   while (st.epoch < epochs && !stop) {
-    if (const MemoryLevel level = memory_level_at_epoch(cfg.memory, st.epoch); level != po.memory)
-      plan_at(level, st.epoch), set_sink_rates();
+    if (const MemoryLevel level = memory_level_at_epoch(cfg.memory, st.epoch); level != po.memory) {
+      plan_at(level, st.epoch);
+      set_sink_rates();
+    }
     train_loader.start_epoch(st.epoch, st.batch_in_epoch);
     diag.begin_epoch(train_loader.epoch_wait_seconds());
     // Interval statistics for the log lines.
