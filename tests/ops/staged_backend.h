@@ -53,9 +53,11 @@ class Staging {
 
 namespace staged {
 
-class Conv final : public Conv2dKernel {
+// Convolutions and linear layers share the weighted-op signatures.
+template <class K>
+class Weighted final : public K {
  public:
-  Conv(Backend& b, std::unique_ptr<Conv2dKernel> k) : Conv2dKernel(k->desc()), b_(b), k_(std::move(k)) {}
+  Weighted(Backend& b, std::unique_ptr<K> k) : K(k->desc()), b_(b), k_(std::move(k)) {}
 
  protected:
   void do_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias) override {
@@ -75,8 +77,10 @@ class Conv final : public Conv2dKernel {
 
  private:
   Backend& b_;
-  std::unique_ptr<Conv2dKernel> k_;
+  std::unique_ptr<K> k_;
 };
+using Conv = Weighted<Conv2dKernel>;
+using Linear = Weighted<LinearKernel>;
 
 class BatchNorm final : public BatchNormKernel {
  public:
@@ -200,31 +204,6 @@ class GlobalAvgPool final : public GlobalAvgPoolKernel {
  private:
   Backend& b_;
   std::unique_ptr<GlobalAvgPoolKernel> k_;
-};
-
-class Linear final : public LinearKernel {
- public:
-  Linear(Backend& b, std::unique_ptr<LinearKernel> k) : LinearKernel(k->desc()), b_(b), k_(std::move(k)) {}
-
- protected:
-  void do_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias) override {
-    Staging s(b_);
-    Tensor kb;
-    k_->forward(s(y), s(x), s(w), s(bias, kb));
-  }
-  void do_backward_data(const Tensor& dx, const Tensor& dy, const Tensor& w) override {
-    Staging s(b_);
-    k_->backward_data(s(dx), s(dy), s(w));
-  }
-  void do_backward_weights(const Tensor& dw, const Tensor* db, const Tensor& dy, const Tensor& x) override {
-    Staging s(b_);
-    Tensor kb;
-    k_->backward_weights(s(dw), s(db, kb), s(dy), s(x));
-  }
-
- private:
-  Backend& b_;
-  std::unique_ptr<LinearKernel> k_;
 };
 
 class Loss final : public SoftmaxCrossEntropyKernel {
