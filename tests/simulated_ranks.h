@@ -8,7 +8,9 @@
 // parallel_for at a time, and the turns keep them from calling it at once.
 #pragma once
 
+#include <algorithm>
 #include <barrier>
+#include <cmath>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -21,6 +23,16 @@
 #include "ops/batch_norm.h"
 
 namespace rn::testing {
+
+// ||got - want|| / ||want|| over whole tensors (the bound every comparison here states).
+inline double rel_error(const std::vector<float>& got, const std::vector<float>& want) {
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    num += std::pow(static_cast<double>(got[i]) - want[i], 2);
+    den += std::pow(static_cast<double>(want[i]), 2);
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
 
 class SimulatedRanks {
  public:

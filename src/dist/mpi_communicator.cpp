@@ -13,6 +13,7 @@
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -82,6 +83,17 @@ std::string mpi_error_text(int rc) {
   int len = 0;
   MPI_Error_string(rc, buf, &len);
   return std::string(buf, static_cast<size_t>(std::max(len, 0)));
+}
+
+// The average of a sum over `ranks`: floats multiply by the reciprocal, integers divide.
+template <class T>
+void divide(T* p, int64_t n, T ranks) {
+  if constexpr (std::is_floating_point_v<T>) {
+    const T inv = T(1) / ranks;
+    for (int64_t i = 0; i < n; ++i) p[i] *= inv;
+  } else {
+    for (int64_t i = 0; i < n; ++i) p[i] /= ranks;
+  }
 }
 
 class MpiCommunicator;
@@ -318,23 +330,12 @@ class MpiCommunicator final : public Communicator {
         std::this_thread::sleep_for(std::chrono::microseconds(waited < 0.01 ? 20 : waited < 1 ? 100 : 1000));
     }
     if (op.kind == Op::all_reduce && op.reduce == ReduceOp::average && size_ > 1) {
-      const double inv = 1.0 / size_;
-      if (op.type == ElemType::f32) {
-        float* p = static_cast<float*>(op.data);
-        const float f = static_cast<float>(inv);
-        for (int64_t i = 0; i < op.count; ++i) p[i] *= f;
-      } else if (op.type == ElemType::f64) {
-        double* p = static_cast<double*>(op.data);
-        for (int64_t i = 0; i < op.count; ++i) p[i] *= inv;
-      } else {
-        int64_t n = op.count;
-        if (op.type == ElemType::i32) {
-          int32_t* p = static_cast<int32_t*>(op.data);
-          for (int64_t i = 0; i < n; ++i) p[i] /= size_;
-        } else {
-          int64_t* p = static_cast<int64_t*>(op.data);
-          for (int64_t i = 0; i < n; ++i) p[i] /= size_;
-        }
+      switch (op.type) {
+        case ElemType::f32: divide(static_cast<float*>(op.data), op.count, static_cast<float>(size_)); break;
+        case ElemType::f64: divide(static_cast<double*>(op.data), op.count, static_cast<double>(size_)); break;
+        case ElemType::i32: divide(static_cast<int32_t*>(op.data), op.count, size_); break;
+        case ElemType::i64: divide(static_cast<int64_t*>(op.data), op.count, int64_t{size_}); break;
+        default: break;  // refused by mpi_type() when issued
       }
     }
     const double t1 = now_s();
@@ -597,11 +598,13 @@ class MpiCommunicator final : public Communicator {
 
 }  // namespace
 
-bool launched_by_mpi() {
-  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"})
-    if (std::getenv(v)) return true;
-  return false;
+int launcher_rank() {
+  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"})
+    if (const char* s = std::getenv(v)) return std::atoi(s);
+  return -1;
 }
+
+bool launched_by_mpi() { return launcher_rank() >= 0; }
 
 std::unique_ptr<Communicator> make_mpi_communicator(const MpiOptions& options) {
   return std::make_unique<MpiCommunicator>(options);

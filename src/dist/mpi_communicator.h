@@ -27,8 +27,10 @@ struct MpiOptions {
   double heartbeat_s = 1.0;  // heartbeat period
 };
 
-// True when an MPI launcher started this process (OpenMPI's mpirun, PMIx or PMI: srun).
-bool launched_by_mpi();
+// The rank an MPI launcher (OpenMPI's mpirun, PMIx or PMI: srun) gave this process, read
+// from its environment before MPI starts; -1 when no launcher started it.
+int launcher_rank();
+bool launched_by_mpi();  // launcher_rank() >= 0
 
 // MPI_Init on the communication thread. Throws rn::Error when MPI cannot start.
 std::unique_ptr<Communicator> make_mpi_communicator(const MpiOptions& options);

@@ -21,12 +21,6 @@ std::string World::describe() const {
                      local_rank, local_size, device, comm ? comm->name() : "no");
 }
 
-int launcher_rank() {
-  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"})
-    if (const char* s = std::getenv(v)) return std::atoi(s);
-  return -1;
-}
-
 World& init_world(const WorldOptions& options) {
   if (g_world) return *g_world;
   auto w = std::make_unique<World>();

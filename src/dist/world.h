@@ -37,8 +37,4 @@ World* current_world();
 // Ends MPI cleanly (every rank must call it); the world is gone afterwards.
 void shutdown_world();
 
-// The rank an MPI launcher gave this process, read from its environment before MPI starts
-// (-1 when not launched).
-int launcher_rank();
-
 }  // namespace rn

@@ -107,16 +107,15 @@ class CommStatsReducer final : public BatchStatsReducer {
 
 // Communication figures summed over steps.
 struct CommTotals {
-  double total = 0, hidden = 0, exposed = 0;
+  double total = 0, exposed = 0;
   int64_t steps = 0;
   void add(const CommStats& c) {
     total += c.total;
-    hidden += c.hidden;
     exposed += c.exposed;
     ++steps;
   }
   double ms_per_step(double x) const { return steps > 0 ? 1000 * x / static_cast<double>(steps) : 0; }
-  double hidden_share() const { return total > 0 ? hidden / total : 0; }
+  double hidden_share() const { return total > 0 ? (total - exposed) / total : 0; }
 };
 
 TrainResult train_impl(const Config& config_in, const TrainOptions& options);

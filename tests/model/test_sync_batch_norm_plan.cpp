@@ -74,15 +74,6 @@ StepResult train_step(Model& model, Plan& plan, const Batch& batch, int64_t firs
   return r;
 }
 
-double rel_error(const std::vector<float>& got, const std::vector<float>& want) {
-  double num = 0.0, den = 0.0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    num += std::pow(static_cast<double>(got[i]) - want[i], 2);
-    den += std::pow(static_cast<double>(want[i]), 2);
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
-
 std::unique_ptr<Model> make_model() {
   ModelOptions o;
   o.in_channels = 1;

@@ -96,15 +96,6 @@ HostTensor from_f32(const std::vector<float>& v, Shape shape, DType dtype, Layou
   return t;
 }
 
-double rel_error(const std::vector<float>& got, const std::vector<float>& want) {
-  double num = 0.0, den = 0.0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    num += std::pow(static_cast<double>(got[i]) - want[i], 2);
-    den += std::pow(static_cast<double>(want[i]), 2);
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
-
 // Rank r's slice of a whole-batch activation: the batch is the outermost dimension in NCHW
 // and NHWC alike, so it is a contiguous block.
 Tensor rank_slice(const Tensor& whole, int r) {
