@@ -97,9 +97,9 @@ int run_eval(const EvalArgs& a) {
   const PrecisionPolicy policy = make_precision_policy(cfg.precision, *backend);
   Model model(build_model(cfg.model.name, model_options(cfg.model)));
   load_weights(a.weights, model);
-  const DType loader_dtype =
-      loader_dtype_for(cfg.data.dataset == DatasetKind::imagefolder, policy.activation_dtype, *backend);
-  std::unique_ptr<DataLoader> loader_ptr = make_val_loader(cfg, loader_dtype, backend->preferred_layout());
+  const DType loader_dtype = loader_dtype_for(policy.activation_dtype, *backend);
+  std::unique_ptr<DataLoader> loader_ptr =
+      make_val_loader(cfg, loader_dtype, backend->preferred_layout(), &backend->pinned_memory());
   DataLoader& loader = *loader_ptr;
   const DataLoaderOptions& lo = loader.options();
   PlanOptions po;

@@ -21,9 +21,10 @@ class MemorySpace {
   virtual void free(void* p) noexcept = 0;
   // dst and src may each be host memory or this space's memory.
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
-  // Host -> this space, ordered with the backend's queued work and not waited for. The
-  // source may be reused when the call returns if it is pageable host memory (the driver
-  // stages it); pinned sources must stay unchanged until the work has run.
+  // Host or this space -> this space, ordered with the backend's queued work and not
+  // waited for. The source may be reused when the call returns if it is pageable host
+  // memory (the driver stages it); pinned sources and device sources must stay unchanged
+  // until the work has run.
   virtual void copy_to_device_async(void* dst, const void* src, size_t bytes) { copy(dst, src, bytes); }
   virtual void zero(void* p, size_t bytes) = 0;
   // The most bytes allocated at once so far (0 where not tracked: host memory).
@@ -57,5 +58,29 @@ class DeviceBuffer {
   MemorySpace* space_ = nullptr;
   size_t bytes_ = 0;
 };
+
+// Host -> device staging for the input pipeline, double-buffered: the next batch crosses
+// into one buffer on a queue of its own (CUDA: a second stream, from pinned host memory)
+// while the device still computes with the batch staged in the other.
+//   char* dst = static_cast<char*>(up.begin());  // the next buffer, once what read it has run
+//   up.copy(dst + offset, src, bytes);           // any number of copies into it
+//   up.end();        // compute queued from now on waits for the copies (the host does not);
+//                    // returns once the sources have been read and may be reused
+//   ... queue compute that reads dst ...
+//   up.release();    // dst may be overwritten once the compute queued so far has run
+class Uploader {
+ public:
+  virtual ~Uploader() = default;
+  virtual size_t bytes() const = 0;  // of each buffer
+  virtual int buffers() const = 0;
+  virtual void* begin() = 0;
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  virtual void end() = 0;
+  virtual void release() = 0;
+};
+
+// One buffer of `bytes` in `space`, filled by space.copy() (synchronous): what host
+// backends and test doubles use.
+std::unique_ptr<Uploader> make_plain_uploader(MemorySpace& space, size_t bytes);
 
 }  // namespace rn

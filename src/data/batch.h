@@ -10,8 +10,12 @@
 namespace rn {
 
 struct Batch {
-  Tensor images;      // logical [n, C, H, W], f32 or bf16, nchw or nhwc, host memory
+  Tensor images;      // logical [n, C, H, W], f32 or bf16 (nchw or nhwc), or u8 nhwc; host memory
   Tensor labels;      // i32 [n], each in [0, num_classes)
+  // Device augmentation (DataLoaderOptions::defer_crop_flip): i32 [n, 3], each image's
+  // (y0, x0, flip) still to be applied by crop_flip_normalize (ops/augment.h); data is
+  // null when the loader applied them itself.
+  Tensor crops;
   int64_t size = 0;   // n: the batch size, or fewer for a kept partial last batch
   int64_t index = 0;  // position of this batch in this rank's epoch, from 0
   int64_t epoch = 0;

@@ -14,8 +14,15 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, std::shared_ptr<c
     : dataset_(std::move(dataset)), transform_(std::move(transform)), options_(options) {
   RN_CHECK(dataset_ != nullptr) << "DataLoader needs a dataset";
   RN_CHECK(transform_ != nullptr) << "DataLoader needs a transform";
-  RN_CHECK(options.dtype == DType::f32 || options.dtype == DType::bf16)
-      << "batch dtype " << dtype_name(options.dtype) << ": this loader writes f32 or bf16";
+  RN_CHECK(options.dtype == DType::f32 || options.dtype == DType::bf16 ||
+           (options.dtype == DType::u8 && options.defer_crop_flip))
+      << "batch dtype " << dtype_name(options.dtype)
+      << ": this loader writes f32 or bf16, or u8 with defer_crop_flip (the transform left to the device)";
+  RN_CHECK(options.dtype == DType::u8 || !options.defer_crop_flip)
+      << "defer_crop_flip leaves normalisation to the device too, so it needs u8 batches, not "
+      << dtype_name(options.dtype);
+  RN_CHECK(options.dtype != DType::u8 || options.layout == Layout::nhwc)
+      << "u8 batches are NHWC, not " << layout_name(options.layout);
   geometry_ = transform_->output_geometry(dataset_->geometry());
   RN_CHECK(geometry_.fixed()) << transform_->name() << " produces " << geometry_.str() << " images, not a fixed size";
   init(dataset_->geometry());
@@ -30,6 +37,9 @@ DataLoader::DataLoader(std::shared_ptr<const EncodedDataset> dataset, std::share
       << "batch dtype " << dtype_name(options.dtype) << ": the loader writes u8, f32 or bf16";
   RN_CHECK(options.dtype != DType::u8 || options.layout == Layout::nhwc)
       << "u8 batches are RGB NHWC, not " << layout_name(options.layout);
+  RN_CHECK(options.dtype == DType::u8 || !options.defer_crop_flip)
+      << "defer_crop_flip leaves normalisation to the device too, so it needs u8 batches, not "
+      << dtype_name(options.dtype);
   geometry_ = SampleGeometry{3, augment_->out_height(), augment_->out_width()};
   if (options.dtype != DType::u8) normalizer_ = std::make_unique<Normalizer>(3, options.mean, options.std);
   if (options.cache_bytes > 0)
@@ -55,10 +65,13 @@ void DataLoader::init(const SampleGeometry&) {
   // One slot more than the prefetch depth: the consumer holds one batch while the workers
   // fill `prefetch` others.
   const size_t image_bytes = static_cast<size_t>(bs * geometry_.pixels()) * dtype_size(options.dtype);
+  MemorySpace& memory = options.batch_memory ? *options.batch_memory : host_memory();
+  RN_CHECK(memory.device() == Device::cpu) << "batch_memory must be host memory the loader's threads can write";
   slots_.resize(static_cast<size_t>(options.prefetch) + 1);
   for (Slot& slot : slots_) {
-    slot.image_buffer = HostBuffer(image_bytes);
-    slot.label_buffer = HostBuffer(static_cast<size_t>(bs) * sizeof(int32_t));
+    slot.image_buffer = DeviceBuffer(memory, image_bytes);
+    slot.label_buffer = DeviceBuffer(memory, static_cast<size_t>(bs) * sizeof(int32_t));
+    if (options.defer_crop_flip) slot.crop_buffer = DeviceBuffer(memory, static_cast<size_t>(bs) * 3 * sizeof(int32_t));
     if (encoded_ && options.dtype != DType::u8)
       slot.raw_buffer = HostBuffer(static_cast<size_t>(bs * geometry_.pixels()));
     slot.indices.reserve(static_cast<size_t>(bs));
@@ -166,7 +179,10 @@ void DataLoader::fill(Slot& slot, WorkerState& state) {
         RN_CHECK(state.sample.label >= 0 && state.sample.label < num_classes)
             << "label " << state.sample.label << " outside [0, " << num_classes << ")";
         Rng rng = sample_rng(options_.seed, slot.epoch, index);
-        transform_->apply(state.sample, rng, images, i, state.scratch);
+        if (options_.defer_crop_flip)
+          transform_->apply_deferred(state.sample, rng, images, i, crop_of(slot, i));
+        else
+          transform_->apply(state.sample, rng, images, i, state.scratch);
         labels[i] = state.sample.label;
         slot.times.augment += seconds_since(t);
       }
@@ -209,7 +225,22 @@ int64_t DataLoader::bad_file_count() const {
   return static_cast<int64_t>(bad_.size());
 }
 
-int DataLoader::load_encoded(int64_t index, Rng& rng, uint8_t* out, WorkerState& st, PipelineTimes& times) const {
+int32_t* DataLoader::crop_of(Slot& slot, int64_t i) {
+  return static_cast<int32_t*>(slot.crop_buffer.data()) + 3 * i;
+}
+
+namespace {
+// Device augmentation: the flip is recorded for the device instead of rendered.
+void defer_flip(CropPlan& plan, int32_t* crop) {
+  if (!crop) return;
+  crop[0] = crop[1] = 0;
+  crop[2] = plan.flip ? 1 : 0;
+  plan.flip = false;
+}
+}  // namespace
+
+int DataLoader::load_encoded(int64_t index, Rng& rng, uint8_t* out, int32_t* crop, WorkerState& st,
+                             PipelineTimes& times) const {
   Clock::time_point t = Clock::now();
   const size_t out_stride = static_cast<size_t>(geometry_.width) * 3;
   try {
@@ -229,7 +260,8 @@ int DataLoader::load_encoded(int64_t index, Rng& rng, uint8_t* out, WorkerState&
         image = cache_->insert(index, fresh);
         if (!image) image = &fresh;
       }
-      const CropPlan plan = augment_->plan(image->width, image->height, rng);
+      CropPlan plan = augment_->plan(image->width, image->height, rng);
+      defer_flip(plan, crop);
       const DecodeRequest& r = plan.request;
       resize_bilinear_aa(ImageView{image->pixels.data(), image->width, image->height, 3, 0},
                          ResizeBox{float(r.x), float(r.y), float(r.x + r.width), float(r.y + r.height)}, plan.window,
@@ -240,7 +272,8 @@ int DataLoader::load_encoded(int64_t index, Rng& rng, uint8_t* out, WorkerState&
     const int label = encoded_->read(index, st.encoded);
     times.read += seconds_since(t);
     const ImageInfo info = image_info(st.encoded);
-    const CropPlan plan = augment_->plan(info.width, info.height, rng);
+    CropPlan plan = augment_->plan(info.width, info.height, rng);
+    defer_flip(plan, crop);
     decode_image(st.encoded, plan.request, st.augment.decoded);
     times.decode += seconds_since(t);
     render(st.augment.decoded, plan, out, out_stride, st.augment.resize);
@@ -281,7 +314,8 @@ void DataLoader::fill_encoded(Slot& slot, WorkerState& state, const Tensor& imag
         }
         Rng rng = sample_rng(options_.seed, slot.epoch, index);
         try {
-          const int label = load_encoded(index, rng, raw + image_bytes * static_cast<size_t>(i), state, slot.times);
+          const int label = load_encoded(index, rng, raw + image_bytes * static_cast<size_t>(i),
+                                         options_.defer_crop_flip ? crop_of(slot, i) : nullptr, state, slot.times);
           RN_CHECK(label >= 0 && label < num_classes)
               << encoded_->source(index) << ": label " << label << " outside [0, " << num_classes << ")";
           labels[i] = label;
@@ -379,6 +413,11 @@ const Batch* DataLoader::next() {
   b.labels.data = slot.label_buffer.data();
   b.labels.shape = Shape{slot.count};
   b.labels.dtype = DType::i32;
+  if (options_.defer_crop_flip) {
+    b.crops.data = slot.crop_buffer.data();
+    b.crops.shape = Shape{slot.count, 3};
+    b.crops.dtype = DType::i32;
+  }
   b.size = slot.count;
   b.index = slot.batch;
   b.epoch = slot.epoch;

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/memory_space.h"
 #include "core/tensor.h"
 #include "data/augment.h"
 #include "data/batch.h"
@@ -48,8 +49,18 @@ struct DataLoaderOptions {
   bool drop_last = true;     // drop this rank's final partial batch; false keeps it (size < batch_size)
   uint64_t seed = 0;         // shuffle and augmentation
   ShardSpec shard;           // rank, world_size, equal-size slices
-  DType dtype = DType::f32;  // batch images: f32 or bf16 (normalised), or u8 (encoded datasets: raw RGB NHWC)
+  DType dtype = DType::f32;  // batch images: f32 or bf16 (normalised), or u8 (raw pixels, NHWC)
   Layout layout = Layout::nchw;
+  // u8 batches only: leave the last, cheap part of the augmentation to the device, where
+  // crop_flip_normalize (ops/augment.h) applies it with the normalisation: the flip for
+  // encoded images (the loader still does the random resized crop, which resamples), the
+  // padded random crop and the flip for small images (the loader copies raw pixels). Each
+  // image's (y0, x0, flip) goes into Batch::crops. false: u8 batches come cropped and
+  // flipped (encoded datasets only).
+  bool defer_crop_flip = false;
+  // Where batch buffers are allocated (nullptr: plain host memory). A device backend's
+  // pinned memory (Backend::pinned_memory) lets its copies run asynchronously.
+  MemorySpace* batch_memory = nullptr;
 
   // Encoded-image datasets (JPEG/PNG folders, shards) only:
   std::vector<float> mean{0.485f, 0.456f, 0.406f};  // normalisation for f32/bf16 batches, pixels in [0, 1]
@@ -111,8 +122,9 @@ class DataLoader {
  private:
   enum class SlotState { free, filling, ready, held };
   struct Slot {
-    HostBuffer image_buffer;
-    HostBuffer label_buffer;
+    DeviceBuffer image_buffer;  // in options.batch_memory
+    DeviceBuffer label_buffer;
+    DeviceBuffer crop_buffer;  // i32 [batch, 3] with defer_crop_flip
     std::vector<int64_t> indices;  // dataset indices of the batch in progress
     SlotState state = SlotState::free;
     uint64_t generation = 0;  // start_epoch count when claimed; stale work is thrown away
@@ -139,7 +151,10 @@ class DataLoader {
   void fill_encoded(Slot& slot, WorkerState& state, const Tensor& images);
   // One encoded sample into `out` (u8 HWC); returns its label. Throws rn::Error naming the
   // file. Bad files are handled by the caller.
-  int load_encoded(int64_t index, Rng& rng, uint8_t* out, WorkerState& state, PipelineTimes& times) const;
+  // `crop` (defer_crop_flip): receives the flip, which is then not rendered; else nullptr.
+  int load_encoded(int64_t index, Rng& rng, uint8_t* out, int32_t* crop, WorkerState& state,
+                   PipelineTimes& times) const;
+  static int32_t* crop_of(Slot& slot, int64_t i);  // image i's (y0, x0, flip)
   bool known_bad(int64_t index) const;
   void mark_bad(int64_t index, const std::string& message);
   void finish(Slot& slot, uint64_t generation);  // under mu_

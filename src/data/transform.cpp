@@ -109,8 +109,11 @@ void CropFlipNormalize::write(const Sample& sample, int oy, int ox, bool flip, c
   }
 }
 
-void CropFlipNormalize::apply(const Sample& sample, Rng& rng, const Tensor& images, int64_t slot,
-                              TransformScratch& /*scratch*/) const {
+void ImageTransform::apply_deferred(const Sample&, Rng&, const Tensor&, int64_t, int32_t*) const {
+  RN_FAIL() << name() << " cannot leave its augmentation to the device";
+}
+
+void CropFlipNormalize::check_slot(const Sample& sample, const Tensor& images, int64_t slot) const {
   RN_CHECK(images.shape.rank() == 4) << "batch images must be 4-D, got " << images.str();
   RN_CHECK(slot >= 0 && slot < images.shape[0]) << "slot " << slot << " outside batch " << images.str();
   RN_CHECK(sample.channels == images.shape[1] && sample.height == images.shape[2] && sample.width == images.shape[3])
@@ -120,12 +123,39 @@ void CropFlipNormalize::apply(const Sample& sample, Rng& rng, const Tensor& imag
       << "sample holds " << sample.pixels.size() << " bytes, fewer than its size";
   RN_CHECK(lut_channels_ == 1 || lut_channels_ == sample.channels)
       << name() << " normalises " << lut_channels_ << " channels but the sample has " << sample.channels;
+}
 
+void CropFlipNormalize::draw(Rng& rng, int* oy, int* ox, bool* flip) const {
   // Always draw the same numbers, so a sample's stream does not depend on the options.
   const uint64_t window = static_cast<uint64_t>(2 * options_.pad + 1);
-  const int oy = static_cast<int>(rng.below(window));
-  const int ox = static_cast<int>(rng.below(window));
-  const bool flip = rng.uniform() < options_.flip_prob;
+  *oy = static_cast<int>(rng.below(window));
+  *ox = static_cast<int>(rng.below(window));
+  *flip = rng.uniform() < options_.flip_prob;
+}
+
+void CropFlipNormalize::apply_deferred(const Sample& sample, Rng& rng, const Tensor& images, int64_t slot,
+                                       int32_t crop[3]) const {
+  check_slot(sample, images, slot);
+  RN_CHECK(images.dtype == DType::u8 && images.layout == Layout::nhwc)
+      << name() << " leaves its work to the device from u8 NHWC batches, not " << images.str();
+  int oy = 0, ox = 0;
+  bool flip = false;
+  draw(rng, &oy, &ox, &flip);
+  const size_t n = static_cast<size_t>(sample.channels) * sample.height * sample.width;
+  std::copy_n(sample.pixels.data(), n, images.ptr<uint8_t>() + static_cast<size_t>(slot) * n);
+  // Output (p, q) reads the raw image at (p + oy - pad, q' + ox - pad), q' mirrored when flipped:
+  // a crop at (oy - pad, ox - pad) of the unpadded image, zero outside it.
+  crop[0] = oy - options_.pad;
+  crop[1] = ox - options_.pad;
+  crop[2] = flip ? 1 : 0;
+}
+
+void CropFlipNormalize::apply(const Sample& sample, Rng& rng, const Tensor& images, int64_t slot,
+                              TransformScratch& /*scratch*/) const {
+  check_slot(sample, images, slot);
+  int oy = 0, ox = 0;
+  bool flip = false;
+  draw(rng, &oy, &ox, &flip);
 
   const bool nhwc = images.layout == Layout::nhwc;
   switch (images.dtype) {

@@ -34,6 +34,13 @@ class ImageTransform {
   // with C, H, W = output_geometry, dtype f32 or bf16, layout nchw or nhwc.
   virtual void apply(const Sample& sample, Rng& rng, const Tensor& images, int64_t slot,
                      TransformScratch& scratch) const = 0;
+  // Device augmentation: writes the sample's pixels as they are into slot `slot` of a u8
+  // NHWC batch of the same geometry, and the crop and flip apply() would have made (the
+  // same draws from `rng`) into `crop` as (y0, x0, flip) for crop_flip_normalize
+  // (ops/augment.h), which then gives what apply() writes. Transforms that cannot leave
+  // their work to the device throw rn::Error.
+  virtual void apply_deferred(const Sample& sample, Rng& rng, const Tensor& images, int64_t slot,
+                              int32_t crop[3]) const;
   virtual std::string name() const = 0;
 };
 
@@ -59,6 +66,8 @@ class CropFlipNormalize : public ImageTransform {
   SampleGeometry output_geometry(const SampleGeometry& input) const override;
   void apply(const Sample& sample, Rng& rng, const Tensor& images, int64_t slot,
              TransformScratch& scratch) const override;
+  void apply_deferred(const Sample& sample, Rng& rng, const Tensor& images, int64_t slot,
+                      int32_t crop[3]) const override;
   std::string name() const override;
 
   const CropFlipNormalizeOptions& options() const { return options_; }
@@ -67,6 +76,9 @@ class CropFlipNormalize : public ImageTransform {
 
  private:
   size_t lut_row(int c) const { return lut_channels_ == 1 ? 0 : static_cast<size_t>(c) * 256; }
+  void check_slot(const Sample& sample, const Tensor& images, int64_t slot) const;
+  // The window offset in the padded image (oy, ox in [0, 2 pad]) and the flip.
+  void draw(Rng& rng, int* oy, int* ox, bool* flip) const;
   template <typename T, bool kNhwc>
   void write(const Sample& sample, int oy, int ox, bool flip, const Tensor& images, int64_t slot) const;
 

@@ -51,6 +51,12 @@ class Backend {
   // Where this backend's tensors live: plans allocate their arena, the half weights and
   // the model's flat buffers here. Host memory unless the backend runs on a device.
   virtual MemorySpace& memory() { return host_memory(); }
+  // Host memory the device copies from fastest and asynchronously (CUDA: pinned, page-
+  // locked); the loader's batch buffers come from here. Plain host memory by default.
+  virtual MemorySpace& pinned_memory() { return host_memory(); }
+  // The input pipeline's host -> device staging (core/memory_space.h): CUDA double-buffers
+  // on a copy stream of its own; the default is one buffer filled synchronously.
+  virtual std::unique_ptr<Uploader> make_uploader(size_t bytes) { return make_plain_uploader(memory(), bytes); }
 
   // The device training step (ops/fused_step.h); host backends run the host optimizer
   // instead and refuse with rn::Unsupported.

@@ -1,11 +1,18 @@
 // Moves loader batches into a plan's input and labels, wherever the plan's backend keeps
 // them. A batch in the plan's input dtype and layout is one copy. Otherwise the conversion
 // runs on the backend, after the copy (on a GPU: on the device, so the narrow form crosses):
-//   u8 NHWC batches (image datasets, already cropped and flipped by the loader's
-//     augmentation): crop_flip_normalize (ops/augment.h) with the loader's mean and std;
+//   u8 NHWC batches (image datasets): crop_flip_normalize (ops/augment.h) with the loader's
+//     mean and std, and with the batch's own crops and flips when the loader left them to
+//     the device (DataLoaderOptions::defer_crop_flip), else with none (identity crops);
 //   f32 batches for an fp16/bf16 input (the loader writes f32 or bf16 only): a cast.
-// Labels are copied as they are. Copies are queued without waiting (MemorySpace::
-// copy_to_device_async): the loader's buffers are pageable, which the driver stages.
+//
+// On a device the batch crosses through the backend's Uploader (core/memory_space.h):
+// images, labels and crops are copied into one of two staging buffers on a copy stream of
+// their own (from the loader's pinned buffers: DataLoaderOptions::batch_memory), and the
+// conversion into the plan's input is the first work the step queues on the compute
+// stream. So the copy of batch i + 1 overlaps the computation of batch i, and feed()
+// returns once the loader's buffers have been read (the loader may then reuse them).
+// On the host the conversion reads the loader's buffers directly.
 #pragma once
 
 #include <map>
@@ -24,19 +31,24 @@ class BatchFeeder {
 
  private:
   struct Converter {
-    DeviceBuffer staging, crops;
+    DType src = DType::f32;
     std::unique_ptr<CropFlipNormalizeKernel> normalize;
     std::unique_ptr<CastKernel> cast;
-    DType src = DType::f32;
+    DeviceBuffer identity_crops;  // (0, 0, no flip) per image, for batches without crops
+    // Device plans: the staging buffers and where images, labels and crops sit in them.
+    std::unique_ptr<Uploader> uploader;
+    size_t label_offset = 0, crop_offset = 0;
   };
-  Converter& converter_for(Plan& plan, const Tensor& images);
+  Converter& converter_for(Plan& plan, const Batch& batch);
+  void convert(Plan& plan, Converter& c, const Tensor& images, const Tensor& crops);
   std::vector<float> mean_, std_;
   std::map<const Plan*, Converter> converters_;
 };
 
 // The dtype the loader should write for a plan whose input is `input_dtype` on `backend`:
-// u8 for image datasets on a device (normalised there), f32 where the loader cannot write
-// the input dtype (fp16), else the input dtype itself.
-DType loader_dtype_for(bool image_dataset, DType input_dtype, const Backend& backend);
+// u8 on a device (every dataset holds 8-bit images; they are normalised there, and the
+// loader leaves crops and flips to the device too), f32 where the loader cannot write the
+// input dtype (fp16), else the input dtype itself.
+DType loader_dtype_for(DType input_dtype, const Backend& backend);
 
 }  // namespace rn

@@ -120,8 +120,10 @@ ImageFolderPaths image_folder_paths(const DataConfig& data) {
   return p;
 }
 
-DataLoaderOptions loader_options(const Config& cfg, DType dtype, Layout layout) {
+DataLoaderOptions loader_options(const Config& cfg, DType dtype, Layout layout, MemorySpace* batch_memory) {
   DataLoaderOptions lo;
+  lo.defer_crop_flip = dtype == DType::u8;
+  lo.batch_memory = batch_memory;
   lo.batch_size = cfg.data.batch_size;
   lo.workers = static_cast<int>(cfg.data.workers);
   lo.prefetch = static_cast<int>(std::max<int64_t>(cfg.data.prefetch, 1));
@@ -138,9 +140,9 @@ DataLoaderOptions loader_options(const Config& cfg, DType dtype, Layout layout) 
 }
 
 Loaders make_loaders(const Config& cfg, DType dtype, Layout layout, std::shared_ptr<TraceRecorder> trace,
-                     ShardSpec shard, const DatasetWrapper& wrap_train) {
+                     ShardSpec shard, const DatasetWrapper& wrap_train, MemorySpace* batch_memory) {
   const DataConfig& d = cfg.data;
-  DataLoaderOptions lo = loader_options(cfg, dtype, layout);
+  DataLoaderOptions lo = loader_options(cfg, dtype, layout, batch_memory);
   lo.trace = std::move(trace);
   lo.shard = shard;
   lo.shard.equal = true;
@@ -202,9 +204,10 @@ Loaders make_loaders(const Config& cfg, DType dtype, Layout layout, std::shared_
   return loaders;
 }
 
-std::unique_ptr<DataLoader> make_val_loader(const Config& cfg, DType dtype, Layout layout) {
+std::unique_ptr<DataLoader> make_val_loader(const Config& cfg, DType dtype, Layout layout,
+                                            MemorySpace* batch_memory) {
   const DataConfig& d = cfg.data;
-  const DataLoaderOptions vo = val_options(loader_options(cfg, dtype, layout));
+  const DataLoaderOptions vo = val_options(loader_options(cfg, dtype, layout, batch_memory));
   switch (d.dataset) {
     case DatasetKind::fashion_mnist: {
       auto val = fashion_mnist(d.root, Split::test, subset_of(d.val_subset));

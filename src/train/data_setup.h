@@ -43,13 +43,17 @@ struct Loaders {
 // validation: a contiguous slice, every sample on exactly one rank).
 // `wrap_train` (tests) may replace the small-image training dataset (Fashion-MNIST,
 // synthetic) by a wrapper around it, e.g. one that loads slowly for a while.
+// u8 batches (a device backend, train/batch_feeder.h) leave crops, flips and normalisation
+// to the device (DataLoaderOptions::defer_crop_flip). `batch_memory`: where the loaders'
+// batch buffers live (a device backend's pinned memory; nullptr: plain host memory).
 using DatasetWrapper = std::function<std::shared_ptr<const Dataset>(std::shared_ptr<const Dataset>)>;
 Loaders make_loaders(const Config& cfg, DType dtype, Layout layout, std::shared_ptr<TraceRecorder> trace = nullptr,
-                     ShardSpec shard = {}, const DatasetWrapper& wrap_train = {});
+                     ShardSpec shard = {}, const DatasetWrapper& wrap_train = {}, MemorySpace* batch_memory = nullptr);
 // The validation loader alone (resnet eval).
-std::unique_ptr<DataLoader> make_val_loader(const Config& cfg, DType dtype, Layout layout);
+std::unique_ptr<DataLoader> make_val_loader(const Config& cfg, DType dtype, Layout layout,
+                                            MemorySpace* batch_memory = nullptr);
 
 // Loader options common to both.
-DataLoaderOptions loader_options(const Config& cfg, DType dtype, Layout layout);
+DataLoaderOptions loader_options(const Config& cfg, DType dtype, Layout layout, MemorySpace* batch_memory = nullptr);
 
 }  // namespace rn

@@ -280,11 +280,11 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
   const Layout layout = backend->preferred_layout();
   std::shared_ptr<TraceRecorder> trace = cfg.run.trace && writer ? std::make_shared<TraceRecorder>() : nullptr;
   if (trace) trace->name_thread("trainer");
-  // On a GPU, image batches come as u8 and are normalised there (train/batch_feeder.h).
-  const DType loader_dtype =
-      loader_dtype_for(cfg.data.dataset == DatasetKind::imagefolder, policy.activation_dtype, *backend);
+  // On a GPU, batches come as u8 in pinned memory and are cropped, flipped and normalised
+  // there (train/batch_feeder.h).
+  const DType loader_dtype = loader_dtype_for(policy.activation_dtype, *backend);
   Loaders loaders = make_loaders(cfg, loader_dtype, layout, trace, ShardSpec{world.rank, world.size, true},
-                                 options.wrap_train_dataset);
+                                 options.wrap_train_dataset, &backend->pinned_memory());
   BatchFeeder feeder(loaders.train->options().mean, loaders.train->options().std);
   DataLoader& train_loader = *loaders.train;
   DataLoader& val_loader = *loaders.val;

@@ -219,6 +219,51 @@ TEST(ImageLoader, BatchIsTheDecodedCropOfEachImage) {
   }
 }
 
+// Device augmentation on encoded images: the loader still renders the random resized crop
+// but leaves the flip to the device, recorded as (0, 0, flip); mirroring the deferred image
+// gives the loader's own flipped rendering exactly, with and without the decoded cache.
+TEST(ImageLoader, DeferredFlipIsTheRenderedFlip) {
+  TestDir dir;
+  make_folder(dir.path() / "root", 2, 5);
+  auto ds = std::make_shared<ImageFolderDataset>((dir.path() / "root").string());
+  for (size_t cache : {size_t{0}, size_t{1} << 20}) {
+    DataLoaderOptions o = options(5, 2);
+    o.cache_bytes = cache;
+    DataLoader rendered(ds, train_augment(14), o);
+    o.defer_crop_flip = true;
+    DataLoader deferred(ds, train_augment(14), o);
+    int flips = 0, images = 0;
+    for (int64_t epoch : {0, 1}) {
+      rendered.start_epoch(epoch);
+      deferred.start_epoch(epoch);
+      while (const Batch* a = rendered.next()) {
+        const Batch* b = deferred.next();
+        ASSERT_NE(b, nullptr);
+        ASSERT_NE(b->crops.data, nullptr);
+        EXPECT_EQ(a->crops.data, nullptr);
+        const auto* pa = a->images.ptr<const uint8_t>();
+        const auto* pb = b->images.ptr<const uint8_t>();
+        const auto* crops = b->crops.ptr<const int32_t>();
+        for (int64_t n = 0; n < b->size; ++n, ++images) {
+          EXPECT_EQ(crops[3 * n], 0);
+          EXPECT_EQ(crops[3 * n + 1], 0);
+          const bool flip = crops[3 * n + 2] != 0;
+          flips += flip;
+          for (int y = 0; y < 14; ++y)
+            for (int x = 0; x < 14; ++x)
+              for (int c = 0; c < 3; ++c) {
+                const int sx = flip ? 13 - x : x;
+                ASSERT_EQ(pa[b->images.offset(n, c, y, x)], pb[b->images.offset(n, c, y, sx)])
+                    << "image " << n << " (flip " << flip << ", cache " << cache << ") at " << y << ", " << x;
+              }
+        }
+      }
+    }
+    EXPECT_GT(flips, 0);
+    EXPECT_LT(flips, images);
+  }
+}
+
 TEST(ImageLoader, NormalisedBatchesMatchTheUint8Batch) {
   TestDir dir;
   make_folder(dir.path() / "root", 2, 3);

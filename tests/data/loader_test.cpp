@@ -310,6 +310,82 @@ TEST(DataLoader, MeasuresConsumerWaitTime) {
   EXPECT_NEAR(loader.total_wait_seconds(), first + loader.epoch_wait_seconds(), 1e-9);
 }
 
+// Device augmentation: the loader copies raw pixels and each image's (y0, x0, flip); the
+// crop, flip and normalisation done from them (as crop_flip_normalize does on the device)
+// give exactly the batch the loader writes when it does all of it itself.
+TEST(DataLoader, DeferredCropFlipGivesTheAugmentedBatch) {
+  auto ds = std::make_shared<TestDataset>(64);
+  auto transform = small_image_train_transform(2, {0.3f}, {0.4f});
+  DataLoaderOptions o = options(2);
+  o.layout = Layout::nhwc;
+  DataLoader f32(ds, transform, o);
+  o.dtype = DType::u8;
+  o.defer_crop_flip = true;
+  DataLoader u8(ds, transform, o);
+  int flips = 0, shifted = 0;
+  for (int64_t epoch : {0, 3}) {
+    f32.start_epoch(epoch);
+    u8.start_epoch(epoch);
+    while (const Batch* a = f32.next()) {
+      const Batch* b = u8.next();
+      ASSERT_NE(b, nullptr);
+      ASSERT_NE(b->crops.data, nullptr);
+      EXPECT_EQ(b->crops.shape, Shape({16, 3}));
+      EXPECT_EQ(a->crops.data, nullptr);  // the f32 batch is augmented already
+      ASSERT_EQ(std::vector<int64_t>(a->sample_indices.begin(), a->sample_indices.end()),
+                std::vector<int64_t>(b->sample_indices.begin(), b->sample_indices.end()));
+      const auto* raw = b->images.ptr<const uint8_t>();
+      const auto* crops = b->crops.ptr<const int32_t>();
+      const auto* expect = a->images.ptr<const float>();
+      for (int64_t n = 0; n < 16; ++n) {
+        const int y0 = crops[3 * n], x0 = crops[3 * n + 1];
+        const bool flip = crops[3 * n + 2] != 0;
+        EXPECT_TRUE(y0 >= -2 && y0 <= 2 && x0 >= -2 && x0 <= 2) << y0 << ", " << x0;
+        flips += flip;
+        shifted += y0 != 0 || x0 != 0;
+        for (int p = 0; p < 8; ++p)
+          for (int q = 0; q < 8; ++q) {
+            const int sy = y0 + p, sx = x0 + (flip ? 7 - q : q);
+            const bool inside = sy >= 0 && sy < 8 && sx >= 0 && sx < 8;
+            const uint8_t v = inside ? raw[(n * 8 + sy) * 8 + sx] : 0;
+            const float got = expect[(n * 8 + p) * 8 + q];
+            ASSERT_EQ(got, transform->normalized(0, v)) << "image " << n << " at " << p << ", " << q;
+          }
+      }
+    }
+    EXPECT_EQ(u8.next(), nullptr);
+  }
+  EXPECT_GT(flips, 0);
+  EXPECT_GT(shifted, 0);
+}
+
+// Batch buffers come from the given memory space (a device backend's pinned memory).
+TEST(DataLoader, BatchBuffersComeFromTheGivenMemory) {
+  struct Counting final : MemorySpace {
+    Device device() const override { return Device::cpu; }
+    void* allocate(size_t bytes) override {
+      ++allocations;
+      return host_memory().allocate(bytes);
+    }
+    void free(void* p) noexcept override { host_memory().free(p); }
+    void copy(void* d, const void* s, size_t n) override { host_memory().copy(d, s, n); }
+    void zero(void* p, size_t n) override { host_memory().zero(p, n); }
+    int allocations = 0;
+  } counting;
+  auto ds = std::make_shared<TestDataset>(64);
+  DataLoaderOptions o = options(1);
+  o.batch_memory = &counting;
+  o.dtype = DType::u8;
+  o.layout = Layout::nhwc;
+  o.defer_crop_flip = true;
+  {
+    DataLoader loader(ds, train_transform(), o);
+    EXPECT_EQ(counting.allocations, 3 * (o.prefetch + 1));  // images, labels, crops per slot
+    loader.start_epoch(0);
+    EXPECT_NE(loader.next(), nullptr);
+  }
+}
+
 TEST(DataLoader, RejectsBadOptions) {
   auto ds = std::make_shared<TestDataset>(64);
   DataLoaderOptions o = options(1);
@@ -323,6 +399,16 @@ TEST(DataLoader, RejectsBadOptions) {
   EXPECT_THROW(loader.start_epoch(0, 5), Error);  // 4 batches per epoch
   auto rgb = small_image_train_transform(4, {0.5f, 0.5f, 0.5f}, {0.2f, 0.2f, 0.2f});
   EXPECT_THROW(DataLoader(ds, rgb, options(1)), Error);  // 3-channel normalisation, 1-channel data
+  o = options(1);
+  o.dtype = DType::u8;  // raw pixels only when the device does the transform
+  o.layout = Layout::nhwc;
+  EXPECT_THROW(DataLoader(ds, train_transform(), o), Error);
+  o.layout = Layout::nchw;
+  o.defer_crop_flip = true;
+  EXPECT_THROW(DataLoader(ds, train_transform(), o), Error);  // u8 batches are NHWC
+  o = options(1);
+  o.defer_crop_flip = true;  // the device normalises too: u8 only
+  EXPECT_THROW(DataLoader(ds, train_transform(), o), Error);
 }
 
 }  // namespace

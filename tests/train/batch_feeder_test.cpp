@@ -1,10 +1,13 @@
 // BatchFeeder: u8 batches are normalised by the backend exactly as the loader's Normalizer
-// would; batches already in the input dtype are copied; mismatched shapes are an error.
+// would, with the crops and flips the loader left to the device; batches already in the
+// input dtype are copied; mismatched shapes are an error; on a device everything crosses
+// through the backend's double-buffered Uploader in its begin/copy/end/release order.
 #include "train/batch_feeder.h"
 
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "core/rng.h"
@@ -76,9 +79,146 @@ TEST(BatchFeeder, CopiesMatchingBatchesAndRejectsOthers) {
 
 TEST(BatchFeeder, LoaderDtype) {
   auto cpu = make_backend("ref");
-  EXPECT_EQ(loader_dtype_for(true, DType::f32, *cpu), DType::f32);  // host: the loader normalises
-  EXPECT_EQ(loader_dtype_for(false, DType::bf16, *cpu), DType::bf16);
-  EXPECT_EQ(loader_dtype_for(false, DType::f16, *cpu), DType::f32);  // the loader writes no fp16
+  EXPECT_EQ(loader_dtype_for(DType::f32, *cpu), DType::f32);  // host: the loader normalises
+  EXPECT_EQ(loader_dtype_for(DType::bf16, *cpu), DType::bf16);
+  EXPECT_EQ(loader_dtype_for(DType::f16, *cpu), DType::f32);  // the loader writes no fp16
+}
+
+// A stand-in for a device: the ref kernels on a heap tagged as device memory, and an
+// uploader with two buffers that records every call and checks the protocol.
+class FakeDeviceMemory final : public MemorySpace {
+ public:
+  Device device() const override { return Device::cuda; }
+  void* allocate(size_t bytes) override { return host_memory().allocate(bytes); }
+  void free(void* p) noexcept override { host_memory().free(p); }
+  void copy(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void zero(void* p, size_t bytes) override { std::memset(p, 0, bytes); }
+};
+
+class RecordingUploader final : public Uploader {
+ public:
+  RecordingUploader(MemorySpace& m, size_t bytes, std::vector<std::string>& log)
+      : a_(m, bytes), b_(m, bytes), log_(log) {}
+  size_t bytes() const override { return a_.bytes(); }
+  int buffers() const override { return 2; }
+  void* begin() override {
+    EXPECT_FALSE(open_);
+    open_ = true;
+    current_ = current_ == a_.data() ? b_.data() : a_.data();
+    log_.push_back(current_ == a_.data() ? "begin 0" : "begin 1");
+    return current_;
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    EXPECT_TRUE(open_);
+    EXPECT_TRUE(dst >= current_ && static_cast<char*>(dst) + bytes <= static_cast<char*>(current_) + a_.bytes());
+    std::memcpy(dst, src, bytes);
+    log_.push_back("copy");
+  }
+  void end() override {
+    EXPECT_TRUE(open_);
+    open_ = false;
+    log_.push_back("end");
+  }
+  void release() override { log_.push_back("release"); }
+
+ private:
+  DeviceBuffer a_, b_;
+  void* current_ = nullptr;
+  bool open_ = false;
+  std::vector<std::string>& log_;
+};
+
+class FakeDevice final : public Backend {
+ public:
+  std::string name() const override { return "fake-device"; }
+  Device device() const override { return Device::cuda; }
+  Layout preferred_layout() const override { return Layout::nhwc; }
+  bool supports_dtype(DType t, std::string* why) const override { return ref_->supports_dtype(t, why); }
+  MemorySpace& memory() override { return memory_; }
+  std::unique_ptr<Uploader> make_uploader(size_t bytes) override {
+    return std::make_unique<RecordingUploader>(memory_, bytes, log);
+  }
+  std::unique_ptr<Conv2dKernel> make_conv2d(const Conv2dDesc& d) override { return ref_->make_conv2d(d); }
+  std::unique_ptr<BatchNormKernel> make_batch_norm(const BatchNormDesc& d) override { return ref_->make_batch_norm(d); }
+  std::unique_ptr<ReluKernel> make_relu(const EltwiseDesc& d) override { return ref_->make_relu(d); }
+  std::unique_ptr<AddKernel> make_add(const EltwiseDesc& d) override { return ref_->make_add(d); }
+  std::unique_ptr<CastKernel> make_cast(const CastDesc& d) override { return ref_->make_cast(d); }
+  std::unique_ptr<MaxPoolKernel> make_max_pool(const MaxPoolDesc& d) override { return ref_->make_max_pool(d); }
+  std::unique_ptr<GlobalAvgPoolKernel> make_global_avg_pool(const GlobalAvgPoolDesc& d) override {
+    return ref_->make_global_avg_pool(d);
+  }
+  std::unique_ptr<LinearKernel> make_linear(const LinearDesc& d) override { return ref_->make_linear(d); }
+  std::unique_ptr<SoftmaxCrossEntropyKernel> make_softmax_cross_entropy(const SoftmaxCrossEntropyDesc& d) override {
+    return ref_->make_softmax_cross_entropy(d);
+  }
+  std::vector<std::string> log;
+
+ private:
+  std::unique_ptr<Backend> ref_ = make_backend("ref");
+  FakeDeviceMemory memory_;
+};
+
+TEST(BatchFeeder, DeviceBatchesCrossThroughTheUploaderWithTheirCrops) {
+  FakeDevice device;
+  EXPECT_EQ(loader_dtype_for(DType::f16, device), DType::u8);  // the device normalises
+  Model model(build_model("resnet20", [] {
+    ModelOptions o;
+    o.in_channels = 3, o.height = o.width = 8, o.num_classes = 10;
+    return o;
+  }()));
+  PlanOptions po;
+  po.batch = 3;
+  po.layout = Layout::nhwc;
+  po.mode = PlanMode::eval;
+  Plan plan(model, &device, po);
+  const Tensor in = plan.input();
+  const std::vector<float> mean = {0.4f, 0.5f, 0.6f}, stdv = {0.2f, 0.25f, 0.3f};
+  BatchFeeder feeder(mean, stdv);
+  CropFlipNormalizeDesc d;
+  d.batch = 3, d.channels = 3, d.src_h = d.out_h = 8, d.src_w = d.out_w = 8;
+  d.mean = mean, d.std = stdv, d.layout = Layout::nhwc;
+  auto reference = make_host_crop_flip_normalize(d);
+  Rng rng(4);
+  for (int k = 0; k < 3; ++k) {
+    HostTensor images(in.shape, DType::u8, Layout::nhwc), labels({3}, DType::i32), crops({3, 3}, DType::i32);
+    for (int64_t i = 0; i < images.numel(); ++i) images.ptr<uint8_t>()[i] = static_cast<uint8_t>(rng.below(256));
+    for (int n = 0; n < 3; ++n) {
+      labels.ptr<int32_t>()[n] = static_cast<int32_t>(rng.below(10));
+      crops.ptr<int32_t>()[3 * n] = static_cast<int32_t>(rng.below(5)) - 2;
+      crops.ptr<int32_t>()[3 * n + 1] = static_cast<int32_t>(rng.below(5)) - 2;
+      crops.ptr<int32_t>()[3 * n + 2] = static_cast<int32_t>(rng.below(2));
+    }
+    Batch b;
+    b.images = images.view();
+    b.labels = labels.view();
+    b.crops = crops.view();
+    b.size = 3;
+    device.log.clear();
+    feeder.feed(plan, b);
+    // Staged, then converted: begin, images, labels, crops, end, release; buffers alternate.
+    const std::vector<std::string> expected_log = {k % 2 == 0 ? "begin 0" : "begin 1", "copy", "copy", "copy", "end",
+                                                   "release"};
+    EXPECT_EQ(device.log, expected_log) << "batch " << k;
+    HostTensor expect(in.shape, DType::f32, Layout::nhwc);
+    reference->forward(expect, images.view(), crops.view());
+    EXPECT_EQ(std::memcmp(in.data, expect.view().data, in.bytes()), 0) << "batch " << k;
+    EXPECT_EQ(std::memcmp(plan.labels().data, labels.view().data, 3 * sizeof(int32_t)), 0);
+  }
+  // Batches without crops (the loader cropped and flipped itself) are only normalised.
+  HostTensor images(in.shape, DType::u8, Layout::nhwc), labels({3}, DType::i32);
+  for (int64_t i = 0; i < images.numel(); ++i) images.ptr<uint8_t>()[i] = static_cast<uint8_t>(i * 7);
+  Batch b;
+  b.images = images.view();
+  b.labels = labels.view();
+  b.size = 3;
+  feeder.feed(plan, b);
+  HostTensor expect(in.shape, DType::f32, Layout::nhwc);
+  Normalizer(3, mean, stdv).apply(images.ptr<uint8_t>(), 3, expect);
+  EXPECT_EQ(std::memcmp(in.data, expect.view().data, in.bytes()), 0);
+  // Crops of the wrong shape are refused.
+  HostTensor wrong({3, 2}, DType::i32);
+  b.crops = wrong.view();
+  EXPECT_THROW(feeder.feed(plan, b), Error);
 }
 
 }  // namespace

@@ -50,7 +50,7 @@ void DeviceMemory::copy(void* dst, const void* src, size_t bytes) {
 }
 
 void DeviceMemory::copy_to_device_async(void* dst, const void* src, size_t bytes) {
-  if (bytes) RN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+  if (bytes) RN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
 }
 
 void DeviceMemory::zero(void* p, size_t bytes) {

@@ -95,5 +95,8 @@ std::unique_ptr<SoftmaxCrossEntropyKernel> make_softmax_cross_entropy(const Cont
                                                                       const SoftmaxCrossEntropyDesc& d);
 std::unique_ptr<CropFlipNormalizeKernel> make_crop_flip_normalize(const ContextPtr& ctx,
                                                                   const CropFlipNormalizeDesc& d);
+// The input path (upload.cpp): pinned host memory and the copy-stream uploader.
+MemorySpace& pinned_memory();
+std::unique_ptr<Uploader> make_uploader(const ContextPtr& ctx, size_t bytes);
 
 }  // namespace rn::cuda

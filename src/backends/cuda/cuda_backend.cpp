@@ -33,6 +33,8 @@ class CudaBackend final : public Backend {
   size_t workspace_bytes() const override { return ctx_->workspace_bytes(); }
   void synchronize() override { ctx_->synchronize(); }
   MemorySpace& memory() override { return ctx_->memory(); }
+  MemorySpace& pinned_memory() override { return cuda::pinned_memory(); }
+  std::unique_ptr<Uploader> make_uploader(size_t bytes) override { return cuda::make_uploader(ctx_, bytes); }
   std::string describe() const override {
     return ctx_->gpu_name() + ", implementation mode " + std::string(cuda_impl_mode_name(ctx_->mode()));
   }
