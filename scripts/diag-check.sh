@@ -64,4 +64,22 @@ done
 # 4. Summary: compares the run with itself (must agree).
 "$bin" summary "$out/run" "$out/run" >"$out/summary.log" 2>&1
 check "summary of a run against itself agrees" "grep -q 'the runs agree' $out/summary.log"
+
+# 5. CPU against GPU: the same fp32 steps from the same weights and batches on oneDNN and on
+# the device (whose input path crops, flips and normalises raw u8 batches there), compared
+# tensor by tensor by the gradient monitor. They must agree at step 1; rounding may make
+# them drift apart later (the first divergence is printed, not failed).
+if [ "$device" = cuda ]; then
+  for dev in cpu cuda; do
+    "$bin" train --set model.image_size=[32,32] --set data.dataset=synthetic --set model.in_channels=3 \
+      --set "data.mean=[0.5,0.5,0.5]" --set "data.std=[0.25,0.25,0.25]" --set data.train_subset=512 \
+      --set data.val_subset=128 --set data.batch_size=128 --set schedule.epochs=1 --set precision.level=O0 \
+      --set run.device=$dev --set diagnostics.grad_monitor_interval=1 --set run.out_dir="$out/fp32_$dev" \
+      >"$out/train_fp32_$dev.log" 2>&1 || echo "diag-check: training fp32 on $dev failed (see $out/train_fp32_$dev.log)"
+  done
+  "$bin" summary "$out/fp32_cpu" "$out/fp32_cuda" --tolerance 1e-3 >"$out/summary_cpu_cuda.log" 2>&1 || true
+  head -n 3 "$out/summary_cpu_cuda.log"
+  check "CPU and GPU fp32 runs agree at step 1 (every tensor's norms within 1e-3)" \
+    "grep -q 'the runs agree' $out/summary_cpu_cuda.log || grep -Eq 'first divergence at step ([2-9]|[1-9][0-9]+) ' $out/summary_cpu_cuda.log"
+fi
 exit $fail
