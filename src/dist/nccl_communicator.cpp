@@ -7,8 +7,8 @@
 #include <nccl.h>
 
 #include <chrono>
-#include <thread>
 #include <map>
+#include <thread>
 
 #include <fmt/format.h>
 

@@ -7,8 +7,8 @@
 
 namespace rn {
 
-GradientSync make_gradient_sync(Model& model, Backend& backend, Communicator& host, int device,
-                                const DistConfig& dist, const DeviceCommunicatorFactory& make_device_comm) {
+GradientSync make_gradient_sync(Model& model, Backend& backend, Communicator& host, int device, const DistConfig& dist,
+                                const DeviceCommunicatorFactory& make_device_comm) {
   GradientSync s;
   if (host.size() == 1) return s;
   float* grads = model.grad_data();

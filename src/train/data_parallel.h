@@ -21,8 +21,8 @@
 namespace rn {
 
 // make_nccl_communicator's signature (dist/nccl_communicator.h); tests substitute their own.
-using DeviceCommunicatorFactory =
-    std::function<std::unique_ptr<Communicator>(Communicator& host, int device, void* compute_stream, double timeout_s)>;
+using DeviceCommunicatorFactory = std::function<std::unique_ptr<Communicator>(Communicator& host, int device,
+                                                                              void* compute_stream, double timeout_s)>;
 
 struct GradientSync {
   std::unique_ptr<Communicator> device_comm;  // made here when the gradients live on a device
@@ -33,7 +33,7 @@ struct GradientSync {
 
 // `device`: this rank's accelerator (World::device, the one the backend was made for).
 // A world of one (host.size() == 1) gets an empty GradientSync.
-GradientSync make_gradient_sync(Model& model, Backend& backend, Communicator& host, int device,
-                                const DistConfig& dist, const DeviceCommunicatorFactory& make_device_comm);
+GradientSync make_gradient_sync(Model& model, Backend& backend, Communicator& host, int device, const DistConfig& dist,
+                                const DeviceCommunicatorFactory& make_device_comm);
 
 }  // namespace rn

@@ -143,15 +143,17 @@ void check_device_data_parallel(Communicator& host, int device) {
   int got_device = -1;
   void* got_stream = nullptr;
   testing::CountingCommunicator* counting = nullptr;
-  GradientSync sync = make_gradient_sync(
-      model, dev, host, device, dist, [&](Communicator& h, int d, void* stream, double) -> std::unique_ptr<Communicator> {
-        got_device = d;
-        got_stream = stream;
-        auto c = std::make_unique<testing::CountingCommunicator>(h);
-        counting = c.get();
-        return c;
-      });
-  expect(sync.on_device() && counting != nullptr && sync.comm == counting, "a device backend gets the device communicator");
+  GradientSync sync =
+      make_gradient_sync(model, dev, host, device, dist,
+                         [&](Communicator& h, int d, void* stream, double) -> std::unique_ptr<Communicator> {
+                           got_device = d;
+                           got_stream = stream;
+                           auto c = std::make_unique<testing::CountingCommunicator>(h);
+                           counting = c.get();
+                           return c;
+                         });
+  expect(sync.on_device() && counting != nullptr && sync.comm == counting,
+         "a device backend gets the device communicator");
   expect(got_device == device, "the device communicator is made for this rank's device");
   expect(got_stream == dev.native_stream(), "the device communicator orders after the backend's stream");
   if (!counting) return;
