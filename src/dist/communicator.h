@@ -51,7 +51,13 @@ class Communicator {
   // In place over all ranks; `what` names the data in timeout messages ("bucket 3").
   virtual Ticket all_reduce_async(void* data, int64_t count, ElemType type, ReduceOp op, const std::string& what) = 0;
   // Blocks until collective `t` (and every one issued before it) is done; rethrows its error.
+  // Waiting again for a ticket already waited for returns at once.
   virtual CollectiveTiming wait(Ticket t) = 0;
+  // Later work on the caller's compute stream waits for collective `t`, and the host goes
+  // on at once (NCCL: an event wait queued on the compute stream). Host communicators have
+  // no stream: the same as wait(). A joined collective may still be wait()ed for, which is
+  // how the host learns of its completion, its error or its timeout.
+  virtual void join(Ticket t) { wait(t); }
 
   void all_reduce(void* data, int64_t count, ElemType type, ReduceOp op, const std::string& what = "all-reduce") {
     wait(all_reduce_async(data, count, type, op, what));

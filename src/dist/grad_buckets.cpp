@@ -68,6 +68,7 @@ GradientReducer::GradientReducer(Communicator& comm, std::vector<GradBucket> buc
 }
 
 void GradientReducer::begin_step() {
+  wait_joined();  // the previous device step's buckets (long done; releases their events)
   for (size_t b = 0; b < buckets_.size(); ++b) {
     remaining_[b] = buckets_[b].last - buckets_[b].first + 1;
     tickets_[b] = 0;
@@ -88,13 +89,17 @@ void GradientReducer::on_ready(const std::vector<int>& params) {
   }
 }
 
-CommStats GradientReducer::finish() {
-  const double backward_end =
-      std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+void GradientReducer::issue_rest() {
   // Buckets whose parameters got no gradient this step (frozen layers) go last, in order,
   // so that every rank issues the same sequence.
   for (size_t b = 0; b < buckets_.size(); ++b)
     if (tickets_[b] == 0) issue(static_cast<int>(b));
+}
+
+CommStats GradientReducer::finish() {
+  const double backward_end =
+      std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  issue_rest();
   CommStats s;
   double last_end = backward_end;
   for (size_t b = 0; b < buckets_.size(); ++b) {
@@ -109,6 +114,26 @@ CommStats GradientReducer::finish() {
   s.exposed = std::min(s.total, std::max(0.0, last_end - backward_end));
   s.hidden = s.total - s.exposed;
   return s;
+}
+
+CommStats GradientReducer::finish_on_device() {
+  issue_rest();
+  CommStats s;
+  s.timed = false;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    comm_.join(tickets_[b]);
+    joined_ = std::max(joined_, tickets_[b]);
+    s.bytes += buckets_[b].bytes();
+  }
+  s.buckets = static_cast<int>(buckets_.size());
+  return s;
+}
+
+void GradientReducer::wait_joined() {
+  if (joined_ == 0) return;
+  const Communicator::Ticket t = joined_;
+  joined_ = 0;
+  comm_.wait(t);  // collectives finish in issue order: the last covers all
 }
 
 }  // namespace rn

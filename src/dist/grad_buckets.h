@@ -32,8 +32,12 @@ std::vector<GradBucket> make_grad_buckets(const std::vector<GradRange>& params, 
                                           const std::vector<int>& boundaries = {}, size_t elem_bytes = 4);
 
 // Communication of one step, in seconds: `total` on the wire, of which `exposed` came after
-// backward ended (what the step waited for) and `hidden` overlapped backward.
+// backward ended (what the step waited for) and `hidden` overlapped backward. `timed` is
+// false on a device (finish_on_device): the collectives run on the device's clock and the
+// host would have to synchronise every step to time them, so only buckets and bytes are
+// known and the seconds stay 0.
 struct CommStats {
+  bool timed = true;
   double total = 0, exposed = 0, hidden = 0;
   int buckets = 0;
   int64_t bytes = 0;
@@ -43,7 +47,12 @@ struct CommStats {
 };
 
 // Drives the all-reduce (average) of fp32 gradients bucket by bucket during backward.
-//   reducer.begin_step();  ... backward calls reducer.on_ready(params) ...;  reducer.finish();
+//   host:   reducer.begin_step();  ... backward calls reducer.on_ready(params) ...;  reducer.finish();
+//   device: reducer.begin_step();  ... on_ready ...;  reducer.finish_on_device();  queue the update;
+//           later, before the host reads the step's results: reducer.wait_joined().
+// On a device, backward only queues kernels: on_ready() fires when a gradient's kernels are
+// queued, and the communicator orders the bucket's collective after everything queued on
+// the compute stream at that moment, which includes them.
 class GradientReducer {
  public:
   GradientReducer(Communicator& comm, std::vector<GradBucket> buckets, float* grads, int num_params);
@@ -55,9 +64,18 @@ class GradientReducer {
   // Starts the buckets not yet started (parameters without a gradient this step), waits for
   // all, and returns the step's communication figures.
   CommStats finish();
+  // The device form of finish(): starts the buckets not yet started and joins every bucket
+  // (Communicator::join: later work on the compute stream, the overflow check and the
+  // optimizer, waits for them on the device; the host does not wait). Untimed figures.
+  CommStats finish_on_device();
+  // Blocks until the buckets joined by the last finish_on_device() are done (a wait() on the
+  // last one, under the communicator's timeout: a hung collective ends the job instead of
+  // hanging the host in its next synchronisation). Nothing to do after finish().
+  void wait_joined();
 
  private:
   void issue(int bucket);
+  void issue_rest();
 
   Communicator& comm_;
   std::vector<GradBucket> buckets_;
@@ -66,6 +84,7 @@ class GradientReducer {
   std::vector<int> remaining_;    // bucket -> parameters not yet ready this step
   std::vector<Communicator::Ticket> tickets_;  // bucket -> ticket (0: not issued)
   std::vector<std::string> names_;
+  Communicator::Ticket joined_ = 0;  // the last bucket of finish_on_device(), until wait_joined()
 };
 
 }  // namespace rn

@@ -7,8 +7,8 @@
 #include <nccl.h>
 
 #include <chrono>
+#include <map>
 #include <thread>
-#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -76,6 +76,10 @@ class NcclCommunicator final : public Communicator {
   std::string name() const override { return "nccl"; }
   std::vector<std::string> hosts() const override { return host_.hosts(); }
 
+  // average is ncclAvg (NCCL's own sum-and-divide). Whether it scales before or after
+  // summing, an inf or NaN on any rank leaves a non-finite value at that element on every
+  // rank (inf + x = inf, inf - inf = NaN, NaN + x = NaN), so the overflow check after a
+  // gradient average skips the step on all ranks alike.
   Ticket all_reduce_async(void* data, int64_t count, ElemType type, ReduceOp op, const std::string& what) override {
     order_after_compute();
     RN_NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(count), nccl_type(type),
@@ -84,8 +88,10 @@ class NcclCommunicator final : public Communicator {
   }
 
   CollectiveTiming wait(Ticket t) override {
+    RN_CHECK(t <= issued_) << "wait for NCCL collective " << t << " that was never issued";
+    if (t <= completed_) return {};  // waited for already (or an earlier collective's wait covered it)
     auto it = events_.find(t);
-    RN_CHECK(it != events_.end()) << "wait for NCCL collective " << t << " that is unknown or already waited for";
+    RN_CHECK(it != events_.end()) << "wait for NCCL collective " << t << " that is unknown";
     const double t0 = now_s();
     for (;;) {
       const cudaError_t q = cudaEventQuery(it->second.done);
@@ -103,9 +109,27 @@ class NcclCommunicator final : public Communicator {
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
     const CollectiveTiming timing{it->second.issued, now_s()};
-    cudaEventDestroy(it->second.done);
-    events_.erase(it);
+    // Collectives finish in issue order on the one stream: every earlier event is done too.
+    for (auto e = events_.begin(); e != events_.end() && e->first <= t;) {
+      cudaEventDestroy(e->second.done);
+      e = events_.erase(e);
+    }
+    completed_ = t;
     return timing;
+  }
+
+  // The compute stream waits for the collective on the device; the host does not. Its event
+  // stays until wait() (the trainer waits before reading the step's loss, under the timeout).
+  void join(Ticket t) override {
+    RN_CHECK(t <= issued_) << "join NCCL collective " << t << " that was never issued";
+    if (t <= completed_) return;
+    auto it = events_.find(t);
+    RN_CHECK(it != events_.end()) << "join NCCL collective " << t << " that is unknown";
+    ncclResult_t async = ncclSuccess;
+    ncclCommGetAsyncError(comm_, &async);
+    RN_CHECK(async == ncclSuccess) << "NCCL " << it->second.what << " on rank " << rank()
+                                   << ": NCCL error: " << ncclGetErrorString(async);
+    RN_NCCL_CUDA_CHECK(cudaStreamWaitEvent(compute_, it->second.done, 0));
   }
 
   void broadcast(void* data, int64_t bytes, int root, const std::string& what) override {
@@ -147,8 +171,8 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t stream_ = nullptr;
   ncclComm_t comm_ = nullptr;
   double timeout_s_;
-  Ticket issued_ = 0;
-  std::unordered_map<Ticket, Pending> events_;
+  Ticket issued_ = 0, completed_ = 0;
+  std::map<Ticket, Pending> events_;  // issued, not yet waited for; in issue order
 };
 
 }  // namespace

@@ -74,12 +74,16 @@ class Backend {
   virtual std::string describe() const { return name(); }
   // What `resnet tune` reports: the algorithm cache's location and size ("" where none).
   virtual std::string tuning_state() const { return {}; }
+  // The stream all kernels are queued on (CUDA: the cudaStream_t), for a device
+  // communicator to order its collectives after; nullptr on host backends.
+  virtual void* native_stream() { return nullptr; }
 };
 
 // Backend-wide choices. high_precision (GPU): deterministic algorithms only, no
 // reduced-precision reductions; host backends are always both, and ignore it.
 struct BackendOptions {
   bool high_precision = false;
+  int device = 0;  // the accelerator's index (a data-parallel rank's World::device)
 };
 
 // "ref", "cpu" (oneDNN), "cuda" (when built). An unknown or unavailable name is an error

@@ -56,9 +56,14 @@ void TrainStep::set_lr_source(std::function<double(int64_t)> lr_at, int64_t firs
 
 void TrainStep::queue_device_step(float lr) {
   Model& model = plan_.model();
+  set_activity("queueing the step on the device");
   model.zero_grads();
   plan_.forward();
+  if (reducer_) reducer_->begin_step();
   plan_.backward(1.0f);  // the device loss scale multiplies this
+  // The overflow check and the optimizer below read the averaged gradients: the compute
+  // stream waits for every bucket there, the host does not.
+  if (reducer_) comm_ = reducer_->finish_on_device();
   const int64_t n = model.params().total;
   Tensor w{model.compute_param_data(), {n}, DType::f32};
   Tensor g{model.compute_grad_data(), {n}, DType::f32};
@@ -68,9 +73,10 @@ void TrainStep::queue_device_step(float lr) {
 }
 
 void TrainStep::set_gradient_reducer(GradientReducer* reducer) {
-  RN_CHECK(reducer == nullptr || !fused_)
-      << "data-parallel training on a device backend is not wired yet: the gradient reducer works on the host "
-         "gradient buffer, and a device model's gradients live on the device";
+  RN_CHECK(reducer == nullptr || sink_size_ == 0)
+      << "sink mode (run.sink_size " << sink_size_ << ") cannot run data-parallel: the captured step graph does not "
+      << "hold the gradient all-reduces; use run.sink_size=0 with more than one rank";
+  if (reducer_ && reducer_ != reducer) reducer_->wait_joined();
   reducer_ = reducer;
   if (reducer)
     plan_.set_grad_ready([reducer](const std::vector<int>& params) { reducer->on_ready(params); });
@@ -125,8 +131,16 @@ bool TrainStep::run(double lr) {
   return true;
 }
 
+void TrainStep::wait_for_gradients() {
+  if (fused_ && reducer_) {
+    set_activity("waiting for the gradient all-reduce");
+    reducer_->wait_joined();
+  }
+}
+
 void TrainStep::sync_host_state() {
   if (!fused_) return;
+  wait_for_gradients();  // the reads below synchronise
   const fused::LossScaleCounters c = fused_->counters();
   LossScaler::State s;
   s.scale = c.scale;

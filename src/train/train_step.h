@@ -10,6 +10,10 @@
 // the Optimizer, LossScaler and Model (logging every loss-scale change as the host scaler
 // does), for logs and checkpoints.
 //
+// Data-parallel on a device: the gradient buckets' all-reduces are queued on the device
+// communicator's stream as backward queues their last kernels, and the fused update is
+// queued behind a device-side join of all of them, so the host never waits inside run().
+//
 // Sink mode (device only, sink_size > 0): the first step runs eagerly, the second is
 // captured as one graph (zero gradients, forward, backward, fused update) and every later
 // step replays it; the learning rate
@@ -50,9 +54,17 @@ class TrainStep {
   // Data-parallel training: backward hands each finished gradient to `reducer`, whose bucket
   // all-reduces (average) overlap the rest of backward; the overflow check and the optimizer
   // then see the averaged gradients, the same on every rank. nullptr: one rank.
+  // On a device the reducer must work on the device gradients with a device communicator
+  // (train/data_parallel.h); the step joins the buckets (GradientReducer::finish_on_device)
+  // so that the update waits for them on the device and run() still returns without
+  // waiting. Sink mode is refused: its captured graph does not hold the all-reduces.
   void set_gradient_reducer(GradientReducer* reducer);
-  // The last step's communication (zero without a reducer).
+  // The last step's communication (zero without a reducer; untimed on a device).
   const CommStats& last_comm() const { return comm_; }
+  // Device path with a reducer: blocks until the last step's all-reduces are done, under the
+  // communicator's timeout. Call it before a synchronisation that would otherwise wait
+  // without a limit (reading the loss); a no-op elsewhere.
+  void wait_for_gradients();
 
  private:
   void queue_device_step(float lr);

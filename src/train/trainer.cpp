@@ -13,6 +13,7 @@
 #include "dist/activity.h"
 #include "dist/grad_buckets.h"
 #include "dist/mpi_communicator.h"
+#include "dist/nccl_communicator.h"
 #include "dist/world.h"
 #include "model/memory_usage.h"
 #include "model/model.h"
@@ -23,6 +24,7 @@
 #include "train/batch_feeder.h"
 #include "train/checkpoint.h"
 #include "train/checkpoint_file.h"
+#include "train/data_parallel.h"
 #include "train/data_setup.h"
 #include "train/device.h"
 #include "train/diagnostics.h"
@@ -109,7 +111,9 @@ class CommStatsReducer final : public BatchStatsReducer {
 struct CommTotals {
   double total = 0, exposed = 0;
   int64_t steps = 0;
+  bool timed = true;  // false once a step's figures were not measured (device runs)
   void add(const CommStats& c) {
+    timed = timed && c.timed;
     total += c.total;
     exposed += c.exposed;
     ++steps;
@@ -207,6 +211,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
   }
   BackendOptions backend_options;
   backend_options.high_precision = cfg.run.implementation_mode == ImplementationMode::high_precision;
+  backend_options.device = world.device;  // the rank table's device, else the local rank; NCCL uses the same
   auto backend = make_backend_for(cfg.run.device, backend_options);
   const PrecisionPolicy policy = make_precision_policy(cfg.precision, *backend);
   RN_LOG_INFO("device {} ({} host threads); {}", backend->describe(), host_threads(), policy.describe());
@@ -217,6 +222,11 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
   if (sink_size > 0) {
     RN_CHECK(backend->device() != Device::cpu)
         << "run.sink_size=" << sink_size << " needs the CUDA backend (device " << backend->name() << ")";
+    // Capturing NCCL in the graph would need its stream and the cross-stream event waits
+    // captured too, and the timeout watch has no place in a replay: not built (distributed.md).
+    RN_CHECK(world.size == 1) << "run.sink_size=" << sink_size << " with " << world.size
+                              << " ranks: sink mode does not capture the gradient all-reduces in its CUDA graph; "
+                                 "use run.sink_size=0 (eager) for data-parallel runs";
     RN_LOG_INFO("sink mode: the step runs as a CUDA graph; the host synchronises every {} steps", sink_size);
   }
   if (cfg.run.deterministic)
@@ -302,22 +312,11 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
   po.memory = cfg.memory.level;
   po.label_smoothing = static_cast<float>(cfg.loss.label_smoothing);
 
-  // Gradient fusion: buckets of the flat gradient buffer, all-reduced during backward.
-  std::unique_ptr<GradientReducer> reducer;
-  if (world.size > 1) {
-    std::vector<GradRange> ranges;
-    for (const ParamView& v : model.params().params) ranges.push_back({v.offset, v.numel});
-    std::vector<int> boundaries(cfg.dist.bucket_boundaries.begin(), cfg.dist.bucket_boundaries.end());
-    std::vector<GradBucket> buckets = make_grad_buckets(ranges, cfg.dist.fusion_threshold, boundaries);
-    int64_t largest = 0;
-    for (const GradBucket& b : buckets) largest = std::max(largest, b.bytes());
-    RN_LOG_INFO("gradient fusion: {} buckets ({}), largest {:.2f} MiB, all-reduced during backward", buckets.size(),
-                boundaries.empty() ? fmt::format("dist.fusion_threshold {} bytes", cfg.dist.fusion_threshold)
-                                   : "dist.bucket_boundaries",
-                largest / 1048576.0);
-    reducer = std::make_unique<GradientReducer>(comm, std::move(buckets), model.grad_data(),
-                                                static_cast<int>(model.params().params.size()));
-  }
+  // Gradient fusion: buckets of the flat gradient buffer, all-reduced during backward; on a
+  // GPU by NCCL over the device gradients. This places a device model (after the broadcasts
+  // above, which went to the host buffers that the placement copies).
+  GradientSync grad_sync = make_gradient_sync(model, *backend, comm, world.device, cfg.dist, make_nccl_communicator);
+  GradientReducer* const reducer = grad_sync.reducer.get();
   CommStatsReducer bn_sync(comm);
   if (world.size > 1) {
     if (cfg.dist.sync_bn) po.bn_sync = &bn_sync;
@@ -337,10 +336,16 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
     evaluator.reset();
     plan.reset();  // the old arena goes first: the new plan may need that memory
     po.memory = level;
-    plan = std::make_unique<Plan>(model, backend.get(), po);
+    try {
+      plan = std::make_unique<Plan>(model, backend.get(), po);
+    } catch (const Unsupported& e) {
+      if (!po.bn_sync) throw;
+      RN_FAIL() << "dist.sync_bn=true on device " << backend->name() << ": " << e.what()
+                << " (use dist.sync_bn=false: statistics per rank)";
+    }
     evaluator = std::make_unique<Evaluator>(model, *backend, po);
     step = std::make_unique<TrainStep>(*plan, optimizer, scaler, policy, sink_size);
-    step->set_gradient_reducer(reducer.get());
+    step->set_gradient_reducer(reducer);
     const PlannedPeak p = plan->planned_peak(1);
     if (old_arena > 0)
       RN_LOG_INFO("epoch {}: memory level {} -> {}, re-planned: arena {:.1f} MiB -> {:.1f} MiB", epoch + 1,
@@ -439,7 +444,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
         const CommStats& c = step->last_comm();
         comm_epoch.add(c);
         comm_interval.add(c);
-        if (trace) {
+        if (trace && c.timed) {
           // The buckets' all-reduces on a track of their own, beside the step they overlap.
           const double to_trace_us =
               trace_now_us() -
@@ -453,9 +458,16 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
       }
       const bool at_limit = options.max_steps > 0 && st.step >= options.max_steps;
       set_activity("agreeing on the step's loss", st.step);
-      // Sink mode reads the loss (a synchronisation) only every sink_size steps.
+      // Sink mode reads the loss (a synchronisation) only every sink_size steps. Eager device
+      // steps read it every step, data-parallel or not; the all-reduce of the loss below is a
+      // host collective and adds no device synchronisation. Before the read, a data-parallel
+      // device step waits for its gradient all-reduces under dist.timeout_s (that wait ends
+      // before the read's would: the update queued behind them is still running).
       const auto sync_t0 = std::chrono::steady_clock::now();
-      if (sink_size == 0 || st.step % sink_size == 0 || interval_steps == 0) last_loss = plan->loss();
+      if (sink_size == 0 || st.step % sink_size == 0 || interval_steps == 0) {
+        step->wait_for_gradients();
+        last_loss = plan->loss();
+      }
       const StepAgreement agreed = agree_on_step(comm, last_loss, g_stop);
       const float loss = agreed.loss;
       if (!std::isfinite(loss)) step->sync_host_state();  // the device's skip counters decide below
@@ -466,7 +478,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
            .wait_total = train_loader.epoch_wait_seconds(),
            .loss_scale = scale_used,
            .applied = applied,
-           .comm_seconds = reducer ? step->last_comm().exposed : 0.0,
+           .comm_seconds = reducer ? step->last_comm().exposed : 0.0,  // 0 where untimed (device)
            .host_sync_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - sync_t0).count(),
            .sync_point = sink_size == 0 || st.step % sink_size == 0});
       interval_loss += loss;
@@ -501,12 +513,12 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
         m.images_per_sec = pf.images_per_sec;
         m.data_wait_share = pf.data_wait_share;
         m.skipped_steps = scaler.skipped_steps();
-        if (reducer) {
+        if (reducer && comm_interval.timed) {
           m.extra["comm_ms"] = comm_interval.ms_per_step(comm_interval.total);
           m.extra["comm_exposed_ms"] = comm_interval.ms_per_step(comm_interval.exposed);
           m.extra["comm_hidden_share"] = comm_interval.hidden_share();
-          comm_interval = {};
         }
+        comm_interval = {};
         metrics.log_train(m);
         interval_loss = 0;
         interval_steps = interval_images = 0;
@@ -535,7 +547,18 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
     pipeline.wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_t0).count();
     const PipelineVerdict verdict = analyse_pipeline(pipeline);
     RN_LOG_INFO("epoch {} {}", st.epoch + 1, format_pipeline(pipeline, verdict));
-    if (reducer) {
+    if (reducer && !comm_epoch.timed) {
+      RN_LOG_INFO(
+          "epoch {} communication: {} buckets, {:.2f} MiB per step, all-reduced by {} during backward; times not "
+          "measured on a device (they would cost a synchronisation per step)",
+          st.epoch + 1, reducer->buckets().size(), static_cast<double>(model.params().total) * 4 / 1048576.0,
+          grad_sync.comm->name());
+      metrics.append(MetricsRecord("comm", st.epoch + 1, st.step)
+                         .add("ranks", static_cast<int64_t>(world.size))
+                         .add("buckets", static_cast<int64_t>(reducer->buckets().size()))
+                         .add("bytes_per_step", static_cast<int64_t>(model.params().total * 4))
+                         .add("timed", false));
+    } else if (reducer) {
       RN_LOG_INFO(
           "epoch {} communication: {} buckets, {:.2f} MiB per step, {:.2f} ms/step all-reducing, {:.0f}% of it hidden "
           "behind backward ({:.2f} ms/step exposed)",

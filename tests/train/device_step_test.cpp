@@ -12,81 +12,15 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "fake_device.h"
 #include "model/zoo.h"
 #include "train/train_step.h"
 
 namespace rn {
 namespace {
 
-class FakeDeviceMemory final : public MemorySpace {
- public:
-  Device device() const override { return Device::cuda; }
-  void* allocate(size_t bytes) override { return host_memory().allocate(bytes); }
-  void free(void* p) noexcept override { host_memory().free(p); }
-  void copy(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
-  void zero(void* p, size_t bytes) override { std::memset(p, 0, bytes); }
-};
-
-// The loss honours a scale source in "device" memory, as the CUDA kernel does.
-class ScaledLoss final : public SoftmaxCrossEntropyKernel {
- public:
-  explicit ScaledLoss(std::unique_ptr<SoftmaxCrossEntropyKernel> k)
-      : SoftmaxCrossEntropyKernel(k->desc()), k_(std::move(k)) {}
-
- protected:
-  void do_forward(const Tensor& loss, const Tensor& probs, const Tensor& logits, const Tensor& labels) override {
-    k_->forward(loss, probs, logits, labels);
-  }
-  void do_backward(const Tensor& dlogits, const Tensor& probs, const Tensor& labels, float grad_scale) override {
-    const float s = scale_source() ? *scale_source()->ptr<float>() : 1.0f;
-    k_->backward(dlogits, probs, labels, grad_scale * s);
-  }
-
- private:
-  std::unique_ptr<SoftmaxCrossEntropyKernel> k_;
-};
-
-class RecordingGraph final : public StepGraph {
- public:
-  void capture(const std::function<void()>& work) override { work_ = work; }
-  bool captured() const override { return static_cast<bool>(work_); }
-  void replay() override {
-    ++replays;
-    work_();
-  }
-  static inline int replays = 0;
-
- private:
-  std::function<void()> work_;
-};
-
-class FakeDevice final : public Backend {
- public:
-  std::string name() const override { return "fake-device"; }
-  Device device() const override { return Device::cuda; }
-  Layout preferred_layout() const override { return Layout::nhwc; }
-  bool supports_dtype(DType t, std::string* why) const override { return cpu_->supports_dtype(t, why); }
-  MemorySpace& memory() override { return memory_; }
-  std::unique_ptr<Conv2dKernel> make_conv2d(const Conv2dDesc& d) override { return cpu_->make_conv2d(d); }
-  std::unique_ptr<BatchNormKernel> make_batch_norm(const BatchNormDesc& d) override { return cpu_->make_batch_norm(d); }
-  std::unique_ptr<ReluKernel> make_relu(const EltwiseDesc& d) override { return cpu_->make_relu(d); }
-  std::unique_ptr<AddKernel> make_add(const EltwiseDesc& d) override { return cpu_->make_add(d); }
-  std::unique_ptr<CastKernel> make_cast(const CastDesc& d) override { return cpu_->make_cast(d); }
-  std::unique_ptr<MaxPoolKernel> make_max_pool(const MaxPoolDesc& d) override { return cpu_->make_max_pool(d); }
-  std::unique_ptr<GlobalAvgPoolKernel> make_global_avg_pool(const GlobalAvgPoolDesc& d) override {
-    return cpu_->make_global_avg_pool(d);
-  }
-  std::unique_ptr<LinearKernel> make_linear(const LinearDesc& d) override { return cpu_->make_linear(d); }
-  std::unique_ptr<SoftmaxCrossEntropyKernel> make_softmax_cross_entropy(const SoftmaxCrossEntropyDesc& d) override {
-    return std::make_unique<ScaledLoss>(cpu_->make_softmax_cross_entropy(d));
-  }
-  std::unique_ptr<FusedStepKernel> make_fused_step(const FusedStepDesc& d) override { return make_host_fused_step(d); }
-  std::unique_ptr<StepGraph> make_step_graph() override { return std::make_unique<RecordingGraph>(); }
-
- private:
-  std::unique_ptr<Backend> cpu_ = make_backend("cpu");
-  FakeDeviceMemory memory_;
-};
+using testing::FakeDevice;
+using testing::RecordingGraph;
 
 struct RunResult {
   std::vector<float> weights, momentum;
@@ -188,6 +122,85 @@ TEST(DeviceStep, LarsOnTheDeviceFollowsTheHost) {
 TEST(DeviceStep, SinkModeIsRefusedOnHostBackends) {
   auto cpu = make_backend("cpu");
   EXPECT_THROW(train(*cpu, 2, OptimizerKind::sgd, 1), Error);
+}
+
+}  // namespace
+}  // namespace rn
+
+namespace rn {
+namespace {
+
+// The device step with a gradient reducer: run() joins every bucket (the update waits on
+// the device) and waits for none; wait_for_gradients() is the one host wait, on the last
+// bucket. A world of one: the local communicator's collectives are no-ops.
+TEST(DeviceStep, DataParallelStepJoinsItsBucketsAndWaitsOnlyWhenAsked) {
+  FakeDevice dev;
+  ModelOptions o;
+  o.in_channels = 3, o.height = o.width = 16, o.num_classes = 10;
+  Model model(build_model("resnet20", o));
+  model.init(5);
+  PlanOptions po;
+  po.batch = 4;
+  po.layout = Layout::nhwc;
+  Plan plan(model, &dev, po);
+  OptimizerConfig oc;
+  Optimizer opt(oc, model.params());
+  PrecisionPolicy policy;
+  LossScaler scaler(policy.loss_scale);
+  TrainStep step(plan, opt, scaler, policy, 0);
+  auto local = make_local_communicator();
+  testing::CountingCommunicator comm(*local);
+  std::vector<GradRange> ranges;
+  for (const ParamView& v : model.params().params) ranges.push_back({v.offset, v.numel});
+  GradientReducer reducer(comm, make_grad_buckets(ranges, 16 << 10), model.compute_grad_data(),
+                          static_cast<int>(ranges.size()));
+  const int buckets = static_cast<int>(reducer.buckets().size());
+  ASSERT_GT(buckets, 2);
+  step.set_gradient_reducer(&reducer);
+  std::vector<float> x(static_cast<size_t>(plan.input().numel()), 0.5f);
+  std::vector<int32_t> labels = {1, 2, 3, 4};
+  plan.copy_from_host(plan.input(), x.data());
+  plan.copy_from_host(plan.labels(), labels.data());
+  for (int k = 1; k <= 3; ++k) {
+    step.run(0.01);
+    EXPECT_EQ(comm.issued, k * buckets);
+    EXPECT_EQ(comm.joins, k * buckets) << "step " << k << ": every bucket joined";
+    EXPECT_EQ(comm.waits, k - 1) << "step " << k << ": run() waited on the host";
+    EXPECT_FALSE(step.last_comm().timed);
+    EXPECT_EQ(step.last_comm().buckets, buckets);
+    step.wait_for_gradients();
+    EXPECT_EQ(comm.waits, k) << "one wait, for the last bucket";
+    step.wait_for_gradients();
+    EXPECT_EQ(comm.waits, k) << "nothing left to wait for";
+  }
+}
+
+TEST(DeviceStep, SinkModeRefusesAGradientReducer) {
+  FakeDevice dev;
+  ModelOptions o;
+  o.in_channels = 3, o.height = o.width = 16, o.num_classes = 10;
+  Model model(build_model("resnet20", o));
+  model.init(5);
+  PlanOptions po;
+  po.batch = 2;
+  po.layout = Layout::nhwc;
+  Plan plan(model, &dev, po);
+  OptimizerConfig oc;
+  Optimizer opt(oc, model.params());
+  PrecisionPolicy policy;
+  LossScaler scaler(policy.loss_scale);
+  TrainStep step(plan, opt, scaler, policy, 2);
+  auto local = make_local_communicator();
+  std::vector<GradRange> ranges;
+  for (const ParamView& v : model.params().params) ranges.push_back({v.offset, v.numel});
+  GradientReducer reducer(*local, make_grad_buckets(ranges, 1 << 20), model.compute_grad_data(),
+                          static_cast<int>(ranges.size()));
+  try {
+    step.set_gradient_reducer(&reducer);
+    FAIL() << "sink mode took a gradient reducer";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("run.sink_size=0"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

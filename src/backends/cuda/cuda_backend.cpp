@@ -65,6 +65,7 @@ class CudaBackend final : public Backend {
     return cuda::make_fused_step(ctx_, d);
   }
   std::unique_ptr<StepGraph> make_step_graph() override { return cuda::make_step_graph(ctx_); }
+  void* native_stream() override { return ctx_->stream(); }
 
  private:
   ContextPtr ctx_;

@@ -1,0 +1,128 @@
+// Test doubles for the device training path on a CPU-only machine:
+//  * FakeDevice: a device backend whose kernels are a host backend's ("cpu": oneDNN, "ref":
+//    plain loops) on a separate heap tagged as device memory, with the host reference of
+//    the fused step and a "graph" that records the step and replays it. Its native stream
+//    is a sentinel address, so a test can see it handed on.
+//  * CountingCommunicator: forwards to another communicator and counts wait() and join(),
+//    the device path's promise being that a step joins its buckets and never waits in run().
+#pragma once
+
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "dist/communicator.h"
+#include "ops/backend.h"
+
+namespace rn::testing {
+
+class FakeDeviceMemory final : public MemorySpace {
+ public:
+  Device device() const override { return Device::cuda; }
+  void* allocate(size_t bytes) override { return host_memory().allocate(bytes); }
+  void free(void* p) noexcept override { host_memory().free(p); }
+  void copy(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void zero(void* p, size_t bytes) override { std::memset(p, 0, bytes); }
+};
+
+// The loss honours a scale source in "device" memory, as the CUDA kernel does.
+class ScaledLoss final : public SoftmaxCrossEntropyKernel {
+ public:
+  explicit ScaledLoss(std::unique_ptr<SoftmaxCrossEntropyKernel> k)
+      : SoftmaxCrossEntropyKernel(k->desc()), k_(std::move(k)) {}
+
+ protected:
+  void do_forward(const Tensor& loss, const Tensor& probs, const Tensor& logits, const Tensor& labels) override {
+    k_->forward(loss, probs, logits, labels);
+  }
+  void do_backward(const Tensor& dlogits, const Tensor& probs, const Tensor& labels, float grad_scale) override {
+    const float s = scale_source() ? *scale_source()->ptr<float>() : 1.0f;
+    k_->backward(dlogits, probs, labels, grad_scale * s);
+  }
+
+ private:
+  std::unique_ptr<SoftmaxCrossEntropyKernel> k_;
+};
+
+class RecordingGraph final : public StepGraph {
+ public:
+  void capture(const std::function<void()>& work) override { work_ = work; }
+  bool captured() const override { return static_cast<bool>(work_); }
+  void replay() override {
+    ++replays;
+    work_();
+  }
+  static inline int replays = 0;
+
+ private:
+  std::function<void()> work_;
+};
+
+class FakeDevice final : public Backend {
+ public:
+  explicit FakeDevice(const std::string& kernels = "cpu") : host_(make_backend(kernels)) {}
+  std::string name() const override { return "fake-device"; }
+  Device device() const override { return Device::cuda; }
+  Layout preferred_layout() const override { return Layout::nhwc; }
+  bool supports_dtype(DType t, std::string* why) const override { return host_->supports_dtype(t, why); }
+  MemorySpace& memory() override { return memory_; }
+  std::unique_ptr<Conv2dKernel> make_conv2d(const Conv2dDesc& d) override { return host_->make_conv2d(d); }
+  std::unique_ptr<BatchNormKernel> make_batch_norm(const BatchNormDesc& d) override {
+    return host_->make_batch_norm(d);
+  }
+  std::unique_ptr<ReluKernel> make_relu(const EltwiseDesc& d) override { return host_->make_relu(d); }
+  std::unique_ptr<AddKernel> make_add(const EltwiseDesc& d) override { return host_->make_add(d); }
+  std::unique_ptr<CastKernel> make_cast(const CastDesc& d) override { return host_->make_cast(d); }
+  std::unique_ptr<MaxPoolKernel> make_max_pool(const MaxPoolDesc& d) override { return host_->make_max_pool(d); }
+  std::unique_ptr<GlobalAvgPoolKernel> make_global_avg_pool(const GlobalAvgPoolDesc& d) override {
+    return host_->make_global_avg_pool(d);
+  }
+  std::unique_ptr<LinearKernel> make_linear(const LinearDesc& d) override { return host_->make_linear(d); }
+  std::unique_ptr<SoftmaxCrossEntropyKernel> make_softmax_cross_entropy(const SoftmaxCrossEntropyDesc& d) override {
+    return std::make_unique<ScaledLoss>(host_->make_softmax_cross_entropy(d));
+  }
+  std::unique_ptr<FusedStepKernel> make_fused_step(const FusedStepDesc& d) override { return make_host_fused_step(d); }
+  std::unique_ptr<StepGraph> make_step_graph() override { return std::make_unique<RecordingGraph>(); }
+  void* native_stream() override { return &stream_; }
+
+ private:
+  std::unique_ptr<Backend> host_;
+  FakeDeviceMemory memory_;
+  int stream_ = 0;
+};
+
+class CountingCommunicator final : public Communicator {
+ public:
+  explicit CountingCommunicator(Communicator& inner) : inner_(inner) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  std::string name() const override { return "counting " + inner_.name(); }
+  std::vector<std::string> hosts() const override { return inner_.hosts(); }
+  Ticket all_reduce_async(void* data, int64_t count, ElemType type, ReduceOp op, const std::string& what) override {
+    ++issued;
+    return inner_.all_reduce_async(data, count, type, op, what);
+  }
+  CollectiveTiming wait(Ticket t) override {
+    ++waits;
+    return inner_.wait(t);
+  }
+  void join(Ticket t) override {
+    ++joins;
+    inner_.join(t);
+  }
+  void broadcast(void* data, int64_t bytes, int root, const std::string& what) override {
+    inner_.broadcast(data, bytes, root, what);
+  }
+  void barrier(const std::string& what) override { inner_.barrier(what); }
+  std::vector<double> all_gather(double value, const std::string& what) override {
+    return inner_.all_gather(value, what);
+  }
+
+  int issued = 0, waits = 0, joins = 0;
+
+ private:
+  Communicator& inner_;
+};
+
+}  // namespace rn::testing
