@@ -47,16 +47,25 @@ class ScaledLoss final : public SoftmaxCrossEntropyKernel {
 
 class RecordingGraph final : public StepGraph {
  public:
-  void capture(const std::function<void()>& work) override { work_ = work; }
-  bool captured() const override { return static_cast<bool>(work_); }
+  void capture(const std::function<void()>& work) override {
+    work_ = work;
+    ++captures;
+    since_capture_ = 0;
+  }
+  // stale_after > 0: the graph goes stale after that many replays (as a CUDA graph does when
+  // the workspace it captured is reallocated), and the caller must capture it again.
+  bool captured() const override { return work_ && (stale_after == 0 || since_capture_ < stale_after); }
   void replay() override {
+    if (!captured()) throw Error("RecordingGraph: replay of a stale or missing capture");
     ++replays;
+    ++since_capture_;
     work_();
   }
-  static inline int replays = 0;
+  static inline int replays = 0, captures = 0, stale_after = 0;
 
  private:
   std::function<void()> work_;
+  int since_capture_ = 0;
 };
 
 class FakeDevice final : public Backend {

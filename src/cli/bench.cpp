@@ -253,6 +253,8 @@ int run_bench(const BenchArgs& a) {
   o.num_classes = a.classes;
   const MemoryLevel level = memory_level_from_name(a.memory);  // checked before any work
   RN_CHECK(!a.find_max_batch || !a.memory_cap.empty()) << "--find-max-batch needs --memory-cap BYTES";
+  RN_CHECK(a.sink == 0 || !a.profile) << "--profile times every plan step with a device synchronisation, which a "
+                                         "captured graph (--sink) cannot hold; use one or the other";
   RN_CHECK(a.find_max_batch || a.memory_cap.empty()) << "--memory-cap is only used with --find-max-batch";
   const size_t cap = a.memory_cap.empty() ? 0 : parse_bytes(a.memory_cap, "--memory-cap");
   Model model(build_model(a.model, o));

@@ -75,6 +75,8 @@ class StepGraph {
   virtual ~StepGraph() = default;
   // Runs `work` under capture (nothing executes), then instantiates the graph.
   virtual void capture(const std::function<void()>& work) = 0;
+  // False before the first capture, and again when the graph went stale (addresses it holds
+  // were reallocated, e.g. a shared workspace that grew): the caller then captures again.
   virtual bool captured() const = 0;
   // Queues one replay.
   virtual void replay() = 0;

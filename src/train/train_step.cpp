@@ -104,7 +104,13 @@ bool TrainStep::run(double lr) {
       queue_device_step(-1.0f);
       warmed_up_ = true;
     } else {
-      if (!graph_->captured()) graph_->capture([this] { queue_device_step(-1.0f); });
+      if (!graph_->captured()) {
+        if (captures_ > 0)
+          RN_LOG_INFO("sink mode: the step graph is stale (the device workspace was reallocated for new kernels); "
+                      "capturing it again");
+        graph_->capture([this] { queue_device_step(-1.0f); });
+        ++captures_;
+      }
       graph_->replay();
     }
     ++next_step_;

@@ -80,6 +80,7 @@ class TrainStep {
   int64_t next_step_ = 0;  // sink mode: global step of the next run()
   int64_t window_end_ = -1;
   bool warmed_up_ = false;
+  int captures_ = 0;
   GradientReducer* reducer_ = nullptr;
   CommStats comm_;
 };

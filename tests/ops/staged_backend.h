@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <exception>
 #include <map>
 #include <memory>
 #include <string>
@@ -36,8 +37,17 @@ class Staging {
     keep = (*this)(*host);
     return &keep;
   }
-  // Waits for the device, then copies every argument back to its host tensor.
+  // Waits for the device, then copies every argument back to its host tensor. While an
+  // exception from the kernel call unwinds, it copies nothing and swallows a second error
+  // (throwing then would terminate the test program without naming the failing case).
   ~Staging() noexcept(false) {
+    if (std::uncaught_exceptions() > 0) {
+      try {
+        device_.synchronize();
+      } catch (...) {
+      }
+      return;
+    }
     device_.synchronize();
     for (const auto& [host, e] : by_host_) device_.memory().copy(host, buffers_[e.index].data(), e.bytes);
   }

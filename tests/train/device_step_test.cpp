@@ -103,6 +103,20 @@ TEST(DeviceStep, EagerAndSinkMatchTheHostOptimizerBitForBit) {
               sink.weights.size(), static_cast<double>(shifted.weights[0] - sink.weights[0]));
 }
 
+// A graph that goes stale (the CUDA one does when the shared workspace it captured is
+// reallocated by kernels made later) is captured again, and the run is unchanged.
+TEST(DeviceStep, AStaleGraphIsCapturedAgain) {
+  FakeDevice dev;
+  const RunResult eager = train(dev, 0, OptimizerKind::sgd, 7);
+  RecordingGraph::replays = RecordingGraph::captures = 0;
+  RecordingGraph::stale_after = 2;
+  const RunResult sink = train(dev, 3, OptimizerKind::sgd, 7);
+  RecordingGraph::stale_after = 0;
+  EXPECT_EQ(RecordingGraph::replays, 6);
+  EXPECT_EQ(RecordingGraph::captures, 3) << "6 replays, stale after every 2";
+  expect_same(eager, sink, "device eager vs sink with re-captures");
+}
+
 TEST(DeviceStep, LarsOnTheDeviceFollowsTheHost) {
   auto cpu = make_backend("cpu");
   FakeDevice dev;

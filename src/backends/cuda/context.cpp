@@ -1,5 +1,7 @@
 #include "backends/cuda/context.h"
 
+#include <deque>
+
 #include "core/log.h"
 
 namespace rn {
@@ -58,6 +60,17 @@ void DeviceMemory::zero(void* p, size_t bytes) {
 }
 
 namespace {
+// Every DeviceMemory made lives until the process ends: freeing a buffer through it stays
+// valid after its Context is destroyed (it only calls cudaFree and updates its own
+// counters). Its copies use the Context's stream, so they must not outlive the Context.
+DeviceMemory& device_memory_for(cudaStream_t stream) {
+  static std::mutex mutex;
+  static std::deque<std::unique_ptr<DeviceMemory>> spaces;
+  std::lock_guard lock(mutex);
+  spaces.push_back(std::make_unique<DeviceMemory>(stream));
+  return *spaces.back();
+}
+
 cudaStream_t make_stream(int device) {
   std::string why;
   const int n = cuda_device_count(&why);
@@ -74,7 +87,7 @@ Context::Context(const CudaBackendOptions& o)
     : device_(o.device),
       mode_(o.mode),
       stream_(make_stream(o.device)),
-      memory_(stream_),
+      memory_(device_memory_for(stream_)),
       algo_cache_(o.algo_cache_path) {
   cudaDeviceProp prop{};
   RN_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
@@ -112,6 +125,7 @@ void Context::reserve(size_t bytes) {
   if (bytes <= workspace_.bytes()) return;
   if (workspace_.data()) RN_CUDA_CHECK(cudaStreamSynchronize(stream_));  // nothing may still use the old one
   workspace_ = DeviceBuffer(memory_, bytes);
+  ++workspace_generation_;
 }
 
 void Context::synchronize() {

@@ -16,6 +16,9 @@
 
 namespace rn::cuda {
 
+// A backend's device memory. It outlives its Context (see device_memory_for): the model's
+// flat buffers are allocated here and may be freed after the backend that placed them is
+// gone (a Model declared before its backend), which must not call into a dead object.
 class DeviceMemory final : public MemorySpace {
  public:
   explicit DeviceMemory(cudaStream_t stream) : stream_(stream) {}
@@ -56,6 +59,8 @@ class Context {
   void reserve(size_t bytes);
   void* workspace() const { return workspace_.data(); }
   size_t workspace_bytes() const { return workspace_.bytes(); }
+  // Counts reallocations of the workspace: a captured graph that used an older one is stale.
+  uint64_t workspace_generation() const { return workspace_generation_; }
 
   int* error_flags() const { return static_cast<int*>(flags_.data()); }  // [0]: bad label + 1
   // Waits for the stream, then throws if a kernel raised an error flag.
@@ -69,8 +74,9 @@ class Context {
   cudaStream_t stream_ = nullptr;
   cudnnHandle_t cudnn_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
-  DeviceMemory memory_;
+  DeviceMemory& memory_;  // owned by a process-wide list, never freed (device_memory_for)
   DeviceBuffer workspace_, flags_, cublas_workspace_;
+  uint64_t workspace_generation_ = 0;
   CudnnAlgoCache algo_cache_;
 };
 using ContextPtr = std::shared_ptr<Context>;

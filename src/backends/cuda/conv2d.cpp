@@ -41,8 +41,10 @@ class CudnnConv final : public Conv2dKernel {
   CudnnAlgoChoice choose(Direction dir);
   void* weights_krsc(const Tensor& w) const;  // the transposed weights in the scratch
   char* scratch() const { return static_cast<char*>(ctx_->workspace()); }
+  // fp32 convolutions run with FMA math whatever the algorithm cache says: never TF32.
   void set_math(int math_type) const {
-    RN_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_, static_cast<cudnnMathType_t>(math_type)));
+    const auto m = math_ == CUDNN_FMA_MATH ? CUDNN_FMA_MATH : static_cast<cudnnMathType_t>(math_type);
+    RN_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_, m));
   }
 
   ContextPtr ctx_;
@@ -113,26 +115,47 @@ std::string CudnnConv::key(Direction dir) const {
   return s.str();
 }
 
+bool not_supported(cudnnStatus_t status) {
+  return status == CUDNN_STATUS_NOT_SUPPORTED || status == CUDNN_STATUS_NOT_SUPPORTED_SHAPE ||
+         status == CUDNN_STATUS_NOT_SUPPORTED_DATA_TYPE || status == CUDNN_STATUS_NOT_SUPPORTED_LAYOUT;
+}
+
 // Picks the fastest successful result that fits the workspace limit (and, in
-// high_precision mode, is deterministic).
+// high_precision mode, is deterministic; for fp32 data, FMA math only: never TF32). When no
+// algorithm ran at all, a result that failed for another reason than "not supported" (a
+// broken installation, a missing sub-library) is an error, not an unsupported case, so that
+// the harness does not turn it into a skip.
 template <typename Perf>
-CudnnAlgoChoice pick(const std::vector<Perf>& results, int count, bool deterministic_only, const std::string& what) {
+CudnnAlgoChoice pick(const std::vector<Perf>& results, int count, bool deterministic_only, bool fp32,
+                     const std::string& what) {
+  bool any_ran = false;
+  std::string failures;
   for (int i = 0; i < count; ++i) {
     const Perf& r = results[static_cast<size_t>(i)];
-    if (r.status != CUDNN_STATUS_SUCCESS || r.memory > kMaxAlgoWorkspace) continue;
+    if (r.status != CUDNN_STATUS_SUCCESS) {
+      if (!not_supported(r.status))
+        failures += (failures.empty() ? "" : ", ") + std::string("algorithm ") + std::to_string(r.algo) + ": " +
+                    cudnnGetErrorString(r.status);
+      continue;
+    }
+    any_ran = true;
+    if (r.memory > kMaxAlgoWorkspace) continue;
     if (deterministic_only && r.determinism != CUDNN_DETERMINISTIC) continue;
+    if (fp32 && r.mathType != CUDNN_FMA_MATH) continue;
     return {static_cast<int>(r.algo), r.memory, static_cast<int>(r.mathType)};
   }
+  RN_CHECK(any_ran || failures.empty()) << "cuda backend: every cuDNN algorithm for " << what
+                                        << " failed (" << failures << ")";
   RN_UNSUPPORTED() << "cuda backend: cuDNN has no usable algorithm for " << what
-                   << (deterministic_only ? " (deterministic algorithms only: high_precision mode)" : "");
+                   << (deterministic_only ? " (deterministic algorithms only: high_precision mode)" : "")
+                   << (fp32 ? " (fp32: FMA math only, no TF32)" : "");
 }
 
 // A configuration cuDNN does not implement (shape, type, layout) is unsupported, reported as
 // such; any other failure, including a broken installation (driver, sub-library, arch), is
 // an error.
 void search_status(cudnnStatus_t status, const std::string& what) {
-  if (status == CUDNN_STATUS_NOT_SUPPORTED || status == CUDNN_STATUS_NOT_SUPPORTED_SHAPE ||
-      status == CUDNN_STATUS_NOT_SUPPORTED_DATA_TYPE || status == CUDNN_STATUS_NOT_SUPPORTED_LAYOUT)
+  if (not_supported(status))
     RN_UNSUPPORTED() << "cuda backend: cuDNN does not support " << what << ": " << cudnnGetErrorString(status);
   RN_CUDNN_CHECK(status);
 }
@@ -142,6 +165,7 @@ CudnnAlgoChoice CudnnConv::choose(Direction dir) {
   if (auto hit = ctx_->algo_cache().find(k)) return *hit;
   const std::string what = std::string(direction_name(dir)) + " " + desc_.str();
   const bool det = ctx_->mode() == CudaImplMode::high_precision;
+  const bool fp32 = desc_.dtype == DType::f32;
   cudnnHandle_t h = ctx_->cudnn();
   constexpr int kAsk = 16;
   int got = 0;
@@ -150,15 +174,15 @@ CudnnAlgoChoice CudnnConv::choose(Direction dir) {
   if (dir == Direction::forward) {
     std::vector<cudnnConvolutionFwdAlgoPerf_t> r(kAsk);
     search_status(cudnnFindConvolutionForwardAlgorithm(h, x_, w_, conv_, y_, kAsk, &got, r.data()), what);
-    c = pick(r, got, det, what);
+    c = pick(r, got, det, fp32, what);
   } else if (dir == Direction::backward_data) {
     std::vector<cudnnConvolutionBwdDataAlgoPerf_t> r(kAsk);
     search_status(cudnnFindConvolutionBackwardDataAlgorithm(h, w_, y_, conv_, x_, kAsk, &got, r.data()), what);
-    c = pick(r, got, det, what);
+    c = pick(r, got, det, fp32, what);
   } else {
     std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> r(kAsk);
     search_status(cudnnFindConvolutionBackwardFilterAlgorithm(h, x_, y_, conv_, w_, kAsk, &got, r.data()), what);
-    c = pick(r, got, det, what);
+    c = pick(r, got, det, fp32, what);
   }
   RN_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_, math_));  // the search may have changed it
   ctx_->algo_cache().put(k, c);

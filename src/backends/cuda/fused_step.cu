@@ -224,17 +224,19 @@ class CudaFusedStep final : public FusedStepKernel {
   DeviceBuffer segs_, first_, adapt_, wd_, seg_w2_, seg_g2_, trust_, momentum_, state_, lr_table_;
 };
 
+// A captured graph holds the addresses its kernels used, the shared workspace's among them.
+// When a later kernel (an evaluation plan's, say) makes the workspace grow, the old block is
+// freed, so the graph counts as not captured any more and the step is captured again.
 class CudaStepGraph final : public StepGraph {
  public:
   explicit CudaStepGraph(const ContextPtr& ctx) : ctx_(ctx) {}
-  ~CudaStepGraph() override {
-    if (exec_) cudaGraphExecDestroy(exec_);
-    if (graph_) cudaGraphDestroy(graph_);
-  }
+  ~CudaStepGraph() override { destroy(); }
   void capture(const std::function<void()>& work) override {
-    RN_CHECK(!exec_) << "step graph: already captured";
+    RN_CHECK(!captured()) << "step graph: already captured";
     cudaStream_t s = ctx_->stream();
     RN_CUDA_CHECK(cudaStreamSynchronize(s));
+    destroy();  // a stale graph (see above), if any
+    const uint64_t generation = ctx_->workspace_generation();
     RN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
     try {
       work();
@@ -247,17 +249,27 @@ class CudaStepGraph final : public StepGraph {
     }
     RN_CUDA_CHECK(cudaStreamEndCapture(s, &graph_));
     RN_CUDA_CHECK(cudaGraphInstantiate(&exec_, graph_, 0));
+    RN_CHECK(ctx_->workspace_generation() == generation)
+        << "step graph: the shared device workspace was reallocated during the capture (a kernel was made inside it)";
+    generation_ = generation;
   }
-  bool captured() const override { return exec_ != nullptr; }
+  bool captured() const override { return exec_ != nullptr && generation_ == ctx_->workspace_generation(); }
   void replay() override {
-    RN_CHECK(exec_) << "step graph: replay before capture";
+    RN_CHECK(captured()) << "step graph: replay before capture, or after the workspace it captured was reallocated";
     RN_CUDA_CHECK(cudaGraphLaunch(exec_, ctx_->stream()));
   }
 
  private:
+  void destroy() {
+    if (exec_) cudaGraphExecDestroy(exec_);
+    if (graph_) cudaGraphDestroy(graph_);
+    exec_ = nullptr;
+    graph_ = nullptr;
+  }
   ContextPtr ctx_;
   cudaGraph_t graph_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;
+  uint64_t generation_ = 0;
 };
 
 }  // namespace
