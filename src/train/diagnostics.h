@@ -49,6 +49,8 @@ class TrainDiagnostics {
   ~TrainDiagnostics();
 
   void begin_epoch(double wait_total);
+  // Whether the gradient monitor records step `step` (it reads the model's host buffers).
+  bool grad_monitor_due(int64_t step) const { return grads_.due(step); }
   void before_step(int64_t step);
   void after_step(const StepDiagnostics& s);
   // The variance summary as a log line and a "variance" record.

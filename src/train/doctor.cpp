@@ -48,11 +48,14 @@ std::vector<HostBatch> take_batches(const Config& cfg, Layout layout, int steps)
   return out;
 }
 
+// Staged on the host and copied, so that it works wherever the plan keeps its tensors.
 void fill(Plan& plan, const HostBatch& b) {
   const Tensor in = plan.input();
   RN_CHECK(static_cast<size_t>(in.numel()) == b.images.size()) << "doctor: batch does not fit the plan's input";
-  convert(in.data, in.dtype, b.images.data(), DType::f32, b.images.size());
-  std::memcpy(plan.labels().data, b.labels.data(), b.labels.size() * sizeof(int32_t));
+  std::vector<uint8_t> staged(in.bytes());
+  convert(staged.data(), in.dtype, b.images.data(), DType::f32, b.images.size());
+  plan.copy_from_host(in, staged.data());
+  plan.copy_from_host(plan.labels(), b.labels.data());
 }
 
 // One training trajectory: its own model (same seed), plan, optimizer and scaler.
@@ -238,12 +241,14 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& options) {
     const double lr = cfg.optimizer.base_lr * 0.1;  // a small fixed step: the doctor looks at gradients
     fill(*ref.plan, batches[static_cast<size_t>(k)]);
     ref.step->run(lr);
+    ref.step->sync_host_state();  // on a device: gradients, scale and counters back to the host
     r.loss_fp32.push_back(ref.plan->loss());
     double scale = r.loss_scale;
     if (mixed) {
       fill(*mixed->plan, batches[static_cast<size_t>(k)]);
-      scale = mixed->scaler.scale();
+      scale = mixed->scaler.scale();  // current: synchronised after the previous step
       mixed->step->run(lr);
+      mixed->step->sync_host_state();
       r.loss_mixed.push_back(mixed->plan->loss());
     }
     const float* g = ref.model.grad_data();

@@ -32,14 +32,18 @@ double mean(const std::vector<double>& v) {
   return v.empty() ? 0 : s / static_cast<double>(v.size());
 }
 
+// Staged on the host and copied, so that it works wherever the plan keeps its tensors.
 void fill_input(Plan& plan, int64_t classes, uint64_t seed) {
   Rng rng(seed);
   const Tensor in = plan.input();
   std::vector<float> px(static_cast<size_t>(in.numel()));
   for (float& v : px) v = rng.normal();
-  convert(in.data, in.dtype, px.data(), DType::f32, px.size());
-  for (int64_t i = 0; i < plan.options().batch; ++i)
-    plan.labels().ptr<int32_t>()[i] = static_cast<int32_t>(rng.below(static_cast<uint64_t>(classes)));
+  std::vector<uint8_t> staged(in.bytes());
+  convert(staged.data(), in.dtype, px.data(), DType::f32, px.size());
+  plan.copy_from_host(in, staged.data());
+  std::vector<int32_t> labels(static_cast<size_t>(plan.options().batch));
+  for (int32_t& l : labels) l = static_cast<int32_t>(rng.below(static_cast<uint64_t>(classes)));
+  plan.copy_from_host(plan.labels(), labels.data());
 }
 
 // Mean seconds of plan step `name` over `reps` forward passes (after one warm-up).

@@ -424,14 +424,23 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
       if (!b) break;
       RN_CHECK(b->size == po.batch) << "partial training batch of " << b->size << " (data.drop_last=false is not "
                                     << "supported for training yet)";
+      // The gradient monitor reads the host copies of weights, gradients and the loss scale:
+      // on a device they are brought back around a monitored step (outside its timing).
+      const bool monitor_sync = step->on_device() && diag.grad_monitor_due(st.step + 1);
+      if (monitor_sync) step->sync_host_state();
       const double copy_us = trace_now_us();
       feeder.feed(*plan, *b);
       const double step_us = trace_now_us();
       const double lr = schedule.lr(st.step);
       diag.before_step(st.step + 1);
       const float scale_used = scaler.scale();
-      const bool applied = step->run(lr);
+      const int64_t skipped_before = scaler.skipped_steps();
+      bool applied = step->run(lr);
       const double end_us = trace_now_us();
+      if (monitor_sync) {
+        step->sync_host_state();
+        applied = scaler.skipped_steps() == skipped_before;  // the device's verdict
+      }
       pipeline.copy += 1e-6 * (step_us - copy_us);
       pipeline.compute += 1e-6 * (end_us - step_us);
       if (trace) {
