@@ -7,7 +7,7 @@
 # Usage: [RN_RESNET=COMMAND] [DIAG_OUT=DIR] scripts/diag-check.sh [BUILD_DIR=build] [DEVICE=cuda]
 #   PROFILE_ARGS="--model resnet20 --input 3x32x32 --classes 10 --batch 32" for a quick CPU smoke run
 # Exit status: non-zero when a tool fails or a check below does not hold.
-set -euo pipefail
+set -uo pipefail  # no -e: a failing tool is reported by the checks after it, and the rest still run
 cd "$(dirname "$0")/.."
 build="${1:-build}"
 device="${2:-cuda}"

@@ -5,7 +5,7 @@
 #
 #   scripts/gpu-bundle.sh [BUILD_DIR] [OUT_DIR]      (defaults: build, gpu-bundle)
 #
-# writes OUT_DIR/bundle.tar.xz holding bin/ (resnet, test_ops, test_model, stripped) and
+# writes OUT_DIR/bundle.tar.xz holding bin/ (resnet, test_ops, test_model, test_dist, stripped) and
 # lib/ (every shared library they load except the CUDA ones and the driver: those come
 # from the GPU machine), including this machine's glibc and its loader, so the binaries run
 # under a newer or older glibc alike: scripts/gpu-check.sh starts them through
@@ -16,9 +16,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
 out=${2:-gpu-bundle}
-bins=("$build/resnet" "$build/tests/test_ops" "$build/tests/test_model")
+bins=("$build/resnet" "$build/tests/test_ops" "$build/tests/test_model" "$build/tests/test_dist")
 for b in "${bins[@]}"; do
-  [[ -x $b ]] || { echo "gpu-bundle: $b is missing; build it first: cmake --build $build -j2 --target resnet test_ops test_model" >&2; exit 1; }
+  [[ -x $b ]] || { echo "gpu-bundle: $b is missing; build it first: cmake --build $build -j2 --target resnet test_ops test_model test_dist" >&2; exit 1; }
 done
 nm -C "$build/resnet" | grep make_cuda_backend >/dev/null || { echo "gpu-bundle: $build/resnet has no CUDA backend (configure found no nvcc/cuDNN)" >&2; exit 1; }
 

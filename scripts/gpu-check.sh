@@ -5,7 +5,7 @@
 #
 #   1. the cross-backend op harness, cuda against ref (fp32, fp16, bf16);
 #   2. the golden parity tests on cuda: fp32 against torchvision with the fp32 bound,
-#      fp16 and bf16 within their bounds;
+#      fp16 and bf16 within their bounds; then NCCL's one-rank collectives on the GPU;
 #   3. a short training (resnet20, synthetic 32x32 images, O2 fp16) in eager mode and in
 #      sink mode (CUDA graph replay), in high_precision mode (deterministic algorithms),
 #      whose final weights must be identical;
@@ -22,22 +22,29 @@
 # (which needs the project's -dev packages). CUDA libraries: /usr/local/cuda and the
 # nvidia/* folders of Python's site-packages (PyTorch's wheels). See docs/gpu.md.
 # Without a GPU it stops at once with a message (exit 3).
+#
+# OUT_DIR receives at most 8 small files (what the device tool brings back: at most 8 files,
+# 2 folders deep): gpu-check.log, table.md, bench.jsonl, harness.log, golden.log, nccl.log,
+# diag-check.log and logs.tar.gz (the training and diagnostics logs, JSON reports and the
+# cuDNN algorithm cache). Everything else (the unpacked bundle, golden files of hundreds of
+# MB, checkpoints, the torch.compile cache) stays in a scratch folder under /tmp.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 root=$(pwd)
-out=${1:?usage: scripts/gpu-check.sh OUT_DIR}
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
-exec > >(tee "$out/gpu-check.log") 2>&1
+result=${1:?usage: scripts/gpu-check.sh OUT_DIR}
+mkdir -p "$result"
+result=$(cd "$result" && pwd)
+out=$(mktemp -d /tmp/gpu-check.XXXXXX)
 t_start=$(date +%s)
 elapsed() { echo $(( $(date +%s) - t_start )); }
 section() { echo; echo "=== [$(elapsed) s] $*"; }
 status=0
 fail() { echo "FAILED: $*"; status=1; }
 
+checks() {
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
   echo "gpu-check: no NVIDIA GPU here (nvidia-smi missing or lists none); nothing to check."
-  exit 3
+  return 3
 fi
 section "machine"
 date -u
@@ -50,7 +57,22 @@ py=$(command -v python3 || true)
 
 # ---- CUDA library folders ------------------------------------------------------------------
 libdirs=()
-add_dir() { [[ -d $1 ]] && compgen -G "$1/*.so*" >/dev/null && libdirs+=("$1"); }
+add_dir() {
+  [[ -d $1 ]] && compgen -G "$1/*.so*" >/dev/null || return 0
+  local d; for d in "${libdirs[@]}"; do [[ $d == "$1" ]] && return 0; done
+  libdirs+=("$1")
+}
+# The driver (libcuda.so.1, libnvidia-ml.so.1) is loaded at run time, so the missing-library
+# check below cannot see it: its folder must be on the path the bundled loader searches,
+# which replaces LD_LIBRARY_PATH. On the H200 machines it is a mount at /usr/local/nvidia.
+for lib in libcuda.so.1 libnvidia-ml.so.1; do
+  d=$(ldconfig -p 2>/dev/null | awk -v l="$lib" '$1 == l {print $NF; exit}')
+  [[ -n $d ]] && add_dir "$(dirname "$d")"
+done
+add_dir /usr/local/nvidia/lib64
+add_dir /usr/local/nvidia/lib
+IFS=: read -r -a ld_dirs <<< "${LD_LIBRARY_PATH:-}"
+for d in "${ld_dirs[@]}"; do [[ -n $d ]] && add_dir "$d"; done
 add_dir /usr/local/cuda/lib64
 if [[ -n $py ]]; then
   site=$("$py" -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))' 2>/dev/null || true)
@@ -71,6 +93,11 @@ if [[ -f gpu-bundle/bundle.tar.xz ]]; then
   b="$out/bundle"
   rm -rf "$b" && mkdir -p "$b" && tar -C "$b" -xJf gpu-bundle/bundle.tar.xz
   head -3 "$b/MANIFEST"
+  bundled=$(head -1 "$b/MANIFEST" | sed -n 's/.* from \([0-9a-f]\{40\}\).*/\1/p')
+  here=$(git rev-parse HEAD 2>/dev/null || true)
+  if [[ -n $bundled && -n $here && $bundled != "$here" ]]; then
+    echo "WARNING: the bundle was built from $bundled but this tree is $here: it tests other code (rebuild it: docs/gpu.md)"
+  fi
   loader=$(ls "$b"/lib/ld-linux*.so* | head -1)
   bin="$b/bin"
   run=("$loader" --library-path "$b/lib:$cuda_path")
@@ -78,12 +105,13 @@ elif [[ -x build/resnet ]] && nm -C build/resnet 2>/dev/null | grep make_cuda_ba
   bin="$root/build" ; export LD_LIBRARY_PATH="$cuda_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 else
   echo "no carried bundle and no CUDA build: building here"
-  cmake --preset default -DRN_CUDA=ON && cmake --build build -j"$(nproc)" --target resnet test_ops test_model || { echo "build failed"; exit 1; }
+  cmake --preset default -DRN_CUDA=ON && cmake --build build -j"$(nproc)" --target resnet test_ops test_model test_dist || { echo "build failed"; return 1; }
   bin="$root/build"; export LD_LIBRARY_PATH="$cuda_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 resnet_bin=$bin/resnet; [[ -x $bin/resnet ]] || resnet_bin=$bin/../resnet
 test_ops=$bin/test_ops; [[ -x $test_ops ]] || test_ops=$bin/tests/test_ops
 test_model=$bin/test_model; [[ -x $test_model ]] || test_model=$bin/tests/test_model
+test_dist=$bin/test_dist; [[ -x $test_dist ]] || test_dist=$bin/tests/test_dist
 resnet() { "${run[@]}" "$resnet_bin" "$@"; }
 if ((${#run[@]})); then
   missing=$("${run[0]}" --list --library-path "${run[2]}" "$resnet_bin" 2>&1 | grep 'not found' || true)
@@ -91,8 +119,16 @@ else
   missing=$(ldd "$resnet_bin" | grep 'not found' || true)
 fi
 if [[ -n $missing ]]; then
-  echo "libraries not found (install them or add their folder):"; echo "$missing"; exit 1
+  echo "libraries not found (install them or add their folder):"; echo "$missing"; return 1
 fi
+# Does the cuda backend start at all? (A driver the loader cannot find shows here, not as a
+# hundred skipped tests.)
+if ! resnet info --device cuda --model resnet20 --input 3x32x32 --classes 10 --batch 2 > "$out/probe.log" 2>&1; then
+  cat "$out/probe.log"
+  echo "the cuda backend does not start; library path: ${run[2]:-$LD_LIBRARY_PATH}"
+  return 1
+fi
+grep -m1 "cuda backend:" "$out/probe.log" || true
 export RN_CUDNN_ALGO_CACHE="$out/cudnn_algos.tsv"
 export RN_PYTHON=${py:-/usr/bin/python3} RN_SOURCE_DIR="$root" RN_GOLDEN_DIR="$out/golden"
 mkdir -p "$RN_GOLDEN_DIR"
@@ -108,6 +144,14 @@ section "golden parity on cuda (fp32, fp16, bf16)"
 "${run[@]}" "$test_model" --gtest_filter='Zoo/GoldenParity.*cuda*:Zoo/GoldenParityHalf.*' 2>&1 | tee "$out/golden.log"
 [[ ${PIPESTATUS[0]} == 0 ]] || fail "golden parity on cuda"
 grep -qE 'golden not run|not importable' "$out/golden.log" && fail "golden parity did not run on cuda (see golden.log)"
+section "NCCL on one GPU (one-rank collectives ordered with the compute stream)"
+if [[ -x $test_dist ]]; then
+  "${run[@]}" "$test_dist" --gtest_filter='Nccl.*' 2>&1 | tee "$out/nccl.log"
+  [[ ${PIPESTATUS[0]} == 0 ]] || fail "NCCL collectives on the GPU"
+  grep -q 'no GPU: the NCCL collectives are not run' "$out/nccl.log" && fail "the NCCL test did not reach the GPU (see nccl.log)"
+else
+  echo "no test_dist binary in this bundle: NCCL not checked"
+fi
 
 # ---- 3. eager vs sink -----------------------------------------------------------------------
 section "short training: eager vs sink (resnet20, synthetic, O2 fp16, high_precision)"
@@ -175,4 +219,16 @@ else
   [[ ${PIPESTATUS[0]} == 0 ]] || fail "diag-check (see diag-check.log and $out/diag)"
 fi
 section "done in $(elapsed) s: $([[ $status == 0 ]] && echo 'all checks passed' || echo 'SOME CHECKS FAILED')"
-exit $status
+return $status
+}
+
+checks 2>&1 | tee "$out/gpu-check.log"
+rc=${PIPESTATUS[0]}
+# What comes back: 8 files at most, small ones.
+for f in gpu-check.log table.md bench.jsonl harness.log golden.log nccl.log diag-check.log; do
+  [[ -f $out/$f ]] && cp "$out/$f" "$result/$f"
+done
+(cd "$out" && find . -maxdepth 4 -type f \( -name '*.log' -o -name '*.json' -o -name '*.jsonl' -o -name '*.tsv' \
+  -o -name '*.md' \) -size -4M ! -name gpu-check.log -print0 | tar czf "$result/logs.tar.gz" --null -T -) 2>/dev/null
+echo "gpu-check: results in $result ($(ls "$result" | tr '\n' ' ')); scratch $out"
+exit $rc
