@@ -140,6 +140,9 @@ section "cross-backend harness: cuda vs ref"
 [[ ${PIPESTATUS[0]} == 0 ]] || fail "cross-backend harness on cuda"
 # On a GPU machine a skip for "no usable GPU" means the backend did not start: a failure.
 grep -q 'cuda backend not run' "$out/harness.log" && fail "the cuda backend did not start (see harness.log)"
+# The backend refuses NCHW by design; any other unsupported case is a finding, not a pass.
+unsupported=$(grep '^\[cross-backend\] unsupported: ' "$out/harness.log" | grep -v '_nchw' || true)
+if [[ -n $unsupported ]]; then echo "$unsupported"; fail "cuda refused cases it should run (above)"; fi
 section "golden parity on cuda (fp32, fp16, bf16)"
 "${run[@]}" "$test_model" --gtest_filter='Zoo/GoldenParity.*cuda*:Zoo/GoldenParityHalf.*' 2>&1 | tee "$out/golden.log"
 [[ ${PIPESTATUS[0]} == 0 ]] || fail "golden parity on cuda"
