@@ -15,11 +15,15 @@ size_t aligned(size_t bytes) { return align_up(bytes, Arena::kAlignment); }
 BatchFeeder::Converter& BatchFeeder::converter_for(Plan& plan, const Batch& batch) {
   const Tensor& images = batch.images;
   Converter& c = converters_[&plan];
-  if ((c.normalize || c.cast || c.uploader) && c.src == images.dtype) return c;
   Backend& backend = *plan.backend();
   const Tensor in = plan.input();
+  if (c.backend == &backend && c.src == images.dtype && c.input.data == in.data && c.input.shape == in.shape &&
+      c.input.dtype == in.dtype && c.input.layout == in.layout)
+    return c;
   c = Converter{};
   c.src = images.dtype;
+  c.backend = &backend;
+  c.input = in;
   if (images.dtype == DType::u8) {
     CropFlipNormalizeDesc d;
     d.batch = in.shape[0], d.channels = in.shape[1], d.out_h = in.shape[2], d.out_w = in.shape[3];

@@ -28,10 +28,14 @@ class BatchFeeder {
  public:
   BatchFeeder(std::vector<float> mean, std::vector<float> std) : mean_(std::move(mean)), std_(std::move(std)) {}
   void feed(Plan& plan, const Batch& batch);
+  // Drops what was made for `plan` (its staging buffers): call before the plan goes away.
+  void forget(const Plan& plan) { converters_.erase(&plan); }
 
  private:
   struct Converter {
     DType src = DType::f32;
+    const Backend* backend = nullptr;  // what it was made for: a new plan at the same address
+    Tensor input;                      // (re-planned) gets a new converter when these differ
     std::unique_ptr<CropFlipNormalizeKernel> normalize;
     std::unique_ptr<CastKernel> cast;
     DeviceBuffer identity_crops;  // (0, 0, no flip) per image, for batches without crops

@@ -334,6 +334,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
     if (step) step->sync_host_state();  // device optimizer and scaler state back to the host objects
     step.reset();
     evaluator.reset();
+    if (plan) feeder.forget(*plan);
     plan.reset();  // the old arena goes first: the new plan may need that memory
     po.memory = level;
     try {

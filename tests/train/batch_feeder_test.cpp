@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -75,6 +76,43 @@ TEST(BatchFeeder, CopiesMatchingBatchesAndRejectsOthers) {
   HostTensor wrong({1, 3, 8, 8}, DType::f32, Layout::nhwc);
   b.images = wrong.view();
   EXPECT_THROW(feeder.feed(*f.plan, b), Error);
+}
+
+// A plan made again (another memory level, another dtype) may sit at the old one's address:
+// the feeder must not reuse what it made for the old plan.
+TEST(BatchFeeder, ANewPlanAtTheSameAddressGetsItsOwnConverter) {
+  Model model(build_model("resnet20", [] {
+    ModelOptions o;
+    o.in_channels = 3, o.height = o.width = 8, o.num_classes = 10;
+    return o;
+  }()));
+  auto backend = make_backend("cpu");  // bf16 plans
+  const std::vector<float> mean = {0.4f, 0.5f, 0.6f}, stdv = {0.2f, 0.25f, 0.3f};
+  BatchFeeder feeder(mean, stdv);
+  HostTensor images({2, 3, 8, 8}, DType::u8, Layout::nhwc), labels({2}, DType::i32);
+  for (int64_t i = 0; i < images.numel(); ++i) images.ptr<uint8_t>()[i] = static_cast<uint8_t>(i * 13);
+  Batch b;
+  b.images = images.view();
+  b.labels = labels.view();
+  b.size = 2;
+  const Plan* first_address = nullptr;
+  int same_address = 0;
+  for (DType dtype : {DType::f32, DType::bf16, DType::f32, DType::bf16}) {
+    PlanOptions po;
+    po.batch = 2;
+    po.layout = Layout::nhwc;
+    po.mode = PlanMode::eval;
+    po.dtype = po.activation_dtype = dtype;
+    auto plan = std::make_unique<Plan>(model, backend.get(), po);
+    if (!first_address) first_address = plan.get();
+    same_address += plan.get() == first_address;
+    feeder.feed(*plan, b);
+    HostTensor expected({2, 3, 8, 8}, dtype, Layout::nhwc);
+    Normalizer(3, mean, stdv).apply(images.ptr<uint8_t>(), 2, expected);
+    EXPECT_EQ(std::memcmp(plan->input().data, expected.view().data, expected.view().bytes()), 0)
+        << dtype_name(dtype);
+  }
+  std::printf("[batch-feeder] %d of 4 plans reused the first one's address\n", same_address);
 }
 
 TEST(BatchFeeder, LoaderDtype) {
