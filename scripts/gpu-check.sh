@@ -215,7 +215,7 @@ section "diagnostics: device monitor (NVML), doctor fp16/bf16, per-layer profile
 if (( $(elapsed) > 400 )); then
   echo "diag-check skipped: $(elapsed) s used of the 8-minute budget; run scripts/diag-check.sh on its own"
 else
-  printf '#!/bin/sh\nexec %s "$@"\n' "$(printf '%q ' "${run[@]}" "$resnet_bin")" > "$out/resnet.sh"
+  printf '#!/usr/bin/env bash\nexec %s "$@"\n' "$(printf '%q ' "${run[@]}" "$resnet_bin")" > "$out/resnet.sh"
   chmod +x "$out/resnet.sh"
   RN_RESNET="$out/resnet.sh" DIAG_OUT="$out/diag" timeout $(( 470 - $(elapsed) )) scripts/diag-check.sh "$bin" cuda \
     2>&1 | tee "$out/diag-check.log"
