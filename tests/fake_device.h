@@ -2,7 +2,8 @@
 //  * FakeDevice: a device backend whose kernels are a host backend's ("cpu": oneDNN, "ref":
 //    plain loops) on a separate heap tagged as device memory, with the host reference of
 //    the fused step and a "graph" that records the step and replays it. Its native stream
-//    is a sentinel address, so a test can see it handed on.
+//    is a sentinel address, so a test can see it handed on; `uploader` may replace its
+//    (plain, synchronous) input staging.
 //  * CountingCommunicator: forwards to another communicator and counts wait() and join(),
 //    the device path's promise being that a step joins its buckets and never waits in run().
 #pragma once
@@ -94,6 +95,11 @@ class FakeDevice final : public Backend {
   std::unique_ptr<FusedStepKernel> make_fused_step(const FusedStepDesc& d) override { return make_host_fused_step(d); }
   std::unique_ptr<StepGraph> make_step_graph() override { return std::make_unique<RecordingGraph>(); }
   void* native_stream() override { return &stream_; }
+  std::unique_ptr<Uploader> make_uploader(size_t bytes) override {
+    return uploader ? uploader(memory_, bytes) : make_plain_uploader(memory_, bytes);
+  }
+  // Set to hand out another uploader (one that records its calls, say).
+  std::function<std::unique_ptr<Uploader>(MemorySpace&, size_t)> uploader;
 
  private:
   std::unique_ptr<Backend> host_;

@@ -13,6 +13,7 @@
 
 #include "core/rng.h"
 #include "data/normalize.h"
+#include "fake_device.h"
 #include "model/zoo.h"
 
 namespace rn {
@@ -122,17 +123,7 @@ TEST(BatchFeeder, LoaderDtype) {
   EXPECT_EQ(loader_dtype_for(DType::f16, *cpu), DType::f32);  // the loader writes no fp16
 }
 
-// A stand-in for a device: the ref kernels on a heap tagged as device memory, and an
-// uploader with two buffers that records every call and checks the protocol.
-class FakeDeviceMemory final : public MemorySpace {
- public:
-  Device device() const override { return Device::cuda; }
-  void* allocate(size_t bytes) override { return host_memory().allocate(bytes); }
-  void free(void* p) noexcept override { host_memory().free(p); }
-  void copy(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
-  void zero(void* p, size_t bytes) override { std::memset(p, 0, bytes); }
-};
-
+// Uploads through two buffers, recording every call and checking the protocol.
 class RecordingUploader final : public Uploader {
  public:
   RecordingUploader(MemorySpace& m, size_t bytes, std::vector<std::string>& log)
@@ -166,38 +157,10 @@ class RecordingUploader final : public Uploader {
   std::vector<std::string>& log_;
 };
 
-class FakeDevice final : public Backend {
- public:
-  std::string name() const override { return "fake-device"; }
-  Device device() const override { return Device::cuda; }
-  Layout preferred_layout() const override { return Layout::nhwc; }
-  bool supports_dtype(DType t, std::string* why) const override { return ref_->supports_dtype(t, why); }
-  MemorySpace& memory() override { return memory_; }
-  std::unique_ptr<Uploader> make_uploader(size_t bytes) override {
-    return std::make_unique<RecordingUploader>(memory_, bytes, log);
-  }
-  std::unique_ptr<Conv2dKernel> make_conv2d(const Conv2dDesc& d) override { return ref_->make_conv2d(d); }
-  std::unique_ptr<BatchNormKernel> make_batch_norm(const BatchNormDesc& d) override { return ref_->make_batch_norm(d); }
-  std::unique_ptr<ReluKernel> make_relu(const EltwiseDesc& d) override { return ref_->make_relu(d); }
-  std::unique_ptr<AddKernel> make_add(const EltwiseDesc& d) override { return ref_->make_add(d); }
-  std::unique_ptr<CastKernel> make_cast(const CastDesc& d) override { return ref_->make_cast(d); }
-  std::unique_ptr<MaxPoolKernel> make_max_pool(const MaxPoolDesc& d) override { return ref_->make_max_pool(d); }
-  std::unique_ptr<GlobalAvgPoolKernel> make_global_avg_pool(const GlobalAvgPoolDesc& d) override {
-    return ref_->make_global_avg_pool(d);
-  }
-  std::unique_ptr<LinearKernel> make_linear(const LinearDesc& d) override { return ref_->make_linear(d); }
-  std::unique_ptr<SoftmaxCrossEntropyKernel> make_softmax_cross_entropy(const SoftmaxCrossEntropyDesc& d) override {
-    return ref_->make_softmax_cross_entropy(d);
-  }
-  std::vector<std::string> log;
-
- private:
-  std::unique_ptr<Backend> ref_ = make_backend("ref");
-  FakeDeviceMemory memory_;
-};
-
 TEST(BatchFeeder, DeviceBatchesCrossThroughTheUploaderWithTheirCrops) {
-  FakeDevice device;
+  testing::FakeDevice device("ref");
+  std::vector<std::string> log;
+  device.uploader = [&log](MemorySpace& m, size_t bytes) { return std::make_unique<RecordingUploader>(m, bytes, log); };
   EXPECT_EQ(loader_dtype_for(DType::f16, device), DType::u8);  // the device normalises
   Model model(build_model("resnet20", [] {
     ModelOptions o;
@@ -231,12 +194,12 @@ TEST(BatchFeeder, DeviceBatchesCrossThroughTheUploaderWithTheirCrops) {
     b.labels = labels.view();
     b.crops = crops.view();
     b.size = 3;
-    device.log.clear();
+    log.clear();
     feeder.feed(plan, b);
     // Staged, then converted: begin, images, labels, crops, end, release; buffers alternate.
     const std::vector<std::string> expected_log = {k % 2 == 0 ? "begin 0" : "begin 1", "copy", "copy", "copy", "end",
                                                    "release"};
-    EXPECT_EQ(device.log, expected_log) << "batch " << k;
+    EXPECT_EQ(log, expected_log) << "batch " << k;
     HostTensor expect(in.shape, DType::f32, Layout::nhwc);
     reference->forward(expect, images.view(), crops.view());
     EXPECT_EQ(std::memcmp(in.data, expect.view().data, in.bytes()), 0) << "batch " << k;

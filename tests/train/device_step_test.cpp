@@ -144,30 +144,48 @@ TEST(DeviceStep, SinkModeIsRefusedOnHostBackends) {
 namespace rn {
 namespace {
 
+// resnet20 at 16x16 on the fake device with its plan, optimizer, scaler and step, and
+// gradient buckets over its device gradients.
+struct DeviceSetup {
+  FakeDevice dev;
+  Model model;
+  std::unique_ptr<Plan> plan;
+  std::unique_ptr<Optimizer> opt;
+  PrecisionPolicy policy;
+  LossScaler scaler{policy.loss_scale};
+  std::unique_ptr<TrainStep> step;
+  DeviceSetup(int64_t batch, int sink) : model(build_model("resnet20", [] {
+                                             ModelOptions o;
+                                             o.in_channels = 3, o.height = o.width = 16, o.num_classes = 10;
+                                             return o;
+                                           }())) {
+    model.init(5);
+    PlanOptions po;
+    po.batch = batch;
+    po.layout = Layout::nhwc;
+    plan = std::make_unique<Plan>(model, &dev, po);
+    opt = std::make_unique<Optimizer>(OptimizerConfig{}, model.params());
+    step = std::make_unique<TrainStep>(*plan, *opt, scaler, policy, sink);
+  }
+  std::unique_ptr<GradientReducer> reducer(Communicator& comm, int64_t threshold) {
+    std::vector<GradRange> ranges;
+    for (const ParamView& v : model.params().params) ranges.push_back({v.offset, v.numel});
+    return std::make_unique<GradientReducer>(comm, make_grad_buckets(ranges, threshold), model.compute_grad_data(),
+                                             static_cast<int>(ranges.size()));
+  }
+};
+
 // The device step with a gradient reducer: run() joins every bucket (the update waits on
 // the device) and waits for none; wait_for_gradients() is the one host wait, on the last
 // bucket. A world of one: the local communicator's collectives are no-ops.
 TEST(DeviceStep, DataParallelStepJoinsItsBucketsAndWaitsOnlyWhenAsked) {
-  FakeDevice dev;
-  ModelOptions o;
-  o.in_channels = 3, o.height = o.width = 16, o.num_classes = 10;
-  Model model(build_model("resnet20", o));
-  model.init(5);
-  PlanOptions po;
-  po.batch = 4;
-  po.layout = Layout::nhwc;
-  Plan plan(model, &dev, po);
-  OptimizerConfig oc;
-  Optimizer opt(oc, model.params());
-  PrecisionPolicy policy;
-  LossScaler scaler(policy.loss_scale);
-  TrainStep step(plan, opt, scaler, policy, 0);
+  DeviceSetup d(4, 0);
+  Plan& plan = *d.plan;
+  TrainStep& step = *d.step;
   auto local = make_local_communicator();
   testing::CountingCommunicator comm(*local);
-  std::vector<GradRange> ranges;
-  for (const ParamView& v : model.params().params) ranges.push_back({v.offset, v.numel});
-  GradientReducer reducer(comm, make_grad_buckets(ranges, 16 << 10), model.compute_grad_data(),
-                          static_cast<int>(ranges.size()));
+  std::unique_ptr<GradientReducer> r = d.reducer(comm, 16 << 10);
+  GradientReducer& reducer = *r;
   const int buckets = static_cast<int>(reducer.buckets().size());
   ASSERT_GT(buckets, 2);
   step.set_gradient_reducer(&reducer);
@@ -190,25 +208,11 @@ TEST(DeviceStep, DataParallelStepJoinsItsBucketsAndWaitsOnlyWhenAsked) {
 }
 
 TEST(DeviceStep, SinkModeRefusesAGradientReducer) {
-  FakeDevice dev;
-  ModelOptions o;
-  o.in_channels = 3, o.height = o.width = 16, o.num_classes = 10;
-  Model model(build_model("resnet20", o));
-  model.init(5);
-  PlanOptions po;
-  po.batch = 2;
-  po.layout = Layout::nhwc;
-  Plan plan(model, &dev, po);
-  OptimizerConfig oc;
-  Optimizer opt(oc, model.params());
-  PrecisionPolicy policy;
-  LossScaler scaler(policy.loss_scale);
-  TrainStep step(plan, opt, scaler, policy, 2);
+  DeviceSetup d(2, 2);
+  TrainStep& step = *d.step;
   auto local = make_local_communicator();
-  std::vector<GradRange> ranges;
-  for (const ParamView& v : model.params().params) ranges.push_back({v.offset, v.numel});
-  GradientReducer reducer(*local, make_grad_buckets(ranges, 1 << 20), model.compute_grad_data(),
-                          static_cast<int>(ranges.size()));
+  std::unique_ptr<GradientReducer> r = d.reducer(*local, 1 << 20);
+  GradientReducer& reducer = *r;
   try {
     step.set_gradient_reducer(&reducer);
     FAIL() << "sink mode took a gradient reducer";
