@@ -18,6 +18,14 @@ std::vector<std::string> available_backends() {
   return names;
 }
 
+int accelerator_count() {
+#ifdef RN_HAVE_CUDA
+  return cuda_device_count();
+#else
+  return 0;
+#endif
+}
+
 std::unique_ptr<Backend> make_backend(const std::string& name, [[maybe_unused]] const BackendOptions& options) {
   if (name == "ref") return make_ref_backend();
   if (name == "cpu") return make_cpu_backend();

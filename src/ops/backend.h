@@ -90,5 +90,7 @@ struct BackendOptions {
 // that lists the available backends.
 std::unique_ptr<Backend> make_backend(const std::string& name, const BackendOptions& options = {});
 std::vector<std::string> available_backends();
+// Accelerators this process can see (CUDA devices; 0 without a GPU or a CUDA build).
+int accelerator_count();
 
 }  // namespace rn

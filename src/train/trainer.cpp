@@ -1,5 +1,6 @@
 #include "train/trainer.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -211,8 +212,22 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
   }
   BackendOptions backend_options;
   backend_options.high_precision = cfg.run.implementation_mode == ImplementationMode::high_precision;
-  backend_options.device = world.device;  // the rank table's device, else the local rank; NCCL uses the same
+  // The rank table's device, else the local rank, modulo the devices this process sees (a
+  // launcher that gives each process one GPU through CUDA_VISIBLE_DEVICES shows it as 0).
+  // NCCL uses the same.
+  int device = world.device;
+  if (!world.table && accelerator_count() > 0) device %= accelerator_count();
+  backend_options.device = device;
   auto backend = make_backend_for(cfg.run.device, backend_options);
+  if (world.size > 1) {  // every rank on the same kind of backend, or none trains (no mixed collectives)
+    const std::vector<double> on_device = comm.all_gather(backend->device() == Device::cpu ? 0.0 : 1.0, "backends");
+    if (std::any_of(on_device.begin(), on_device.end(), [&](double v) { return v != on_device[0]; })) {
+      std::string which;
+      for (size_t r = 0; r < on_device.size(); ++r) which += fmt::format(" {}:{}", r, on_device[r] > 0 ? "gpu" : "cpu");
+      RN_FAIL() << "the ranks did not all get the same backend (rank:backend" << which << "); with run.device=auto "
+                << "a rank without a usable GPU falls back to the CPU. Give every rank a GPU, or set run.device";
+    }
+  }
   const PrecisionPolicy policy = make_precision_policy(cfg.precision, *backend);
   RN_LOG_INFO("device {} ({} host threads); {}", backend->describe(), host_threads(), policy.describe());
   RN_LOG_INFO(
@@ -315,7 +330,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
   // Gradient fusion: buckets of the flat gradient buffer, all-reduced during backward; on a
   // GPU by NCCL over the device gradients. This places a device model (after the broadcasts
   // above, which went to the host buffers that the placement copies).
-  GradientSync grad_sync = make_gradient_sync(model, *backend, comm, world.device, cfg.dist, make_nccl_communicator);
+  GradientSync grad_sync = make_gradient_sync(model, *backend, comm, device, cfg.dist, make_nccl_communicator);
   GradientReducer* const reducer = grad_sync.reducer.get();
   CommStatsReducer bn_sync(comm);
   if (world.size > 1) {
