@@ -7,8 +7,12 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/rng.h"
+#include "dist/grad_buckets.h"
 #include "dist/nccl_communicator.h"
+#include "model/zoo.h"
 #include "ops/backend.h"
+#include "train/train_step.h"
 
 namespace rn {
 namespace {
@@ -64,6 +68,69 @@ TEST(Nccl, OneRankCollectivesOnTheGpuOrderWithTheComputeStream) {
   int64_t back = 0;
   mem.copy(&back, w.data(), sizeof(back));
   EXPECT_EQ(back, 42);
+}
+
+// The device data-parallel step end to end on one GPU: backward issues NCCL bucket averages
+// over the device gradients, the update joins them on the compute stream, the host waits
+// only in wait_for_gradients(). With one rank an average is the identity, so the weights
+// must equal those of the same steps without a reducer, bit for bit (high_precision:
+// deterministic algorithms, so two runs can agree).
+TEST(Nccl, OneRankDeviceReducerLeavesTrainingUnchanged) {
+  std::unique_ptr<Backend> gpu;
+  try {
+    BackendOptions bo;
+    bo.high_precision = true;
+    gpu = make_backend("cuda", bo);
+  } catch (const std::exception& e) {
+    GTEST_SKIP() << "no GPU: the NCCL collectives are not run here (" << e.what() << ")";
+  }
+  auto train = [&](bool reduce) {
+    ModelOptions o;
+    o.in_channels = 3, o.height = o.width = 16, o.num_classes = 10;
+    Model model(build_model("resnet20", o));
+    model.init(5);
+    auto local = make_local_communicator();
+    std::unique_ptr<Communicator> nccl;
+    std::unique_ptr<GradientReducer> reducer;
+    PlanOptions po;
+    po.batch = 8;
+    po.layout = Layout::nhwc;
+    Plan plan(model, gpu.get(), po);
+    Optimizer opt(OptimizerConfig{}, model.params());
+    PrecisionPolicy policy;
+    LossScaler scaler(policy.loss_scale);
+    TrainStep step(plan, opt, scaler, policy, 0);
+    if (reduce) {
+      nccl = make_nccl_communicator(*local, 0, gpu->native_stream(), 30);
+      std::vector<GradRange> ranges;
+      for (const ParamView& v : model.params().params) ranges.push_back({v.offset, v.numel});
+      reducer = std::make_unique<GradientReducer>(*nccl, make_grad_buckets(ranges, 64 << 10),
+                                                  model.compute_grad_data(), static_cast<int>(ranges.size()));
+      EXPECT_GT(reducer->buckets().size(), 3u);
+      step.set_gradient_reducer(reducer.get());
+    }
+    Rng rng(3);
+    std::vector<float> losses;
+    for (int k = 0; k < 3; ++k) {
+      std::vector<float> x(static_cast<size_t>(plan.input().numel()));
+      for (float& v : x) v = rng.normal();
+      std::vector<int32_t> labels(8);
+      for (auto& l : labels) l = static_cast<int32_t>(rng.below(10));
+      plan.copy_from_host(plan.input(), x.data());
+      plan.copy_from_host(plan.labels(), labels.data());
+      step.run(0.05);
+      step.wait_for_gradients();
+      losses.push_back(plan.loss());
+    }
+    step.sync_host_state();
+    step.set_gradient_reducer(nullptr);
+    std::vector<float> w(model.param_data(), model.param_data() + model.params().total);
+    w.insert(w.end(), losses.begin(), losses.end());
+    return w;
+  };
+  const std::vector<float> plain = train(false), reduced = train(true);
+  ASSERT_EQ(plain.size(), reduced.size());
+  EXPECT_TRUE(plain == reduced) << "a one-rank NCCL average changed the training";
 }
 
 }  // namespace
