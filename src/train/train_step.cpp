@@ -146,6 +146,15 @@ void TrainStep::wait_for_gradients() {
 
 void TrainStep::sync_host_state() {
   if (!fused_) return;
+  sync_scaler_state();
+  std::vector<float> momentum(static_cast<size_t>(plan_.model().params().total));
+  fused_->read_momentum(momentum.data());
+  optimizer_.set_state(momentum);
+  plan_.model().to_host();
+}
+
+void TrainStep::sync_scaler_state() {
+  if (!fused_) return;
   wait_for_gradients();  // the reads below synchronise
   const fused::LossScaleCounters c = fused_->counters();
   LossScaler::State s;
@@ -158,10 +167,6 @@ void TrainStep::sync_host_state() {
     RN_LOG_INFO("loss scale {} -> {} at step {} (device; {} steps skipped so far)", scaler_.state().scale, s.scale,
                 s.step, s.skipped_steps);
   scaler_.set_state_quietly(s);
-  std::vector<float> momentum(static_cast<size_t>(plan_.model().params().total));
-  fused_->read_momentum(momentum.data());
-  optimizer_.set_state(momentum);
-  plan_.model().to_host();
 }
 
 void round_weights_to(float* w, int64_t n, DType half) {

@@ -48,6 +48,8 @@ class TrainStep {
   bool on_device() const { return fused_ != nullptr; }
   int sink_size() const { return sink_size_; }
   void sync_host_state();
+  // The loss scaler's state alone (a few bytes, for the log line), logging a changed scale.
+  void sync_scaler_state();
 
   Plan& plan() { return plan_; }
 

@@ -495,7 +495,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
       }
       const StepAgreement agreed = agree_on_step(comm, last_loss, g_stop);
       const float loss = agreed.loss;
-      if (!std::isfinite(loss)) step->sync_host_state();  // the device's skip counters decide below
+      if (!std::isfinite(loss)) step->sync_scaler_state();  // the device's skip counters decide below
       diag.after_step(
           {.epoch = st.epoch,
            .step = st.step,
@@ -522,7 +522,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
       pf.total_steps = epochs * steps_per_epoch;
       pf.loss = interval_loss / static_cast<double>(interval_steps);
       pf.lr = lr;
-      if (step->on_device() && st.step % cfg.run.log_interval_steps == 0) step->sync_host_state();
+      if (step->on_device() && st.step % cfg.run.log_interval_steps == 0) step->sync_scaler_state();
       pf.loss_scale = scaler.scale();
       pf.images_per_sec = dt > 0 ? static_cast<double>(interval_images) / dt : 0;
       pf.data_wait_share = dt > 0 ? (train_loader.epoch_wait_seconds() - interval_wait0) / dt : 0;
