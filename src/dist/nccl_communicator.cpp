@@ -65,10 +65,17 @@ class NcclCommunicator final : public Communicator {
     RN_NCCL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
 
+  // A collective still in flight here (an exception unwinding mid-step, a peer that died)
+  // may never finish, and ncclCommDestroy would wait for it: such a communicator is aborted.
   ~NcclCommunicator() override {
-    for (auto& [t, ev] : events_) cudaEventDestroy(ev.done);
+    bool in_flight = false;
+    for (auto& [t, ev] : events_) {
+      in_flight = in_flight || cudaEventQuery(ev.done) == cudaErrorNotReady;
+      cudaEventDestroy(ev.done);
+    }
+    cudaGetLastError();  // a query's error is not the next call's
+    if (comm_) in_flight ? ncclCommAbort(comm_) : ncclCommDestroy(comm_);
     if (stream_) cudaStreamDestroy(stream_);
-    if (comm_) ncclCommDestroy(comm_);
   }
 
   int rank() const override { return host_.rank(); }
