@@ -72,6 +72,9 @@ class Backend {
   }
   // One line for the log: the device and its mode.
   virtual std::string describe() const { return name(); }
+  // The accelerator's PCI bus id ("0000:19:00.0"; "" for host backends), which names the
+  // same GPU to NVML whatever CUDA_VISIBLE_DEVICES renumbers.
+  virtual std::string pci_bus_id() const { return {}; }
   // What `resnet tune` reports: the algorithm cache's location and size ("" where none).
   virtual std::string tuning_state() const { return {}; }
   // The stream all kernels are queued on (CUDA: the cudaStream_t), for a device

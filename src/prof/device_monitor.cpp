@@ -124,6 +124,7 @@ struct Nvml {
   nvmlReturn_t (*shutdown)() = nullptr;
   const char* (*error_string)(nvmlReturn_t) = nullptr;
   nvmlReturn_t (*handle_by_index)(unsigned int, nvmlDevice_t*) = nullptr;
+  nvmlReturn_t (*handle_by_pci_bus_id)(const char*, nvmlDevice_t*) = nullptr;  // optional
   nvmlReturn_t (*name)(nvmlDevice_t, char*, unsigned int) = nullptr;
   nvmlReturn_t (*power)(nvmlDevice_t, unsigned int*) = nullptr;  // milliwatts
   nvmlReturn_t (*clock)(nvmlDevice_t, int, unsigned int*) = nullptr;
@@ -179,7 +180,7 @@ class NvmlProbe : public DeviceProbe {
 
 std::unique_ptr<DeviceProbe> make_cpu_probe() { return std::make_unique<CpuProbe>(); }
 
-std::unique_ptr<DeviceProbe> make_nvml_probe(unsigned index, std::string* why_not) {
+std::unique_ptr<DeviceProbe> make_nvml_probe(unsigned index, std::string* why_not, const std::string& pci_bus_id) {
   Nvml n;
   for (const char* so : {"libnvidia-ml.so.1", "libnvidia-ml.so"})
     if ((n.lib = dlopen(so, RTLD_NOW | RTLD_LOCAL)) != nullptr) break;
@@ -210,7 +211,11 @@ std::unique_ptr<DeviceProbe> make_nvml_probe(unsigned index, std::string* why_no
     return nullptr;
   }
   nvmlDevice_t dev = nullptr;
-  if (const nvmlReturn_t r = n.handle_by_index(index, &dev); r != 0) {
+  std::string which = "gpu " + std::to_string(index);
+  if (!pci_bus_id.empty() && load_symbol(n.lib, "nvmlDeviceGetHandleByPciBusId_v2", n.handle_by_pci_bus_id) &&
+      n.handle_by_pci_bus_id(pci_bus_id.c_str(), &dev) == 0) {
+    which = "gpu " + pci_bus_id;
+  } else if (const nvmlReturn_t r = n.handle_by_index(index, &dev); r != 0) {
     *why_not = "NVML has no GPU " + std::to_string(index) + ": " + n.error_string(r);
     n.shutdown();
     dlclose(n.lib);
@@ -218,7 +223,7 @@ std::unique_ptr<DeviceProbe> make_nvml_probe(unsigned index, std::string* why_no
   }
   char name[96] = {};
   n.name(dev, name, sizeof name);
-  return std::make_unique<NvmlProbe>(n, dev, "gpu " + std::to_string(index) + " (" + name + ")");
+  return std::make_unique<NvmlProbe>(n, dev, which + " (" + name + ")");
 }
 
 DeviceMonitor::DeviceMonitor(std::unique_ptr<DeviceProbe> probe, double interval_s, Callback on_sample)

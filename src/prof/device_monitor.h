@@ -48,9 +48,10 @@ class DeviceProbe {
 
 // /proc and /sys.
 std::unique_ptr<DeviceProbe> make_cpu_probe();
-// NVML for GPU `index` (NVML's numbering, which ignores CUDA_VISIBLE_DEVICES); nullptr with
-// *why_not set when NVML or the GPU is not there.
-std::unique_ptr<DeviceProbe> make_nvml_probe(unsigned index, std::string* why_not);
+// NVML for the GPU at PCI bus id `pci_bus_id` (what CUDA reports for the device a run uses),
+// or when that is empty or unknown to NVML, GPU `index` in NVML's numbering (which ignores
+// CUDA_VISIBLE_DEVICES); nullptr with *why_not set when NVML or the GPU is not there.
+std::unique_ptr<DeviceProbe> make_nvml_probe(unsigned index, std::string* why_not, const std::string& pci_bus_id = "");
 
 class DeviceMonitor {
  public:

@@ -6,10 +6,10 @@ namespace rn {
 
 namespace {
 
-std::unique_ptr<DeviceProbe> make_probe(Device device) {
+std::unique_ptr<DeviceProbe> make_probe(Device device, const std::string& pci_bus_id) {
   if (device == Device::cuda) {
     std::string why;
-    if (auto p = make_nvml_probe(0, &why)) return p;
+    if (auto p = make_nvml_probe(0, &why, pci_bus_id)) return p;
     RN_LOG_INFO("device monitor: {}; GPU power, clocks and temperature are not sampled (CPU only)", why);
   }
   return make_cpu_probe();
@@ -18,7 +18,7 @@ std::unique_ptr<DeviceProbe> make_probe(Device device) {
 }  // namespace
 
 TrainDiagnostics::TrainDiagnostics(const Config& cfg, const Model& model, Device device, const std::string& run_dir,
-                                   MetricsLog* writer)
+                                   MetricsLog* writer, const std::string& pci_bus_id)
     : writer_(writer),
       grads_(model, cfg.diagnostics.grad_monitor_interval, writer ? run_dir + "/grad_summary.jsonl" : ""),
       variance_({.window = static_cast<int>(cfg.diagnostics.variance_window),
@@ -26,7 +26,7 @@ TrainDiagnostics::TrainDiagnostics(const Config& cfg, const Model& model, Device
   const auto& d = cfg.diagnostics;
   if (d.device_monitor) {
     MetricsLog* log = writer_;
-    device_ = std::make_unique<DeviceMonitor>(make_probe(device), d.device_monitor_interval,
+    device_ = std::make_unique<DeviceMonitor>(make_probe(device, pci_bus_id), d.device_monitor_interval,
                                               [log, this](const DeviceSample& s) {
                                                 if (!log) return;
                                                 MetricsRecord r("device", epoch_.load(), step_.load());

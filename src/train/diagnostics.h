@@ -43,9 +43,10 @@ struct StepDiagnostics {
 
 class TrainDiagnostics {
  public:
-  // `device` selects the monitor: Device::cuda tries NVML, anything else reads /proc.
+  // `device` selects the monitor: Device::cuda tries NVML (for the GPU at `pci_bus_id`, the
+  // backend's, else NVML's GPU 0), anything else reads /proc.
   TrainDiagnostics(const Config& cfg, const Model& model, Device device, const std::string& run_dir,
-                   MetricsLog* writer);
+                   MetricsLog* writer, const std::string& pci_bus_id = "");
   ~TrainDiagnostics();
 
   void begin_epoch(double wait_total);

@@ -400,7 +400,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
   ProgressPrinter progress(writer ? ProgressPrinter::Mode::automatic : ProgressPrinter::Mode::lines);
   // Gradient monitor, device monitor, throughput variance (docs/troubleshooting.md); only
   // the writer rank writes their files and records.
-  TrainDiagnostics diag(cfg, model, backend->device(), run_dir, writer ? &metrics : nullptr);
+  TrainDiagnostics diag(cfg, model, backend->device(), run_dir, writer ? &metrics : nullptr, backend->pci_bus_id());
   TrainResult result;
   result.run_dir = run_dir;
   const auto t_start = std::chrono::steady_clock::now();

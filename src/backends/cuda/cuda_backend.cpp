@@ -34,6 +34,10 @@ class CudaBackend final : public Backend {
   void synchronize() override { ctx_->synchronize(); }
   MemorySpace& memory() override { return ctx_->memory(); }
   MemorySpace& pinned_memory() override { return cuda::pinned_memory(); }
+  std::string pci_bus_id() const override {
+    char id[32] = {};
+    return cudaDeviceGetPCIBusId(id, sizeof id, ctx_->device()) == cudaSuccess ? std::string(id) : std::string();
+  }
   std::unique_ptr<Uploader> make_uploader(size_t bytes) override { return cuda::make_uploader(ctx_, bytes); }
   std::string describe() const override {
     return ctx_->gpu_name() + ", implementation mode " + std::string(cuda_impl_mode_name(ctx_->mode()));
