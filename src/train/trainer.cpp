@@ -337,7 +337,10 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
     if (cfg.dist.sync_bn) po.bn_sync = &bn_sync;
     RN_LOG_INFO("batch norm: statistics {}", cfg.dist.sync_bn ? fmt::format("over the global batch ({} ranks x {}, "
                                                                             "synchronised)", world.size, po.batch)
-                                                              : fmt::format("per rank (batch {})", po.batch));
+                                                              : fmt::format("per rank (batch {}); running statistics "
+                                                                            "averaged over the ranks before each "
+                                                                            "evaluation and checkpoint",
+                                                                            po.batch));
   }
   std::unique_ptr<Plan> plan;
   std::unique_ptr<TrainStep> step;
@@ -405,7 +408,25 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
   result.run_dir = run_dir;
   const auto t_start = std::chrono::steady_clock::now();
 
+  // Per-rank batch norm (dist.sync_bn off) leaves each rank with its own running statistics.
+  // Before an evaluation and a checkpoint they are averaged over the ranks (a collective: all
+  // ranks come here at the same step), so every rank evaluates the same model and a resumed
+  // run starts from what every rank had, as an uninterrupted one goes on.
+  int64_t bn_state_averaged_at = -1;
+  auto average_bn_state = [&] {
+    if (world.size == 1 || cfg.dist.sync_bn || bn_state_averaged_at == st.step) return;
+    int64_t n = 0;
+    for (const StateView& v : model.state_views()) n = std::max(n, v.offset + v.numel);
+    if (n == 0) return;
+    set_activity("averaging BN running statistics", st.step);
+    step->sync_host_state();  // on a device: the model's buffers (statistics included) to the host
+    comm.all_reduce(model.state_data(), n, ReduceOp::average, "BN running statistics");
+    model.to_device();  // and back (no-op on a host backend)
+    bn_state_averaged_at = st.step;
+  };
+
   auto save = [&](bool epoch_end, std::optional<double> top1) {
+    average_bn_state();
     step->sync_host_state();  // a device run's weights, momentum and scaler into the host objects
     st.rng = rng.state();
     st.scaler = scaler.state();
@@ -610,6 +631,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
     const bool last = st.epoch == epochs;
     std::optional<double> top1;
     if (last || (cfg.run.eval_interval_epochs > 0 && st.epoch % cfg.run.eval_interval_epochs == 0)) {
+      average_bn_state();
       set_activity("evaluating", st.step);
       const EvalResult ev = evaluator->run(val_loader, done_epoch, nullptr, &comm);
       result.final_eval = ev;

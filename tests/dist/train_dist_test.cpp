@@ -257,6 +257,33 @@ TEST(DistTrain, ATwoRankRunResumesOnOneRankWithTheSameGlobalBatch) {
   EXPECT_EQ(records(dir / "run", "eval").size(), 1u);
 }
 
+// Per-rank BN (dist.sync_bn off) leaves each rank its own running statistics. They are
+// averaged before every evaluation and checkpoint, so a run stopped and resumed on the same
+// ranks evaluates exactly as an uninterrupted one (without the averaging, rank 1 would
+// resume from rank 0's statistics and its share of the evaluation would differ).
+TEST(DistTrain, PerRankBnStatisticsAreAveragedSoAResumedRunEvaluatesAsAnUninterruptedOne) {
+  const fs::path dir = fresh_dir("bn_average");
+  const std::vector<std::string> sets = {"run.checkpoint.every_steps=5"};
+  std::vector<std::string> first = train_args(dir / "run", 16, sets);
+  first.insert(first.end(), {"--max-steps", "5"});
+  RunResult r = run(under_mpirun(2, first), 600, dir / "first.log");
+  ASSERT_EQ(r.status, 0) << r.output;
+  r = run(under_mpirun(2, {resnet_binary(), "train", "--resume", (dir / "run").string()}), 600, dir / "second.log");
+  ASSERT_EQ(r.status, 0) << r.output;
+  r = run(under_mpirun(2, train_args(dir / "straight", 16, sets)), 600, dir / "straight.log");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(read_all(dir / "straight" / "train.log").find("running statistics averaged over the ranks"),
+            std::string::npos);
+  const auto resumed = records(dir / "run", "eval"), straight = records(dir / "straight", "eval");
+  ASSERT_EQ(resumed.size(), 2u);
+  ASSERT_EQ(straight.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const double a = straight[i]["loss"].get<double>();
+    EXPECT_NEAR(resumed[i]["loss"].get<double>(), a, 1e-6 * std::fabs(a)) << "evaluation after epoch " << i + 1;
+    EXPECT_EQ(resumed[i]["top1"], straight[i]["top1"]) << "evaluation after epoch " << i + 1;
+  }
+}
+
 TEST(DistTrain, LaunchPlacesRanksAsTheRankTableSays) {
   const fs::path dir = fresh_dir("launch");
   std::ofstream(dir / "table.json") << R"({"interface": "eth9",
