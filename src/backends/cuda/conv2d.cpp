@@ -121,10 +121,11 @@ bool not_supported(cudnnStatus_t status) {
 }
 
 // Picks the fastest successful result that fits the workspace limit (and, in
-// high_precision mode, is deterministic; for fp32 data, FMA math only: never TF32). When no
-// algorithm ran at all, a result that failed for another reason than "not supported" (a
-// broken installation, a missing sub-library) is an error, not an unsupported case, so that
-// the harness does not turn it into a skip.
+// high_precision mode, is deterministic). For fp32 data, never a tensor-op (TF32) result:
+// FMA results first, else the fastest default-math one, which set_math runs with FMA math
+// anyway. When no algorithm ran at all, a result that failed for another reason than "not
+// supported" (a broken installation, a missing sub-library) is an error, not an unsupported
+// case, so that the harness does not turn it into a skip.
 template <typename Perf>
 CudnnAlgoChoice pick(const std::vector<Perf>& results, int count, bool deterministic_only, bool fp32,
                      const std::string& what) {
@@ -132,17 +133,20 @@ CudnnAlgoChoice pick(const std::vector<Perf>& results, int count, bool determini
   std::string failures;
   for (int i = 0; i < count; ++i) {
     const Perf& r = results[static_cast<size_t>(i)];
-    if (r.status != CUDNN_STATUS_SUCCESS) {
-      if (!not_supported(r.status))
-        failures += (failures.empty() ? "" : ", ") + std::string("algorithm ") + std::to_string(r.algo) + ": " +
-                    cudnnGetErrorString(r.status);
-      continue;
+    if (r.status != CUDNN_STATUS_SUCCESS && !not_supported(r.status))
+      failures += (failures.empty() ? "" : ", ") + std::string("algorithm ") + std::to_string(r.algo) + ": " +
+                  cudnnGetErrorString(r.status);
+    any_ran = any_ran || r.status == CUDNN_STATUS_SUCCESS;
+  }
+  for (const cudnnMathType_t only : {CUDNN_FMA_MATH, CUDNN_DEFAULT_MATH}) {
+    for (int i = 0; i < count; ++i) {
+      const Perf& r = results[static_cast<size_t>(i)];
+      if (r.status != CUDNN_STATUS_SUCCESS || r.memory > kMaxAlgoWorkspace) continue;
+      if (deterministic_only && r.determinism != CUDNN_DETERMINISTIC) continue;
+      if (fp32 && r.mathType != only) continue;
+      return {static_cast<int>(r.algo), r.memory, static_cast<int>(fp32 ? CUDNN_FMA_MATH : r.mathType)};
     }
-    any_ran = true;
-    if (r.memory > kMaxAlgoWorkspace) continue;
-    if (deterministic_only && r.determinism != CUDNN_DETERMINISTIC) continue;
-    if (fp32 && r.mathType != CUDNN_FMA_MATH) continue;
-    return {static_cast<int>(r.algo), r.memory, static_cast<int>(r.mathType)};
+    if (!fp32) break;  // half: any math type, one pass
   }
   RN_CHECK(any_ran || failures.empty()) << "cuda backend: every cuDNN algorithm for " << what
                                         << " failed (" << failures << ")";
