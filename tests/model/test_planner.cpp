@@ -1,3 +1,4 @@
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "core/rng.h"
@@ -13,7 +14,7 @@ std::vector<BufferSpec> random_buffers(Rng& rng, int n, int steps) {
   std::vector<BufferSpec> b(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) {
     auto& x = b[static_cast<size_t>(i)];
-    x.name = "b" + std::to_string(i);
+    x.name = fmt::format("b{}", i);  // not "b" + std::to_string(i): GCC 12 warns falsely (-Wrestrict) there
     x.bytes = 1 + rng.below(1 << 16);
     x.first = static_cast<int>(rng.below(static_cast<uint64_t>(steps)));
     x.last = x.first + static_cast<int>(rng.below(static_cast<uint64_t>(steps - x.first)));

@@ -199,8 +199,12 @@ TEST(Doctor, FindsPlantedUnderflowAndOverflowAndRecommendsBetween) {
   EXPECT_NE(ok.not_run_why.find("fp16"), std::string::npos);
   // The active level made visible: convs in fp16, BN in fp32.
   for (const auto& t : ok.tensors) {
-    if (t.kind == "conv_weight") EXPECT_EQ(t.compute, "fp16");
-    if (t.kind == "bn_gamma") EXPECT_EQ(t.compute.rfind("fp32", 0), 0u);
+    if (t.kind == "conv_weight") {
+      EXPECT_EQ(t.compute, "fp16");
+    }
+    if (t.kind == "bn_gamma") {
+      EXPECT_EQ(t.compute.rfind("fp32", 0), 0u);
+    }
   }
   const nlohmann::json j = ok.to_json();
   EXPECT_EQ(j["tensors"].size(), ok.tensors.size());
@@ -255,8 +259,12 @@ TEST(Profile, LayersAddUpAndWorkIsCounted) {
   // gradient (the input's is never computed).
   const double stem = 16.0 * 8 * 8 * 1 * 9 * o.batch;
   for (const auto& l : r.layers) {
-    if (l.name == "conv1") EXPECT_DOUBLE_EQ(l.macs, 2 * stem);
-    if (l.name == "layer1.0.conv1") EXPECT_DOUBLE_EQ(l.macs, 3 * 16.0 * 8 * 8 * 16 * 9 * o.batch);
+    if (l.name == "conv1") {
+      EXPECT_DOUBLE_EQ(l.macs, 2 * stem);
+    }
+    if (l.name == "layer1.0.conv1") {
+      EXPECT_DOUBLE_EQ(l.macs, 3 * 16.0 * 8 * 8 * 16 * 9 * o.batch);
+    }
     EXPECT_TRUE(l.roof.bound == "compute" || l.roof.bound == "memory");
   }
   // The per-layer sum against the step measured without profiling. The machine running the
