@@ -38,7 +38,18 @@ result=$(cd "$result" && pwd)
 out=$(mktemp -d /tmp/gpu-check.XXXXXX)
 t_start=$(date +%s)
 elapsed() { echo $(( $(date +%s) - t_start )); }
-section() { echo; echo "=== [$(elapsed) s] $*"; }
+# What comes back: 8 files at most, small ones. Published at every section too, so that a run
+# stopped at the device tool's time limit still returns what it had done.
+publish() {
+  local f
+  for f in gpu-check.log table.md bench.jsonl harness.log golden.log nccl.log diag-check.log; do
+    [[ -f $out/$f ]] && cp "$out/$f" "$result/$f"
+  done
+  (cd "$out" && find . -maxdepth 4 -type f \( -name '*.log' -o -name '*.json' -o -name '*.jsonl' -o -name '*.tsv' \
+    -o -name '*.md' \) -size -4M ! -name gpu-check.log -print0 | tar czf "$result/logs.tar.gz" --null -T -) 2>/dev/null
+  return 0
+}
+section() { publish; echo; echo "=== [$(elapsed) s] $*"; }
 status=0
 fail() { echo "FAILED: $*"; status=1; }
 
@@ -233,11 +244,6 @@ return $status
 
 checks 2>&1 | tee "$out/gpu-check.log"
 rc=${PIPESTATUS[0]}
-# What comes back: 8 files at most, small ones.
-for f in gpu-check.log table.md bench.jsonl harness.log golden.log nccl.log diag-check.log; do
-  [[ -f $out/$f ]] && cp "$out/$f" "$result/$f"
-done
-(cd "$out" && find . -maxdepth 4 -type f \( -name '*.log' -o -name '*.json' -o -name '*.jsonl' -o -name '*.tsv' \
-  -o -name '*.md' \) -size -4M ! -name gpu-check.log -print0 | tar czf "$result/logs.tar.gz" --null -T -) 2>/dev/null
+publish
 echo "gpu-check: results in $result ($(ls "$result" | tr '\n' ' ')); scratch $out"
 exit $rc
