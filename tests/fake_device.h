@@ -12,8 +12,11 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "core/rng.h"
 #include "dist/communicator.h"
+#include "model/plan.h"
 #include "ops/backend.h"
 
 namespace rn::testing {
@@ -139,5 +142,16 @@ class CountingCommunicator final : public Communicator {
  private:
   Communicator& inner_;
 };
+
+// Normal pixels and labels uniform in [0, classes) into the plan's input and labels (f32
+// input), through copy_from_host so that it works on any backend.
+inline void fill_random_batch(Plan& plan, Rng& rng, int classes) {
+  std::vector<float> x(static_cast<size_t>(plan.input().numel()));
+  for (float& v : x) v = rng.normal();
+  std::vector<int32_t> labels(static_cast<size_t>(plan.labels().numel()));
+  for (auto& l : labels) l = static_cast<int32_t>(rng.below(static_cast<uint64_t>(classes)));
+  plan.copy_from_host(plan.input(), x.data());
+  plan.copy_from_host(plan.labels(), labels.data());
+}
 
 }  // namespace rn::testing

@@ -10,6 +10,7 @@
 #include "core/rng.h"
 #include "dist/grad_buckets.h"
 #include "dist/nccl_communicator.h"
+#include "fake_device.h"
 #include "model/zoo.h"
 #include "ops/backend.h"
 #include "train/train_step.h"
@@ -112,12 +113,7 @@ TEST(Nccl, OneRankDeviceReducerLeavesTrainingUnchanged) {
     Rng rng(3);
     std::vector<float> losses;
     for (int k = 0; k < 3; ++k) {
-      std::vector<float> x(static_cast<size_t>(plan.input().numel()));
-      for (float& v : x) v = rng.normal();
-      std::vector<int32_t> labels(8);
-      for (auto& l : labels) l = static_cast<int32_t>(rng.below(10));
-      plan.copy_from_host(plan.input(), x.data());
-      plan.copy_from_host(plan.labels(), labels.data());
+      testing::fill_random_batch(plan, rng, 10);
       step.run(0.05);
       step.wait_for_gradients();
       losses.push_back(plan.loss());

@@ -59,12 +59,7 @@ RunResult train(Backend& backend, int sink, OptimizerKind kind, int steps) {
   Rng rng(11);
   RunResult r;
   for (int k = 0; k < steps; ++k) {
-    std::vector<float> x(static_cast<size_t>(plan.input().numel()));
-    for (float& v : x) v = rng.normal();
-    std::vector<int32_t> labels(8);
-    for (auto& l : labels) l = static_cast<int32_t>(rng.below(10));
-    plan.copy_from_host(plan.input(), x.data());
-    plan.copy_from_host(plan.labels(), labels.data());
+    testing::fill_random_batch(plan, rng, 10);
     step.run(lr_at(k));
     r.losses.push_back(plan.loss());
   }
