@@ -37,8 +37,6 @@ namespace {
 class PlainUploader final : public Uploader {
  public:
   PlainUploader(MemorySpace& space, size_t bytes) : space_(space), buffer_(space, bytes) {}
-  size_t bytes() const override { return buffer_.bytes(); }
-  int buffers() const override { return 1; }
   void* begin() override {
     RN_CHECK(!open_) << "Uploader: begin() twice without end()";
     open_ = true;

@@ -71,8 +71,6 @@ class DeviceBuffer {
 class Uploader {
  public:
   virtual ~Uploader() = default;
-  virtual size_t bytes() const = 0;  // of each buffer
-  virtual int buffers() const = 0;
   virtual void* begin() = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
   virtual void end() = 0;

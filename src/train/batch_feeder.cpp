@@ -80,11 +80,8 @@ void BatchFeeder::feed(Plan& plan, const Batch& batch) {
         << "batch crops " << batch.crops.str() << ": expected i32 [" << in.shape[0] << ", 3]";
   }
   Converter& c = converter_for(plan, batch);
-  if (!c.uploader) {  // host: convert straight from the loader's buffers
-    if (images.dtype == in.dtype && images.layout == in.layout)
-      plan.copy_from_host_async(in, images.data);
-    else
-      convert(plan, c, images, batch.crops);
+  if (!c.uploader) {  // host: convert (or copy) straight from the loader's buffers
+    convert(plan, c, images, batch.crops);
     plan.copy_from_host_async(plan.labels(), batch.labels.data);
     return;
   }

@@ -128,8 +128,6 @@ class RecordingUploader final : public Uploader {
  public:
   RecordingUploader(MemorySpace& m, size_t bytes, std::vector<std::string>& log)
       : a_(m, bytes), b_(m, bytes), log_(log) {}
-  size_t bytes() const override { return a_.bytes(); }
-  int buffers() const override { return 2; }
   void* begin() override {
     EXPECT_FALSE(open_);
     open_ = true;

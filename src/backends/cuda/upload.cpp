@@ -58,8 +58,6 @@ class CudaUploader final : public Uploader {
     }
     if (copy_stream_) cudaStreamDestroy(copy_stream_);
   }
-  size_t bytes() const override { return buffers_[0].data.bytes(); }
-  int buffers() const override { return 2; }
 
   void* begin() override {
     RN_CHECK(!open_) << "Uploader: begin() twice without end()";
