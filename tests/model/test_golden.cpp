@@ -122,6 +122,45 @@ bool cuda_runs(std::string* why) {
   }
 }
 
+// One training step of the golden case from the golden weights, input and labels, on
+// `backend_name` with the model in `dtype`; gradients and running statistics brought to the
+// host. The backend comes first: the model's device buffers live in its memory.
+struct GoldenStep {
+  std::unique_ptr<Backend> backend;
+  Model model;
+  std::unique_ptr<Plan> plan;
+  HostTensor logits;
+
+  GoldenStep(const GoldenCase& c, const SafetensorsFile& golden, const std::string& backend_name, DType dtype)
+      : backend(make_backend(backend_name)), model(build_model(c.model, [&] {
+          ModelOptions o;
+          o.in_channels = c.channels;
+          o.height = o.width = c.size;
+          o.num_classes = c.classes;
+          return o;
+        }())) {
+    for (const std::string& name : model.names()) {
+      Tensor dst = model.named(name), src = golden.view("param." + name);
+      RN_CHECK(dst.shape == src.shape) << name << ": " << dst.str() << " vs the golden " << src.str();
+      std::memcpy(dst.data, src.data, dst.bytes());
+    }
+    PlanOptions po;
+    po.batch = c.batch;
+    po.dtype = po.activation_dtype = dtype;
+    po.layout = backend->preferred_layout();
+    po.label_smoothing = std::stof(golden.metadata().at("label_smoothing"));
+    plan = std::make_unique<Plan>(model, backend.get(), po);
+    fill_input(*plan, golden.view("input"));
+    plan->copy_from_host(plan->labels(), golden.view("labels").data);
+    model.zero_grads();
+    plan->forward();
+    plan->backward(1.0f);
+    backend->synchronize();
+    model.to_host();  // a device model's gradients and running statistics
+    logits = to_host(*plan, plan->logits());
+  }
+};
+
 class GoldenParity : public ::testing::TestWithParam<std::tuple<GoldenCase, std::string>> {};
 
 TEST_P(GoldenParity, MatchesTorchvision) {
@@ -130,31 +169,10 @@ TEST_P(GoldenParity, MatchesTorchvision) {
   std::string why;
   if (backend_name == "cuda" && !cuda_runs(&why)) GTEST_SKIP() << "cuda golden not run: " << why;
   const SafetensorsFile golden = SafetensorsFile::load(golden_path(c));
-  ModelOptions o;
-  o.in_channels = c.channels;
-  o.height = o.width = c.size;
-  o.num_classes = c.classes;
-  Model model(build_model(c.model, o));
-  for (const std::string& name : model.names()) {
-    Tensor dst = model.named(name), src = golden.view("param." + name);
-    ASSERT_EQ(dst.shape, src.shape) << name;
-    std::memcpy(dst.data, src.data, dst.bytes());
-  }
-  auto backend = make_backend(backend_name);
-  PlanOptions po;
-  po.batch = c.batch;
-  po.layout = backend->preferred_layout();
-  po.label_smoothing = std::stof(golden.metadata().at("label_smoothing"));
-  Plan plan(model, backend.get(), po);
-  fill_input(plan, golden.view("input"));
-  plan.copy_from_host(plan.labels(), golden.view("labels").data);
-
-  model.zero_grads();
-  plan.forward();
-  plan.backward(1.0f);
-  backend->synchronize();
-  model.to_host();  // a device model's gradients and running statistics
-  const HostTensor logits = to_host(plan, plan.logits());
+  GoldenStep step(c, golden, backend_name, DType::f32);
+  const Model& model = step.model;
+  const Plan& plan = *step.plan;
+  const HostTensor& logits = step.logits;
 
   EXPECT_LT(rel_error(logits, golden.view("logits")), kGoldenTolerance) << "logits";
   const float loss = plan.loss(), ref_loss = golden.view("loss").ptr<float>()[0];
@@ -198,30 +216,10 @@ TEST_P(GoldenParityHalf, CudaWithinHalfBounds) {
   const auto& [c, dtype] = GetParam();
   const HalfBounds bound = half_bounds(dtype);
   const SafetensorsFile golden = SafetensorsFile::load(golden_path(c));
-  ModelOptions o;
-  o.in_channels = c.channels;
-  o.height = o.width = c.size;
-  o.num_classes = c.classes;
-  Model model(build_model(c.model, o));
-  for (const std::string& name : model.names()) {
-    Tensor dst = model.named(name), src = golden.view("param." + name);
-    std::memcpy(dst.data, src.data, dst.bytes());
-  }
-  auto backend = make_backend("cuda");
-  PlanOptions po;
-  po.batch = c.batch;
-  po.dtype = po.activation_dtype = dtype;
-  po.layout = backend->preferred_layout();
-  po.label_smoothing = std::stof(golden.metadata().at("label_smoothing"));
-  Plan plan(model, backend.get(), po);
-  fill_input(plan, golden.view("input"));
-  plan.copy_from_host(plan.labels(), golden.view("labels").data);
-  model.zero_grads();
-  plan.forward();
-  plan.backward(1.0f);
-  backend->synchronize();
-  model.to_host();
-  const HostTensor logits = to_host(plan, plan.logits());
+  GoldenStep step(c, golden, "cuda", dtype);
+  const Model& model = step.model;
+  const Plan& plan = *step.plan;
+  const HostTensor& logits = step.logits;
   const double logit_err = rel_error(logits, golden.view("logits"));
   EXPECT_LT(logit_err, bound.logits) << "logits";
   const float loss = plan.loss(), ref_loss = golden.view("loss").ptr<float>()[0];
