@@ -2,8 +2,6 @@
 // thresholds and writes its JSON, `resnet profile` writes a consistent JSON and a Chrome
 // trace, `resnet summary` summarises and compares runs and names a missing summary.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -11,12 +9,12 @@
 #include <string>
 #include <vector>
 
+#include "resnet_process.h"
+
 namespace rn {
 namespace {
 
 namespace fs = std::filesystem;
-
-const char* kBinary = RN_BINARY_DIR "/resnet";
 
 fs::path fresh_dir(const std::string& name) {
   fs::path d = fs::path(RN_BINARY_DIR) / "test_runs" / name;
@@ -25,27 +23,12 @@ fs::path fresh_dir(const std::string& name) {
   return d;
 }
 
-// Runs `resnet args...` with stdout and stderr to `log`; returns the exit status.
+// Runs `resnet args...` with stdout and stderr to `log` (a fresh file); returns the exit status.
 int run(const std::vector<std::string>& args, const fs::path& log) {
-  pid_t pid = fork();
-  if (pid == 0) {
-    FILE* f = std::fopen(log.c_str(), "w");
-    if (f) dup2(fileno(f), 1), dup2(fileno(f), 2);
-    std::vector<char*> argv{const_cast<char*>(kBinary)};
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    execv(kBinary, argv.data());
-    _exit(127);
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  fs::remove(log);
+  return test::wait_for(test::spawn(args, log));
 }
-
-std::string read_all(const fs::path& p) {
-  std::ifstream f(p);
-  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
+using test::read_all;
 
 // resnet20 on 8x8 synthetic images, one thread.
 std::vector<std::string> small(const std::string& cmd, std::vector<std::string> extra) {

@@ -18,14 +18,13 @@
 
 #include "data/idx_dataset.h"
 #include "model/safetensors.h"
+#include "resnet_process.h"
 #include "train/metrics.h"
 
 namespace rn {
 namespace {
 
 namespace fs = std::filesystem;
-
-const char* kBinary = RN_BINARY_DIR "/resnet";
 
 fs::path fresh_dir(const std::string& name) {
   fs::path d = fs::path(RN_BINARY_DIR) / "test_runs" / name;
@@ -34,35 +33,9 @@ fs::path fresh_dir(const std::string& name) {
   return d;
 }
 
-// Starts `resnet args...` with output to `log`; returns the pid.
-pid_t spawn(const std::vector<std::string>& args, const fs::path& log) {
-  pid_t pid = fork();
-  if (pid == 0) {
-    FILE* f = std::fopen(log.c_str(), "a");
-    if (f) {
-      dup2(fileno(f), 1);
-      dup2(fileno(f), 2);
-    }
-    std::vector<char*> argv;
-    argv.push_back(const_cast<char*>(kBinary));
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    execv(kBinary, argv.data());
-    _exit(127);
-  }
-  return pid;
-}
-
-int wait_for(pid_t pid) {
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-std::string read_all(const fs::path& p) {
-  std::ifstream f(p);
-  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
+using test::read_all;
+using test::spawn;
+using test::wait_for;
 
 std::vector<std::string> small_run(const fs::path& dir, std::vector<std::string> extra) {
   std::vector<std::string> a = {"train",
