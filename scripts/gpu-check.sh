@@ -3,7 +3,8 @@
 #
 #   scripts/gpu-check.sh OUT_DIR
 #
-#   1. the cross-backend op harness, cuda against ref (fp32, fp16, bf16);
+#   1. our kernels called directly (CudaKernels.*), then the cross-backend op harness, cuda
+#      against ref (fp32, fp16, bf16);
 #   2. the golden parity tests on cuda: fp32 against torchvision with the fp32 bound,
 #      fp16 and bf16 within their bounds;
 #   3. a short training (resnet20, synthetic 32x32 images, O2 fp16) in eager mode and in
@@ -12,6 +13,7 @@
 #   4. `resnet bench` resnet50 224x224 batch 256 O2 fp16 and bf16, and the same step in
 #      PyTorch (torchvision resnet50, channels_last, autocast, fused SGD), eager and
 #      torch.compile, on the same GPU in the same run;
+#      then our fp16 step once more with RN_CUDA_VECTOR_KERNELS=0 (one element per access);
 #   5. one table: images/s, the ratios to PyTorch eager, peak device memory; then NCCL's
 #      one-rank collectives and the device gradient reducer on the GPU (test_dist Nccl.*);
 #   6. the troubleshooting tools on the GPU (scripts/diag-check.sh): NVML device samples,
@@ -148,11 +150,14 @@ mkdir -p "$RN_GOLDEN_DIR"
 
 # ---- 1. harness, 2. goldens ---------------------------------------------------------------
 section "cross-backend harness: cuda vs ref"
-"${run[@]}" "$test_ops" --gtest_filter='Ops/CrossBackendCuda.*:FusedMath.*:FusedStepDesc.*:CudnnAlgoCache.*' \
+# CudaKernels.* first: our kernels called directly (vector and one-element paths, unaligned
+# buffers, statistics against sums in double), so a kernel fault shows before the op cases.
+"${run[@]}" "$test_ops" \
+  --gtest_filter='CudaKernels.*:ChannelTiling.*:VectorElems.*:Ops/CrossBackendCuda.*:FusedMath.*:FusedStepDesc.*:CudnnAlgoCache.*' \
   --gtest_brief=1 2>&1 | tee "$out/harness.log"
 [[ ${PIPESTATUS[0]} == 0 ]] || fail "cross-backend harness on cuda"
 # On a GPU machine a skip for "no usable GPU" means the backend did not start: a failure.
-grep -q 'cuda backend not run' "$out/harness.log" && fail "the cuda backend did not start (see harness.log)"
+grep -qE 'cuda backend not run|cuda kernels not run' "$out/harness.log" && fail "the cuda backend did not start (see harness.log)"
 # The backend refuses NCHW by design; any other unsupported case is a finding, not a pass.
 unsupported=$(grep '^\[cross-backend\] unsupported: ' "$out/harness.log" | grep -v '_nchw' || true)
 if [[ -n $unsupported ]]; then echo "$unsupported"; fail "cuda refused cases it should run (above)"; fi
@@ -194,6 +199,15 @@ if [[ -n $py ]]; then
     TORCHINDUCTOR_CACHE_DIR="$out/inductor" "$py" bench/torch_gpu_step.py --half $half --compile --warmup 3 \
       | tee -a "$bench_json" || fail "pytorch compile $half"
   done
+fi
+
+# What the 16-byte accesses of our kernels bring: the same step with them off (docs/gpu.md).
+if (( $(elapsed) < 360 )); then
+  RN_CUDA_VECTOR_KERNELS=0 resnet bench --device cuda --model resnet50 --batch 256 --precision O2 --half fp16 --steps 30 \
+    --warmup 5 --json | sed 's/"system":"resnet.cpp"/"system":"resnet.cpp-scalar-kernels"/' | tee -a "$bench_json" \
+    || fail "resnet bench fp16 with RN_CUDA_VECTOR_KERNELS=0"
+else
+  echo "bench with RN_CUDA_VECTOR_KERNELS=0 skipped: $(elapsed) s used of the 8-minute budget"
 fi
 
 # ---- 5. table -------------------------------------------------------------------------------------

@@ -1,10 +1,16 @@
 // The backend's own kernels. Per-element arithmetic that has a CPU twin comes from
 // ops/fused_math.h. Reductions run in fixed orders (no atomics), so every result is the
 // same bits on every run: batch norm's recompute (memory level O2) depends on that.
+#include <atomic>
 #include <cfloat>
+#include <cstdlib>
+#include <cstring>
+#include <algorithm>
+#include <type_traits>
 
 #include "backends/cuda/device_types.cuh"
 #include "backends/cuda/kernels.h"
+#include "backends/cuda/tiling.h"
 #include "ops/fused_math.h"
 
 namespace rn::cuda {
@@ -17,86 +23,158 @@ constexpr int kThreads = 256;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(blockDim.x) * gridDim.x)
 
-template <typename S, typename D>
-__global__ void cast_kernel(D* y, const S* x, int64_t n) {
-  RN_FOR_EACH(i, n) y[i] = from_f32<D>(to_f32<S>(x[i]));
-}
-
-template <typename T>
-__global__ void relu_forward_kernel(T* y, const T* x, int64_t n) {
-  RN_FOR_EACH(i, n) y[i] = from_f32<T>(fused::relu(to_f32<T>(x[i])));
-}
-
-template <typename T>
-__global__ void relu_backward_kernel(T* dx, const T* dy, const T* y, int64_t n) {
-  RN_FOR_EACH(i, n) dx[i] = to_f32<T>(y[i]) > 0.0f ? dy[i] : from_f32<T>(0.0f);
-}
-
-template <typename T>
-__global__ void add_kernel(T* y, const T* a, const T* b, int64_t n) {
-  RN_FOR_EACH(i, n) y[i] = from_f32<T>(to_f32<T>(a[i]) + to_f32<T>(b[i]));
-}
-
-// ---- per-channel reductions -----------------------------------------------------------
-// Grid (ceil(C/32), splits), block (32, 8): thread (tx, ty) sums channel bx*32+tx over
-// rows ty, ty+8, ... of its split; the 8 row-threads are combined in order, then the
-// splits in order by a finishing kernel (in double).
-constexpr int kRowThreads = 8;
-
-struct ReduceShape {
-  int64_t splits, rows_per_split;
+// ---- vectors ------------------------------------------------------------------------------
+// V elements loaded or stored in one access when the address allows it (tiling.h chooses V).
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
 };
-__host__ __device__ inline ReduceShape reduce_shape(int64_t M) {
-  int64_t rows = 256;
-  while ((M + rows - 1) / rows > 1024) rows *= 2;
-  return {(M + rows - 1) / rows, rows};
+
+template <typename T, int V>
+__device__ __forceinline__ Pack<T, V> load_pack(const T* p, bool aligned = true) {
+  if (aligned) return *reinterpret_cast<const Pack<T, V>*>(p);
+  Pack<T, V> r;
+#pragma unroll
+  for (int k = 0; k < V; ++k) r.v[k] = p[k];
+  return r;
 }
 
-// Op(m, c) -> float2 of the two quantities summed.
-template <typename Op>
-__global__ void channel_partials_kernel(float* partials, int64_t M, int64_t C, Op op) {
-  __shared__ float sa[kRowThreads][32], sb[kRowThreads][32];
-  const ReduceShape rs = reduce_shape(M);
-  const int64_t c = blockIdx.x * 32 + threadIdx.x;
-  const int64_t begin = blockIdx.y * rs.rows_per_split;
-  const int64_t end = begin + rs.rows_per_split < M ? begin + rs.rows_per_split : M;
-  float a = 0.0f, b = 0.0f;
-  if (c < C)
-    for (int64_t m = begin + threadIdx.y; m < end; m += kRowThreads) {
-      const float2 v = op(m, c);
-      a += v.x;
-      b += v.y;
-    }
-  sa[threadIdx.y][threadIdx.x] = a;
-  sb[threadIdx.y][threadIdx.x] = b;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < C) {
-    for (int r = 1; r < kRowThreads; ++r) a += sa[r][threadIdx.x], b += sb[r][threadIdx.x];
-    partials[(blockIdx.y * C + c) * 2] = a;
-    partials[(blockIdx.y * C + c) * 2 + 1] = b;
+template <typename T, int V>
+__device__ __forceinline__ void store_pack(T* p, const Pack<T, V>& r, bool aligned = true) {
+  if (aligned) {
+    *reinterpret_cast<Pack<T, V>*>(p) = r;
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < V; ++k) p[k] = r.v[k];
+}
+
+// Flat kernels: f.operator()<V>(i) handles elements [i, i + V) for the whole vectors of
+// [0, n), then f.operator()<1>(i) the tail. The per-element arithmetic is the same for every
+// V, so the vector width never changes a result.
+template <int V, typename F>
+__device__ __forceinline__ void flat_loop(int64_t n, const F& f) {
+  const int64_t nv = n / V;
+  RN_FOR_EACH(j, nv) f.template operator()<V>(j * V);
+  if constexpr (V > 1) {
+    const int64_t done = nv * V;
+    RN_FOR_EACH(i, n - done) f.template operator()<1>(done + i);
   }
 }
 
-template <typename Op>
-void run_channel_partials(float* partials, int64_t M, int64_t C, Op op, cudaStream_t s) {
-  const ReduceShape rs = reduce_shape(M);
-  dim3 grid(static_cast<unsigned>((C + 31) / 32), static_cast<unsigned>(rs.splits));
-  channel_partials_kernel<<<grid, dim3(32, kRowThreads), 0, s>>>(partials, M, C, op);
-  RN_CUDA_LAUNCH_CHECK();
+template <typename S, typename D, int V>
+__global__ void cast_kernel(D* y, const S* x, int64_t n) {
+  flat_loop<V>(n, [&]<int W>(int64_t i) {
+    const Pack<S, W> in = load_pack<S, W>(x + i);
+    Pack<D, W> out;
+#pragma unroll
+    for (int k = 0; k < W; ++k) out.v[k] = from_f32<D>(to_f32<S>(in.v[k]));
+    store_pack<D, W>(y + i, out);
+  });
 }
 
-// sums[c] (double, fixed order) of the first quantity (which == 0) or the second.
-__device__ inline double sum_partials(const float* partials, int64_t splits, int64_t C, int64_t c, int which) {
-  double t = 0.0;
-  for (int64_t k = 0; k < splits; ++k) t += partials[(k * C + c) * 2 + which];
-  return t;
+template <typename T, int V>
+__global__ void relu_forward_kernel(T* y, const T* x, int64_t n) {
+  flat_loop<V>(n, [&]<int W>(int64_t i) {
+    const Pack<T, W> in = load_pack<T, W>(x + i);
+    Pack<T, W> out;
+#pragma unroll
+    for (int k = 0; k < W; ++k) out.v[k] = from_f32<T>(fused::relu(to_f32<T>(in.v[k])));
+    store_pack<T, W>(y + i, out);
+  });
+}
+
+template <typename T, int V>
+__global__ void relu_backward_kernel(T* dx, const T* dy, const T* y, int64_t n) {
+  flat_loop<V>(n, [&]<int W>(int64_t i) {
+    const Pack<T, W> g = load_pack<T, W>(dy + i), out = load_pack<T, W>(y + i);
+    Pack<T, W> r;
+#pragma unroll
+    for (int k = 0; k < W; ++k) r.v[k] = to_f32<T>(out.v[k]) > 0.0f ? g.v[k] : from_f32<T>(0.0f);
+    store_pack<T, W>(dx + i, r);
+  });
+}
+
+template <typename T, int V>
+__global__ void add_kernel(T* y, const T* a, const T* b, int64_t n) {
+  flat_loop<V>(n, [&]<int W>(int64_t i) {
+    const Pack<T, W> pa = load_pack<T, W>(a + i), pb = load_pack<T, W>(b + i);
+    Pack<T, W> r;
+#pragma unroll
+    for (int k = 0; k < W; ++k) r.v[k] = from_f32<T>(to_f32<T>(pa.v[k]) + to_f32<T>(pb.v[k]));
+    store_pack<T, W>(y + i, r);
+  });
+}
+
+template <typename T, int V>
+__global__ void accumulate_kernel(float* dst, const T* src, int64_t n) {
+  flat_loop<V>(n, [&]<int W>(int64_t i) {
+    Pack<float, W> d = load_pack<float, W>(dst + i);
+    const Pack<T, W> s = load_pack<T, W>(src + i);
+#pragma unroll
+    for (int k = 0; k < W; ++k) d.v[k] += to_f32<T>(s.v[k]);
+    store_pack<float, W>(dst + i, d);
+  });
+}
+
+// ---- per-channel kernels (tiling.h) -------------------------------------------------------
+// Thread threadIdx.x of block (blockIdx.x, blockIdx.y) owns vector g of V channels and the
+// rows of split blockIdx.y that tiling.h assigns it. `aligned`: every pointer allows
+// V-element accesses; when not, the same elements are read one by one, in the same order.
+#define RN_TILE_ROWS(t, r) \
+  for (int64_t r = (t).row_begin(blockIdx.y, threadIdx.x); r < (t).row_end(blockIdx.y); r += (t).tr)
+
+// Per-channel reductions: Op::prepare<V>(g, p) loads up to two parameters per channel into
+// registers, Op::add<V>(m, g, p, a, b) adds row m's two quantities. Each block writes
+// partials[(split * C + c) * 2 + {0, 1}]; the row-threads are combined by a tree.
+template <typename T, int V, typename Op>
+__global__ void channel_partials_kernel(float* partials, ChannelTiling tl, Op op) {
+  __shared__ float sa[V][kTileThreads], sb[V][kTileThreads];
+  const int t = threadIdx.x;
+  const int64_t g = tl.group(blockIdx.x, t);
+  float a[V], b[V], p[2][V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) a[k] = b[k] = 0.0f;
+  if (g >= 0) {
+    op.template prepare<V>(g, p);
+    RN_TILE_ROWS(tl, m) op.template add<V>(m, g, p, a, b);
+  }
+#pragma unroll
+  for (int k = 0; k < V; ++k) sa[k][t] = a[k], sb[k][t] = b[k];
+  __syncthreads();
+  for (int half = tl.tr / 2; half > 0; half /= 2) {
+    if (t / tl.tc < half) {
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        sa[k][t] += sa[k][t + half * tl.tc];
+        sb[k][t] += sb[k][t + half * tl.tc];
+      }
+    }
+    __syncthreads();
+  }
+  if (t < tl.tc && g >= 0) {
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const int64_t c = g * V + k;
+      partials[(blockIdx.y * tl.C + c) * 2] = sa[k][t];
+      partials[(blockIdx.y * tl.C + c) * 2 + 1] = sb[k][t];
+    }
+  }
 }
 
 template <typename T>
 struct SumX {
   const T* x;
   int64_t C;
-  __device__ float2 operator()(int64_t m, int64_t c) const { return make_float2(to_f32<T>(x[m * C + c]), 0.0f); }
+  bool aligned;
+  template <int V>
+  __device__ void prepare(int64_t, float (&)[2][V]) const {}
+  template <int V>
+  __device__ void add(int64_t m, int64_t g, const float (&)[2][V], float* a, float*) const {
+    const Pack<T, V> v = load_pack<T, V>(x + m * C + g * V, aligned);
+#pragma unroll
+    for (int k = 0; k < V; ++k) a[k] += to_f32<T>(v.v[k]);
+  }
 };
 
 template <typename T>
@@ -104,9 +182,20 @@ struct SumSquaredDeviation {
   const T* x;
   const float* mean;
   int64_t C;
-  __device__ float2 operator()(int64_t m, int64_t c) const {
-    const float d = to_f32<T>(x[m * C + c]) - mean[c];
-    return make_float2(d * d, 0.0f);
+  bool aligned;
+  template <int V>
+  __device__ void prepare(int64_t g, float (&p)[2][V]) const {
+#pragma unroll
+    for (int k = 0; k < V; ++k) p[0][k] = mean[g * V + k];
+  }
+  template <int V>
+  __device__ void add(int64_t m, int64_t g, const float (&p)[2][V], float* a, float*) const {
+    const Pack<T, V> v = load_pack<T, V>(x + m * C + g * V, aligned);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float d = to_f32<T>(v.v[k]) - p[0][k];
+      a[k] += d * d;
+    }
   }
 };
 
@@ -116,25 +205,66 @@ struct SumDyAndDyXhat {
   const T* x;
   const float *mean, *invstd;
   int64_t C;
-  __device__ float2 operator()(int64_t m, int64_t c) const {
-    const float g = to_f32<T>(dy[m * C + c]);
-    const float xhat = (to_f32<T>(x[m * C + c]) - mean[c]) * invstd[c];
-    return make_float2(g, g * xhat);
+  bool aligned;
+  template <int V>
+  __device__ void prepare(int64_t g, float (&p)[2][V]) const {
+#pragma unroll
+    for (int k = 0; k < V; ++k) p[0][k] = mean[g * V + k], p[1][k] = invstd[g * V + k];
+  }
+  template <int V>
+  __device__ void add(int64_t m, int64_t g, const float (&p)[2][V], float* a, float* b) const {
+    const Pack<T, V> gv = load_pack<T, V>(dy + m * C + g * V, aligned), xv = load_pack<T, V>(x + m * C + g * V, aligned);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float gk = to_f32<T>(gv.v[k]);
+      const float xhat = (to_f32<T>(xv.v[k]) - p[0][k]) * p[1][k];
+      a[k] += gk;
+      b[k] += gk * xhat;
+    }
   }
 };
 
-__global__ void finish_mean_kernel(float* mean, const float* partials, int64_t splits, int64_t M, int64_t C) {
-  RN_FOR_EACH(c, C) mean[c] = static_cast<float>(sum_partials(partials, splits, C, c, 0) / static_cast<double>(M));
-}
-
-__global__ void finish_two_sums_kernel(float* a, float* b, const float* partials, int64_t splits, int64_t C,
-                                       double scale, bool accumulate) {
-  RN_FOR_EACH(c, C) {
-    const float va = static_cast<float>(sum_partials(partials, splits, C, c, 0) * scale);
-    if (a) a[c] = accumulate ? a[c] + va : va;
-    if (b) b[c] = static_cast<float>(sum_partials(partials, splits, C, c, 1) * scale);
+// The partial sums of every split, added in double in a fixed order by a block of 32
+// channels x kSplitThreads split-threads, then finish(c, a, b).
+constexpr int kSplitThreads = 16;
+template <typename Finish>
+__global__ void finish_partials_kernel(const float* partials, int64_t splits, int64_t C, Finish finish) {
+  __shared__ double sa[kSplitThreads][32], sb[kSplitThreads][32];
+  const int64_t c = blockIdx.x * 32 + threadIdx.x;
+  double a = 0.0, b = 0.0;
+  if (c < C)
+    for (int64_t k = threadIdx.y; k < splits; k += kSplitThreads) {
+      a += partials[(k * C + c) * 2];
+      b += partials[(k * C + c) * 2 + 1];
+    }
+  sa[threadIdx.y][threadIdx.x] = a;
+  sb[threadIdx.y][threadIdx.x] = b;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    for (int r = 1; r < kSplitThreads; ++r) a += sa[r][threadIdx.x], b += sb[r][threadIdx.x];
+    finish(c, a, b);
   }
 }
+
+struct FinishMean {
+  float* mean;
+  int64_t M;
+  __device__ void operator()(int64_t c, double a, double) const {
+    mean[c] = static_cast<float>(a / static_cast<double>(M));
+  }
+};
+
+// a_out = a * scale (added to a_out when accumulate), b_out = b * scale; either may be null.
+struct FinishTwoSums {
+  float *a_out, *b_out;
+  double scale;
+  bool accumulate;
+  __device__ void operator()(int64_t c, double a, double b) const {
+    const float va = static_cast<float>(a * scale);
+    if (a_out) a_out[c] = accumulate ? a_out[c] + va : va;
+    if (b_out) b_out[c] = static_cast<float>(b * scale);
+  }
+};
 
 __global__ void bn_finish_training_kernel(float* saved_mean, float* saved_invstd, float* rmean, float* rvar,
                                           const float* mean, const float* var, float eps, float momentum, int64_t M,
@@ -156,41 +286,59 @@ __global__ void bn_compare_kernel(int* mismatch, const float* mean, const float*
   }
 }
 
-// The channel of flat NHWC index i. A 64-bit remainder is a long instruction sequence on the
-// GPU, enough to make these memory-bound kernels compute-bound; below 2^32 elements (every
-// ResNet-50 activation at batch 256) a 32-bit one does.
-template <bool kSmall>
-__device__ __forceinline__ int64_t channel_of(int64_t i, int64_t C) {
-  if constexpr (kSmall) return static_cast<int64_t>(static_cast<uint32_t>(i) % static_cast<uint32_t>(C));
-  return i % C;
-}
-inline bool fits_32(int64_t n) { return n < (int64_t{1} << 32); }
-
-template <typename T, bool kSmall>
-__global__ void bn_apply_kernel(T* y, const T* x, const T* residual, int64_t n, int64_t C, const float* mean,
+template <typename T, int V>
+__global__ void bn_apply_kernel(T* y, const T* x, const T* residual, ChannelTiling tl, bool aligned, const float* mean,
                                 const float* var_or_invstd, bool is_var, float eps, const float* gamma,
                                 const float* beta, int fuse) {
-  RN_FOR_EACH(i, n) {
-    const int64_t c = channel_of<kSmall>(i, C);
-    const float invstd = is_var ? 1.0f / sqrtf(var_or_invstd[c] + eps) : var_or_invstd[c];
-    float v = fused::bn_apply(to_f32<T>(x[i]), mean[c], invstd, gamma[c], beta[c]);
-    if (fuse == 2) {
+  const int64_t g = tl.group(blockIdx.x, threadIdx.x);
+  if (g < 0) return;
+  float mu[V], is[V], ga[V], be[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const int64_t c = g * V + k;
+    mu[k] = mean[c];
+    is[k] = is_var ? 1.0f / sqrtf(var_or_invstd[c] + eps) : var_or_invstd[c];
+    ga[k] = gamma[c];
+    be[k] = beta[c];
+  }
+  RN_TILE_ROWS(tl, m) {
+    const int64_t at = m * tl.C + g * V;
+    const Pack<T, V> xv = load_pack<T, V>(x + at, aligned);
+    Pack<T, V> rv, out;
+    if (fuse == 2) rv = load_pack<T, V>(residual + at, aligned);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      float v = fused::bn_apply(to_f32<T>(xv.v[k]), mu[k], is[k], ga[k], be[k]);
       // Rounded to the storage type first, as an unfused BN then add would.
-      v = to_f32<T>(from_f32<T>(v)) + to_f32<T>(residual[i]);
+      if (fuse == 2) v = to_f32<T>(from_f32<T>(v)) + to_f32<T>(rv.v[k]);
+      if (fuse != 0) v = fused::relu(v);
+      out.v[k] = from_f32<T>(v);
     }
-    if (fuse != 0) v = fused::relu(v);
-    y[i] = from_f32<T>(v);
+    store_pack<T, V>(y + at, out, aligned);
   }
 }
 
-template <typename T, bool kSmall>
-__global__ void bn_backward_dx_kernel(T* dx, const T* dy, const T* x, int64_t n, int64_t C, float inv_m,
+template <typename T, int V>
+__global__ void bn_backward_dx_kernel(T* dx, const T* dy, const T* x, ChannelTiling tl, bool aligned, float inv_m,
                                       const float* mean, const float* invstd, const float* gamma, const float* sum_dy,
                                       const float* sum_dy_xhat) {
-  RN_FOR_EACH(i, n) {
-    const int64_t c = channel_of<kSmall>(i, C);
-    dx[i] = from_f32<T>(fused::bn_backward_dx(to_f32<T>(dy[i]), to_f32<T>(x[i]), mean[c], invstd[c], gamma[c],
-                                              sum_dy[c], sum_dy_xhat[c], inv_m));
+  const int64_t g = tl.group(blockIdx.x, threadIdx.x);
+  if (g < 0) return;
+  float mu[V], is[V], ga[V], sd[V], sdx[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const int64_t c = g * V + k;
+    mu[k] = mean[c], is[k] = invstd[c], ga[k] = gamma[c], sd[k] = sum_dy[c], sdx[k] = sum_dy_xhat[c];
+  }
+  RN_TILE_ROWS(tl, m) {
+    const int64_t at = m * tl.C + g * V;
+    const Pack<T, V> gv = load_pack<T, V>(dy + at, aligned), xv = load_pack<T, V>(x + at, aligned);
+    Pack<T, V> out;
+#pragma unroll
+    for (int k = 0; k < V; ++k)
+      out.v[k] = from_f32<T>(fused::bn_backward_dx(to_f32<T>(gv.v[k]), to_f32<T>(xv.v[k]), mu[k], is[k], ga[k], sd[k],
+                                                   sdx[k], inv_m));
+    store_pack<T, V>(dx + at, out, aligned);
   }
 }
 
@@ -207,46 +355,46 @@ __global__ void bias_add_kernel(T* y, const float* b, int64_t n, int64_t C) {
   RN_FOR_EACH(i, n) y[i] = from_f32<T>(to_f32<T>(y[i]) + b[i % C]);
 }
 
-template <typename T>
-__global__ void kcrs_to_krsc_kernel(T* dst, const T* src, int64_t K, int64_t C, int64_t R, int64_t S) {
-  const int64_t n = K * C * R * S;
-  RN_FOR_EACH(i, n) {  // i indexes the destination KRSC
-    const int64_t c = i % C, s = (i / C) % S, r = (i / (C * S)) % R, k = i / (C * S * R);
+// Index arithmetic in I: uint32_t when every index fits (a 64-bit division is a long
+// instruction sequence on the GPU, enough to make these memory-bound kernels compute-bound).
+template <typename T, typename I>
+__global__ void kcrs_to_krsc_kernel(T* dst, const T* src, I K, I C, I R, I S) {
+  const I n = K * C * R * S;
+  RN_FOR_EACH(j, n) {  // j indexes the destination KRSC
+    const I i = static_cast<I>(j);
+    const I c = i % C, s = (i / C) % S, r = (i / (C * S)) % R, k = i / (C * S * R);
     dst[i] = src[((k * C + c) * R + r) * S + s];
   }
 }
 
-template <typename T>
-__global__ void accumulate_krsc_to_kcrs_kernel(float* dst, const T* src, int64_t K, int64_t C, int64_t R, int64_t S) {
-  const int64_t n = K * C * R * S;
-  RN_FOR_EACH(i, n) {  // i indexes the destination KCRS
-    const int64_t s = i % S, r = (i / S) % R, c = (i / (S * R)) % C, k = i / (S * R * C);
+template <typename T, typename I>
+__global__ void accumulate_krsc_to_kcrs_kernel(float* dst, const T* src, I K, I C, I R, I S) {
+  const I n = K * C * R * S;
+  RN_FOR_EACH(j, n) {  // j indexes the destination KCRS
+    const I i = static_cast<I>(j);
+    const I s = i % S, r = (i / S) % R, c = (i / (S * R)) % C, k = i / (S * R * C);
     dst[i] += to_f32<T>(src[((k * R + r) * S + s) * C + c]);
   }
 }
 
-template <typename T>
-__global__ void accumulate_kernel(float* dst, const T* src, int64_t n) {
-  RN_FOR_EACH(i, n) dst[i] += to_f32<T>(src[i]);
-}
-
 // ---- pooling ------------------------------------------------------------------------------
-template <typename T>
-__global__ void max_pool_forward_kernel(T* y, int32_t* argmax, const T* x, int64_t N, int64_t C, int64_t H, int64_t W,
-                                        int64_t P, int64_t Q, int64_t k, int64_t stride, int64_t pad) {
-  const int64_t n_out = N * P * Q * C;
-  RN_FOR_EACH(i, n_out) {
-    const int64_t c = i % C, q = (i / C) % Q, p = (i / (C * Q)) % P, n = i / (C * Q * P);
+template <typename T, typename I>
+__global__ void max_pool_forward_kernel(T* y, int32_t* argmax, const T* x, I N, I C, I H, I W, I P, I Q, int k,
+                                        int stride, int pad) {
+  const I n_out = N * P * Q * C;
+  RN_FOR_EACH(j, n_out) {
+    const I i = static_cast<I>(j);
+    const I c = i % C, q = (i / C) % Q, p = (i / (C * Q)) % P, n = i / (C * Q * P);
     float best = -FLT_MAX;
     int32_t at = -1;
-    for (int64_t r = 0; r < k; ++r) {
-      const int64_t h = p * stride - pad + r;
-      if (h < 0 || h >= H) continue;
-      for (int64_t s = 0; s < k; ++s) {
-        const int64_t w = q * stride - pad + s;
-        if (w < 0 || w >= W) continue;
-        const float v = to_f32<T>(x[((n * H + h) * W + w) * C + c]);
-        if (at < 0 || v > best || v != v) best = v, at = static_cast<int32_t>(h * W + w);
+    for (int r = 0; r < k; ++r) {
+      const int h = static_cast<int>(p) * stride - pad + r;
+      if (h < 0 || h >= static_cast<int>(H)) continue;
+      for (int s = 0; s < k; ++s) {
+        const int w = static_cast<int>(q) * stride - pad + s;
+        if (w < 0 || w >= static_cast<int>(W)) continue;
+        const float v = to_f32<T>(x[((n * H + static_cast<I>(h)) * W + static_cast<I>(w)) * C + c]);
+        if (at < 0 || v > best || v != v) best = v, at = h * static_cast<int>(W) + w;
       }
     }
     y[i] = from_f32<T>(best);
@@ -255,20 +403,22 @@ __global__ void max_pool_forward_kernel(T* y, int32_t* argmax, const T* x, int64
 }
 
 // Gathers, for each input element, the gradients of the outputs whose maximum it was.
-template <typename T>
-__global__ void max_pool_backward_kernel(T* dx, const T* dy, const int32_t* argmax, int64_t N, int64_t C, int64_t H,
-                                         int64_t W, int64_t P, int64_t Q, int64_t k, int64_t stride, int64_t pad) {
-  const int64_t n_in = N * H * W * C;
-  RN_FOR_EACH(i, n_in) {
-    const int64_t c = i % C, w = (i / C) % W, h = (i / (C * W)) % H, n = i / (C * W * H);
-    const int32_t me = static_cast<int32_t>(h * W + w);
+template <typename T, typename I>
+__global__ void max_pool_backward_kernel(T* dx, const T* dy, const int32_t* argmax, I N, I C, I H, I W, I P, I Q,
+                                         int k, int stride, int pad) {
+  const I n_in = N * H * W * C;
+  RN_FOR_EACH(j, n_in) {
+    const I i = static_cast<I>(j);
+    const I c = i % C, wi = (i / C) % W, hi = (i / (C * W)) % H, n = i / (C * W * H);
+    const int h = static_cast<int>(hi), w = static_cast<int>(wi);
+    const int32_t me = h * static_cast<int>(W) + w;
     // Outputs p with p*stride - pad <= h <= p*stride - pad + k - 1.
-    const int64_t p0 = max(int64_t{0}, (h + pad - k + stride) / stride), p1 = min(P - 1, (h + pad) / stride);
-    const int64_t q0 = max(int64_t{0}, (w + pad - k + stride) / stride), q1 = min(Q - 1, (w + pad) / stride);
+    const int p0 = max(0, (h + pad - k + stride) / stride), p1 = min(static_cast<int>(P) - 1, (h + pad) / stride);
+    const int q0 = max(0, (w + pad - k + stride) / stride), q1 = min(static_cast<int>(Q) - 1, (w + pad) / stride);
     float g = 0.0f;
-    for (int64_t p = p0; p <= p1; ++p)
-      for (int64_t q = q0; q <= q1; ++q) {
-        const int64_t o = ((n * P + p) * Q + q) * C + c;
+    for (int p = p0; p <= p1; ++p)
+      for (int q = q0; q <= q1; ++q) {
+        const I o = ((n * P + static_cast<I>(p)) * Q + static_cast<I>(q)) * C + c;
         if (argmax[o] == me) g += to_f32<T>(dy[o]);
       }
     dx[i] = from_f32<T>(g);
@@ -359,56 +509,136 @@ __global__ void softmax_ce_backward_kernel(float* dlogits, const float* probs, c
 
 // ---- launchers --------------------------------------------------------------------------------
 
+namespace {
+
+// RN_CUDA_VECTOR_KERNELS=0 turns the vector accesses off (V = 1), for comparisons.
+std::atomic<int> g_vector_kernels{-1};
+
+template <typename T>
+constexpr int widest = 16 / static_cast<int>(sizeof(T));
+
+// f(std::integral_constant<int, V>) with V the flat vector width for these pointers.
+template <typename T, typename F>
+void with_flat_width(std::initializer_list<const void*> ptrs, F&& f) {
+  if (vector_elems(sizeof(T), 1, ptrs, vector_kernels()) == widest<T>)
+    f(std::integral_constant<int, widest<T>>{});
+  else
+    f(std::integral_constant<int, 1>{});
+}
+
+// The per-channel vector width: a function of C and the element size only, so a reduction
+// sums in the same order whatever the addresses (batch norm's recompute compares bits).
+template <typename T>
+int channel_width(int64_t C) {
+  return vector_elems(sizeof(T), C, {}, vector_kernels()) == widest<T> ? widest<T> : 1;
+}
+
+template <typename T, typename F>
+void with_channel_width(int64_t C, F&& f) {
+  if (channel_width<T>(C) == widest<T>)
+    f(std::integral_constant<int, widest<T>>{});
+  else
+    f(std::integral_constant<int, 1>{});
+}
+
+dim3 grid_of(const ChannelTiling& tl) { return dim3(static_cast<unsigned>(tl.blocks_x), static_cast<unsigned>(tl.splits)); }
+
+template <typename T, int V, typename Op>
+void run_channel_partials(float* partials, const ChannelTiling& tl, const Op& op, cudaStream_t s) {
+  channel_partials_kernel<T, V, Op><<<grid_of(tl), kTileThreads, 0, s>>>(partials, tl, op);
+  RN_CUDA_LAUNCH_CHECK();
+}
+
+template <typename Finish>
+void run_finish(const float* partials, int64_t splits, int64_t C, const Finish& f, cudaStream_t s) {
+  finish_partials_kernel<<<static_cast<unsigned>((C + 31) / 32), dim3(32, kSplitThreads), 0, s>>>(partials, splits, C,
+                                                                                                     f);
+  RN_CUDA_LAUNCH_CHECK();
+}
+
+bool aligned_to(std::initializer_list<const void*> ptrs, int bytes) {
+  for (const void* p : ptrs)
+    if (p && reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes) != 0) return false;
+  return true;
+}
+
+bool fits_32(int64_t n) { return n < (int64_t{1} << 32); }
+
+}  // namespace
+
+bool vector_kernels() {
+  int v = g_vector_kernels.load();
+  if (v < 0) {
+    const char* e = std::getenv("RN_CUDA_VECTOR_KERNELS");
+    v = (e && std::strcmp(e, "0") == 0) ? 0 : 1;
+    g_vector_kernels.store(v);
+  }
+  return v == 1;
+}
+void set_vector_kernels(bool on) { g_vector_kernels.store(on ? 1 : 0); }
+
 void launch_cast(void* y, DType dst, const void* x, DType src, int64_t n, cudaStream_t s) {
   if (n == 0) return;
   RN_DISPATCH_FLOAT(src, S, RN_DISPATCH_FLOAT(dst, D, {
-                      cast_kernel<S, D><<<blocks_for(n, kThreads), kThreads, 0, s>>>(static_cast<D*>(y),
-                                                                                     static_cast<const S*>(x), n);
+                      // Four elements per access: 16 bytes of fp32, 8 of a half type.
+                      const bool vec = vector_kernels() && aligned_to({x, y}, 4 * static_cast<int>(sizeof(S))) &&
+                                       aligned_to({y}, 4 * static_cast<int>(sizeof(D)));
+                      if (vec)
+                        cast_kernel<S, D, 4><<<blocks_for(n / 4 + 1, kThreads), kThreads, 0, s>>>(
+                            static_cast<D*>(y), static_cast<const S*>(x), n);
+                      else
+                        cast_kernel<S, D, 1><<<blocks_for(n, kThreads), kThreads, 0, s>>>(
+                            static_cast<D*>(y), static_cast<const S*>(x), n);
                       RN_CUDA_LAUNCH_CHECK();
                     }));
 }
 
 void launch_relu_forward(void* y, const void* x, DType t, int64_t n, cudaStream_t s) {
-  RN_DISPATCH_FLOAT(t, T, {
-    relu_forward_kernel<T>
-        <<<blocks_for(n, kThreads), kThreads, 0, s>>>(static_cast<T*>(y), static_cast<const T*>(x), n);
-    RN_CUDA_LAUNCH_CHECK();
-  });
+  if (n == 0) return;
+  RN_DISPATCH_FLOAT(t, T, with_flat_width<T>({y, x}, [&](auto v_) {
+                      constexpr int V = decltype(v_)::value;
+                      relu_forward_kernel<T, V><<<blocks_for(n / V + 1, kThreads), kThreads, 0, s>>>(
+                          static_cast<T*>(y), static_cast<const T*>(x), n);
+                      RN_CUDA_LAUNCH_CHECK();
+                    }));
 }
 
 void launch_relu_backward(void* dx, const void* dy, const void* y, DType t, int64_t n, cudaStream_t s) {
-  RN_DISPATCH_FLOAT(t, T, {
-    relu_backward_kernel<T><<<blocks_for(n, kThreads), kThreads, 0, s>>>(static_cast<T*>(dx), static_cast<const T*>(dy),
-                                                                         static_cast<const T*>(y), n);
-    RN_CUDA_LAUNCH_CHECK();
-  });
+  if (n == 0) return;
+  RN_DISPATCH_FLOAT(t, T, with_flat_width<T>({dx, dy, y}, [&](auto v_) {
+                      constexpr int V = decltype(v_)::value;
+                      relu_backward_kernel<T, V><<<blocks_for(n / V + 1, kThreads), kThreads, 0, s>>>(
+                          static_cast<T*>(dx), static_cast<const T*>(dy), static_cast<const T*>(y), n);
+                      RN_CUDA_LAUNCH_CHECK();
+                    }));
 }
 
 void launch_add(void* y, const void* a, const void* b, DType t, int64_t n, cudaStream_t s) {
-  RN_DISPATCH_FLOAT(t, T, {
-    add_kernel<T><<<blocks_for(n, kThreads), kThreads, 0, s>>>(static_cast<T*>(y), static_cast<const T*>(a),
-                                                               static_cast<const T*>(b), n);
-    RN_CUDA_LAUNCH_CHECK();
-  });
+  if (n == 0) return;
+  RN_DISPATCH_FLOAT(t, T, with_flat_width<T>({y, a, b}, [&](auto v_) {
+                      constexpr int V = decltype(v_)::value;
+                      add_kernel<T, V><<<blocks_for(n / V + 1, kThreads), kThreads, 0, s>>>(
+                          static_cast<T*>(y), static_cast<const T*>(a), static_cast<const T*>(b), n);
+                      RN_CUDA_LAUNCH_CHECK();
+                    }));
 }
 
-int64_t channel_partials_floats(int64_t M, int64_t C) { return reduce_shape(M).splits * C * 2; }
+int64_t channel_partials_floats(int64_t M, int64_t C) { return row_splits(M).splits * C * 2; }
 
 void launch_bn_stats(float* mean, float* var, const void* x, DType t, int64_t M, int64_t C, float* partials,
                      cudaStream_t s) {
-  const int64_t splits = reduce_shape(M).splits;
-  const unsigned cb = blocks_for(C, kThreads);
-  RN_DISPATCH_FLOAT(t, T, {
-    const T* xt = static_cast<const T*>(x);
-    run_channel_partials(partials, M, C, SumX<T>{xt, C}, s);
-    finish_mean_kernel<<<cb, kThreads, 0, s>>>(mean, partials, splits, M, C);
-    RN_CUDA_LAUNCH_CHECK();
-    // Two passes (mean, then squared deviations): no cancellation when |mean| >> std.
-    run_channel_partials(partials, M, C, SumSquaredDeviation<T>{xt, mean, C}, s);
-    finish_two_sums_kernel<<<cb, kThreads, 0, s>>>(var, nullptr, partials, splits, C, 1.0 / static_cast<double>(M),
-                                                   false);
-    RN_CUDA_LAUNCH_CHECK();
-  });
+  RN_DISPATCH_FLOAT(t, T, with_channel_width<T>(C, [&](auto v_) {
+                      constexpr int V = decltype(v_)::value;
+                      const ChannelTiling tl = channel_tiling(M, C, V);
+                      const bool al = aligned_to({x}, V * static_cast<int>(sizeof(T)));
+                      const T* xt = static_cast<const T*>(x);
+                      run_channel_partials<T, V>(partials, tl, SumX<T>{xt, C, al}, s);
+                      run_finish(partials, tl.splits, C, FinishMean{mean, M}, s);
+                      // Two passes (mean, then squared deviations): no cancellation when |mean| >> std.
+                      run_channel_partials<T, V>(partials, tl, SumSquaredDeviation<T>{xt, mean, C, al}, s);
+                      run_finish(partials, tl.splits, C, FinishTwoSums{var, nullptr, 1.0 / static_cast<double>(M), false},
+                                 s);
+                    }));
 }
 
 void launch_bn_finish_training(float* saved_mean, float* saved_invstd, float* running_mean, float* running_var,
@@ -428,39 +658,47 @@ void launch_bn_compare(int* mismatch, const float* mean, const float* var, const
 void launch_bn_apply(void* y, const void* x, const void* residual, DType t, int64_t M, int64_t C, const float* mean,
                      const float* var_or_invstd, bool is_var, float eps, const float* gamma, const float* beta,
                      int fuse, cudaStream_t s) {
-  const int64_t n = M * C;
-  RN_DISPATCH_FLOAT(t, T, {
-    auto kernel = fits_32(n) ? bn_apply_kernel<T, true> : bn_apply_kernel<T, false>;
-    kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(static_cast<T*>(y), static_cast<const T*>(x),
-                                                        static_cast<const T*>(residual), n, C, mean, var_or_invstd,
-                                                        is_var, eps, gamma, beta, fuse);
-    RN_CUDA_LAUNCH_CHECK();
-  });
+  if (M == 0) return;
+  RN_DISPATCH_FLOAT(t, T, with_channel_width<T>(C, [&](auto v_) {
+                      constexpr int V = decltype(v_)::value;
+                      const ChannelTiling tl = channel_tiling(M, C, V);
+                      const bool al = aligned_to({y, x, residual}, V * static_cast<int>(sizeof(T)));
+                      bn_apply_kernel<T, V><<<grid_of(tl), kTileThreads, 0, s>>>(
+                          static_cast<T*>(y), static_cast<const T*>(x), static_cast<const T*>(residual), tl, al, mean,
+                          var_or_invstd, is_var, eps, gamma, beta, fuse);
+                      RN_CUDA_LAUNCH_CHECK();
+                    }));
 }
 
 void launch_bn_backward_sums(float* sum_dy, float* sum_dy_xhat, const void* dy, const void* x, DType t, int64_t M,
                              int64_t C, const float* mean, const float* invstd, float* partials, cudaStream_t s) {
-  const int64_t splits = reduce_shape(M).splits;
-  RN_DISPATCH_FLOAT(t, T, {
-    run_channel_partials(partials, M, C,
-                         SumDyAndDyXhat<T>{static_cast<const T*>(dy), static_cast<const T*>(x), mean, invstd, C}, s);
-    finish_two_sums_kernel<<<blocks_for(C, kThreads), kThreads, 0, s>>>(sum_dy, sum_dy_xhat, partials, splits, C, 1.0,
-                                                                        false);
-    RN_CUDA_LAUNCH_CHECK();
-  });
+  RN_DISPATCH_FLOAT(t, T, with_channel_width<T>(C, [&](auto v_) {
+                      constexpr int V = decltype(v_)::value;
+                      const ChannelTiling tl = channel_tiling(M, C, V);
+                      const bool al = aligned_to({dy, x}, V * static_cast<int>(sizeof(T)));
+                      run_channel_partials<T, V>(
+                          partials, tl,
+                          SumDyAndDyXhat<T>{static_cast<const T*>(dy), static_cast<const T*>(x), mean, invstd, C, al},
+                          s);
+                      run_finish(partials, tl.splits, C, FinishTwoSums{sum_dy, sum_dy_xhat, 1.0, false}, s);
+                    }));
 }
 
 void launch_bn_backward_dx(void* dx, const void* dy, const void* x, DType t, int64_t M, int64_t C, const float* mean,
                            const float* invstd, const float* gamma, const float* sum_dy, const float* sum_dy_xhat,
                            float* dgamma, float* dbeta, cudaStream_t s) {
-  const int64_t n = M * C;
-  RN_DISPATCH_FLOAT(t, T, {
-    auto kernel = fits_32(n) ? bn_backward_dx_kernel<T, true> : bn_backward_dx_kernel<T, false>;
-    kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(
-        static_cast<T*>(dx), static_cast<const T*>(dy), static_cast<const T*>(x), n, C,
-        static_cast<float>(1.0 / static_cast<double>(M)), mean, invstd, gamma, sum_dy, sum_dy_xhat);
-    RN_CUDA_LAUNCH_CHECK();
-  });
+  if (M > 0) {
+    RN_DISPATCH_FLOAT(t, T, with_channel_width<T>(C, [&](auto v_) {
+                      constexpr int V = decltype(v_)::value;
+                        const ChannelTiling tl = channel_tiling(M, C, V);
+                        const bool al = aligned_to({dx, dy, x}, V * static_cast<int>(sizeof(T)));
+                        bn_backward_dx_kernel<T, V><<<grid_of(tl), kTileThreads, 0, s>>>(
+                            static_cast<T*>(dx), static_cast<const T*>(dy), static_cast<const T*>(x), tl, al,
+                            static_cast<float>(1.0 / static_cast<double>(M)), mean, invstd, gamma, sum_dy,
+                            sum_dy_xhat);
+                        RN_CUDA_LAUNCH_CHECK();
+                      }));
+  }
   accumulate_stats_kernel<<<blocks_for(C, kThreads), kThreads, 0, s>>>(dgamma, dbeta, sum_dy, sum_dy_xhat, C);
   RN_CUDA_LAUNCH_CHECK();
 }
@@ -474,20 +712,26 @@ void launch_bias_add(void* y, const float* b, DType t, int64_t M, int64_t C, cud
 }
 
 void launch_bias_grad(float* db, const void* dy, DType t, int64_t M, int64_t C, float* partials, cudaStream_t s) {
-  const int64_t splits = reduce_shape(M).splits;
-  RN_DISPATCH_FLOAT(t, T, {
-    run_channel_partials(partials, M, C, SumX<T>{static_cast<const T*>(dy), C}, s);
-    finish_two_sums_kernel<<<blocks_for(C, kThreads), kThreads, 0, s>>>(db, nullptr, partials, splits, C, 1.0, true);
-    RN_CUDA_LAUNCH_CHECK();
-  });
+  RN_DISPATCH_FLOAT(t, T, with_channel_width<T>(C, [&](auto v_) {
+                      constexpr int V = decltype(v_)::value;
+                      const ChannelTiling tl = channel_tiling(M, C, V);
+                      const bool al = aligned_to({dy}, V * static_cast<int>(sizeof(T)));
+                      run_channel_partials<T, V>(partials, tl, SumX<T>{static_cast<const T*>(dy), C, al}, s);
+                      run_finish(partials, tl.splits, C, FinishTwoSums{db, nullptr, 1.0, true}, s);
+                    }));
 }
 
 void launch_kcrs_to_krsc(void* dst, const void* src, DType t, int64_t K, int64_t C, int64_t R, int64_t S,
                          cudaStream_t s) {
   const int64_t n = K * C * R * S;
   RN_DISPATCH_FLOAT(t, T, {
-    kcrs_to_krsc_kernel<T>
-        <<<blocks_for(n, kThreads), kThreads, 0, s>>>(static_cast<T*>(dst), static_cast<const T*>(src), K, C, R, S);
+    if (fits_32(n))
+      kcrs_to_krsc_kernel<T, uint32_t><<<blocks_for(n, kThreads), kThreads, 0, s>>>(
+          static_cast<T*>(dst), static_cast<const T*>(src), static_cast<uint32_t>(K), static_cast<uint32_t>(C),
+          static_cast<uint32_t>(R), static_cast<uint32_t>(S));
+    else
+      kcrs_to_krsc_kernel<T, int64_t>
+          <<<blocks_for(n, kThreads), kThreads, 0, s>>>(static_cast<T*>(dst), static_cast<const T*>(src), K, C, R, S);
     RN_CUDA_LAUNCH_CHECK();
   });
 }
@@ -496,35 +740,61 @@ void launch_accumulate_krsc_to_kcrs(float* dst, const void* src, DType t, int64_
                                     cudaStream_t s) {
   const int64_t n = K * C * R * S;
   RN_DISPATCH_FLOAT(t, T, {
-    accumulate_krsc_to_kcrs_kernel<T>
-        <<<blocks_for(n, kThreads), kThreads, 0, s>>>(dst, static_cast<const T*>(src), K, C, R, S);
+    if (fits_32(n))
+      accumulate_krsc_to_kcrs_kernel<T, uint32_t><<<blocks_for(n, kThreads), kThreads, 0, s>>>(
+          dst, static_cast<const T*>(src), static_cast<uint32_t>(K), static_cast<uint32_t>(C),
+          static_cast<uint32_t>(R), static_cast<uint32_t>(S));
+    else
+      accumulate_krsc_to_kcrs_kernel<T, int64_t>
+          <<<blocks_for(n, kThreads), kThreads, 0, s>>>(dst, static_cast<const T*>(src), K, C, R, S);
     RN_CUDA_LAUNCH_CHECK();
   });
 }
 
 void launch_accumulate(float* dst, const void* src, DType t, int64_t n, cudaStream_t s) {
+  if (n == 0) return;
   RN_DISPATCH_FLOAT(t, T, {
-    accumulate_kernel<T><<<blocks_for(n, kThreads), kThreads, 0, s>>>(dst, static_cast<const T*>(src), n);
+    // Four elements per access: 16 bytes of the fp32 destination.
+    if (vector_kernels() && aligned_to({dst}, 16) && aligned_to({src}, 4 * static_cast<int>(sizeof(T))))
+      accumulate_kernel<T, 4>
+          <<<blocks_for(n / 4 + 1, kThreads), kThreads, 0, s>>>(dst, static_cast<const T*>(src), n);
+    else
+      accumulate_kernel<T, 1><<<blocks_for(n, kThreads), kThreads, 0, s>>>(dst, static_cast<const T*>(src), n);
     RN_CUDA_LAUNCH_CHECK();
   });
 }
 
+// Pooling indices: uint32_t when the larger tensor's indices fit.
+#define RN_WITH_INDEX(n, I, ...)  \
+  if (fits_32(n)) {               \
+    using I = uint32_t;           \
+    __VA_ARGS__;                  \
+  } else {                        \
+    using I = int64_t;            \
+    __VA_ARGS__;                  \
+  }
+
 void launch_max_pool_forward(void* y, int32_t* argmax, const void* x, DType t, int64_t N, int64_t C, int64_t H,
                              int64_t W, int64_t P, int64_t Q, int64_t k, int64_t stride, int64_t pad, cudaStream_t s) {
-  RN_DISPATCH_FLOAT(t, T, {
-    max_pool_forward_kernel<T><<<blocks_for(N * P * Q * C, kThreads), kThreads, 0, s>>>(
-        static_cast<T*>(y), argmax, static_cast<const T*>(x), N, C, H, W, P, Q, k, stride, pad);
-    RN_CUDA_LAUNCH_CHECK();
-  });
+  RN_CHECK(H * W < (int64_t{1} << 31)) << "max pooling: H*W = " << H * W << " does not fit the int32 workspace";
+  RN_DISPATCH_FLOAT(t, T, RN_WITH_INDEX(std::max(N * H * W, N * P * Q) * C, I, {
+                      max_pool_forward_kernel<T, I><<<blocks_for(N * P * Q * C, kThreads), kThreads, 0, s>>>(
+                          static_cast<T*>(y), argmax, static_cast<const T*>(x), static_cast<I>(N), static_cast<I>(C),
+                          static_cast<I>(H), static_cast<I>(W), static_cast<I>(P), static_cast<I>(Q),
+                          static_cast<int>(k), static_cast<int>(stride), static_cast<int>(pad));
+                      RN_CUDA_LAUNCH_CHECK();
+                    }));
 }
 
 void launch_max_pool_backward(void* dx, const void* dy, const int32_t* argmax, DType t, int64_t N, int64_t C, int64_t H,
                               int64_t W, int64_t P, int64_t Q, int64_t k, int64_t stride, int64_t pad, cudaStream_t s) {
-  RN_DISPATCH_FLOAT(t, T, {
-    max_pool_backward_kernel<T><<<blocks_for(N * H * W * C, kThreads), kThreads, 0, s>>>(
-        static_cast<T*>(dx), static_cast<const T*>(dy), argmax, N, C, H, W, P, Q, k, stride, pad);
-    RN_CUDA_LAUNCH_CHECK();
-  });
+  RN_DISPATCH_FLOAT(t, T, RN_WITH_INDEX(std::max(N * H * W, N * P * Q) * C, I, {
+                      max_pool_backward_kernel<T, I><<<blocks_for(N * H * W * C, kThreads), kThreads, 0, s>>>(
+                          static_cast<T*>(dx), static_cast<const T*>(dy), argmax, static_cast<I>(N),
+                          static_cast<I>(C), static_cast<I>(H), static_cast<I>(W), static_cast<I>(P),
+                          static_cast<I>(Q), static_cast<int>(k), static_cast<int>(stride), static_cast<int>(pad));
+                      RN_CUDA_LAUNCH_CHECK();
+                    }));
 }
 
 void launch_global_avg_pool_forward(void* y, const void* x, DType t, int64_t N, int64_t C, int64_t HW, cudaStream_t s) {

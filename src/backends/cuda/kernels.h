@@ -11,6 +11,13 @@
 
 namespace rn::cuda {
 
+// Vector accesses (16 bytes where C and the addresses allow) in the element-wise and
+// per-channel kernels; RN_CUDA_VECTOR_KERNELS=0 turns them off for a process (V = 1: the
+// same per-element arithmetic, per-channel sums in another fixed order). Set it before the
+// first kernel runs: batch norm's recompute expects the order its forward pass used.
+bool vector_kernels();
+void set_vector_kernels(bool on);
+
 void launch_cast(void* y, DType dst, const void* x, DType src, int64_t n, cudaStream_t s);
 void launch_relu_forward(void* y, const void* x, DType t, int64_t n, cudaStream_t s);
 // dx = dy * (y > 0); dx may be dy.

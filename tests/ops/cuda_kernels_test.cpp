@@ -1,0 +1,364 @@
+// The CUDA backend's own kernels (backends/cuda/kernels.h), called directly on the GPU: the
+// 16-byte vector paths against the one-element paths (RN_CUDA_VECTOR_KERNELS=0) and against
+// the host, the unaligned fallback against the aligned path, and the per-channel reductions
+// against sums in double. Skipped with a visible line without a GPU; scripts/gpu-check.sh
+// runs them (CudaKernels.*) before the op harness, so a kernel fault shows here first.
+#ifdef RN_HAVE_CUDA
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/kernels.h"
+#include "core/dtype.h"
+#include "core/rng.h"
+#include "ops/fused_math.h"
+
+namespace rn::cuda {
+namespace {
+
+bool gpu_present(std::string* why) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    *why = std::string("cudaGetDeviceCount: ") + cudaGetErrorString(e);
+    return false;
+  }
+  if (n == 0) *why = "no GPU";
+  return n > 0;
+}
+
+#define RN_REQUIRE_GPU()                                                \
+  do {                                                                  \
+    std::string why_;                                                   \
+    if (!gpu_present(&why_)) GTEST_SKIP() << "cuda kernels not run: " << why_; \
+  } while (0)
+
+size_t elem_size(DType t) { return t == DType::f32 ? 4 : 2; }
+
+// A device buffer holding n elements of type t, `offset` elements past a 256-byte-aligned
+// allocation (offset 1: no vector access is possible).
+class Buf {
+ public:
+  Buf(DType t, size_t n, size_t offset = 0) : t_(t), n_(n), offset_(offset) {
+    RN_CUDA_CHECK(cudaMalloc(&base_, (n + offset + 8) * elem_size(t)));
+    RN_CUDA_CHECK(cudaMemset(base_, 0, (n + offset + 8) * elem_size(t)));
+  }
+  ~Buf() { cudaFree(base_); }
+  Buf(const Buf&) = delete;
+  Buf& operator=(const Buf&) = delete;
+  void* data() const { return static_cast<char*>(base_) + offset_ * elem_size(t_); }
+  float* f() const { return static_cast<float*>(data()); }
+  void set(const std::vector<float>& v) {
+    std::vector<char> raw(v.size() * elem_size(t_));
+    convert(raw.data(), t_, v.data(), DType::f32, v.size());
+    RN_CUDA_CHECK(cudaMemcpy(data(), raw.data(), raw.size(), cudaMemcpyHostToDevice));
+  }
+  std::vector<float> get() const {
+    RN_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<char> raw(n_ * elem_size(t_));
+    RN_CUDA_CHECK(cudaMemcpy(raw.data(), data(), raw.size(), cudaMemcpyDeviceToHost));
+    std::vector<float> v(n_);
+    convert(v.data(), DType::f32, raw.data(), t_, n_);
+    return v;
+  }
+
+ private:
+  DType t_;
+  size_t n_, offset_;
+  void* base_ = nullptr;
+};
+
+// Values already representable in t, so the host and the device start from the same bits.
+std::vector<float> random_values(DType t, size_t n, Rng& rng, float mean = 0.0f, float scale = 1.0f) {
+  std::vector<float> v(n);
+  for (float& x : v) x = round_to_dtype(mean + scale * rng.normal(), t);
+  return v;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b, std::string* where) {
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::memcmp(&a[i], &b[i], 4) != 0) {
+      *where = "element " + std::to_string(i) + ": " + std::to_string(a[i]) + " vs " + std::to_string(b[i]);
+      return false;
+    }
+  return true;
+}
+
+double eps_of(DType t) { return t == DType::f32 ? 0x1p-23 : t == DType::f16 ? 0x1p-10 : 0x1p-7; }
+
+// |got - want| <= tol[i] for every element.
+::testing::AssertionResult within(const std::vector<float>& got, const std::vector<float>& want,
+                                  const std::vector<double>& tol) {
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double d = std::fabs(static_cast<double>(got[i]) - want[i]);
+    if (!(d <= tol[i]))
+      return ::testing::AssertionFailure() << "element " << i << ": got " << got[i] << ", want " << want[i]
+                                           << " (tolerance " << tol[i] << ")";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Within `ulps` units in the last place of fp32 of the expected value, or `abs_tol`.
+::testing::AssertionResult near(const std::vector<float>& got, const std::vector<double>& want, double ulps,
+                                double abs_tol) {
+  std::vector<double> tol(want.size());
+  for (size_t i = 0; i < want.size(); ++i) tol[i] = ulps * eps_of(DType::f32) * std::fabs(want[i]) + abs_tol;
+  return within(got, std::vector<float>(want.begin(), want.end()), tol);
+}
+
+struct Shape {
+  int64_t M, C;
+};
+// Vector widths 8 and 4 (fp16/bf16, fp32), odd widths (one element at a time), a last split
+// shorter than the others, ResNet-50's widest layer and more than 1024 splits' worth of rows.
+const Shape kShapes[] = {{300, 64}, {513, 24}, {37, 3}, {130, 2048}, {1000, 12}, {300000, 16}};
+const DType kTypes[] = {DType::f32, DType::f16, DType::bf16};
+
+std::string label(DType t, const Shape& s) {
+  return std::string(dtype_name(t)) + " M=" + std::to_string(s.M) + " C=" + std::to_string(s.C);
+}
+
+class VectorSwitch {  // restores the process-wide setting
+ public:
+  explicit VectorSwitch(bool on) : was_(vector_kernels()) { set_vector_kernels(on); }
+  ~VectorSwitch() { set_vector_kernels(was_); }
+
+ private:
+  bool was_;
+};
+
+TEST(CudaKernels, BatchStatisticsMatchDoubleSumsAndDoNotDependOnAlignment) {
+  RN_REQUIRE_GPU();
+  Rng rng(11);
+  for (DType t : kTypes)
+    for (const Shape& s : kShapes) {
+      SCOPED_TRACE(label(t, s));
+      const size_t n = static_cast<size_t>(s.M * s.C);
+      const std::vector<float> x = random_values(t, n, rng, 3.0f, 2.0f);  // |mean| > std
+      std::vector<double> mean(s.C, 0.0), var(s.C, 0.0);
+      for (int64_t m = 0; m < s.M; ++m)
+        for (int64_t c = 0; c < s.C; ++c) mean[c] += x[m * s.C + c];
+      for (double& v : mean) v /= static_cast<double>(s.M);
+      for (int64_t m = 0; m < s.M; ++m)
+        for (int64_t c = 0; c < s.C; ++c) var[c] += std::pow(x[m * s.C + c] - mean[c], 2);
+      for (double& v : var) v /= static_cast<double>(s.M);
+
+      std::vector<std::vector<float>> results;  // mean, var: aligned, unaligned, one by one
+      for (int variant = 0; variant < 3; ++variant) {
+        VectorSwitch vs(variant < 2);
+        Buf xb(t, n, variant == 1 ? 1 : 0), mb(DType::f32, s.C), vb(DType::f32, s.C),
+            parts(DType::f32, static_cast<size_t>(channel_partials_floats(s.M, s.C)));
+        xb.set(x);
+        launch_bn_stats(mb.f(), vb.f(), xb.data(), t, s.M, s.C, parts.f(), nullptr);
+        results.push_back(mb.get());
+        results.push_back(vb.get());
+      }
+      for (int variant = 0; variant < 3; ++variant) {
+        EXPECT_TRUE(near(results[2 * variant], mean, 8, 1e-7)) << "mean, variant " << variant;
+        EXPECT_TRUE(near(results[2 * variant + 1], var, 16, 1e-7)) << "var, variant " << variant;
+      }
+      // Batch norm's recompute compares the statistics bit for bit, and its input may sit at
+      // another address: the order of the sums must not depend on the alignment.
+      std::string where;
+      EXPECT_TRUE(same_bits(results[0], results[2], &where)) << "mean, unaligned: " << where;
+      EXPECT_TRUE(same_bits(results[1], results[3], &where)) << "var, unaligned: " << where;
+      // Twice the same launch: the same bits (no atomics).
+      {
+        Buf xb(t, n), mb(DType::f32, s.C), vb(DType::f32, s.C),
+            parts(DType::f32, static_cast<size_t>(channel_partials_floats(s.M, s.C)));
+        xb.set(x);
+        launch_bn_stats(mb.f(), vb.f(), xb.data(), t, s.M, s.C, parts.f(), nullptr);
+        EXPECT_TRUE(same_bits(mb.get(), results[0], &where)) << "mean, rerun: " << where;
+        EXPECT_TRUE(same_bits(vb.get(), results[1], &where)) << "var, rerun: " << where;
+      }
+    }
+}
+
+TEST(CudaKernels, BatchNormApplyAndBackwardGiveTheSameBitsWithAndWithoutVectors) {
+  RN_REQUIRE_GPU();
+  Rng rng(12);
+  for (DType t : kTypes)
+    for (const Shape& s : kShapes) {
+      if (s.M * s.C > 1000000) continue;
+      SCOPED_TRACE(label(t, s));
+      const size_t n = static_cast<size_t>(s.M * s.C);
+      const std::vector<float> x = random_values(t, n, rng, 0.5f), res = random_values(t, n, rng),
+                               dy = random_values(t, n, rng);
+      std::vector<float> mean(s.C), invstd(s.C), gamma(s.C), beta(s.C);
+      std::vector<double> sdy(s.C, 0.0), sdyx(s.C, 0.0);
+      for (int64_t c = 0; c < s.C; ++c) {
+        mean[c] = 0.5f + 0.1f * rng.normal();
+        invstd[c] = 1.0f + 0.2f * rng.uniform();
+        gamma[c] = 1.0f + 0.3f * rng.normal();
+        beta[c] = 0.2f * rng.normal();
+      }
+      // The host's view: per element, the same inline functions (ops/fused_math.h). The
+      // device may fuse a multiply-add the host rounds twice (a difference of about one
+      // fp32 unit of the terms), and that may move a value across a rounding boundary of the
+      // storage type (one unit of t): the tolerances say so.
+      const double e32 = eps_of(DType::f32), et = eps_of(t);
+      std::vector<std::vector<float>> want(3, std::vector<float>(n));
+      std::vector<std::vector<double>> tol(3, std::vector<double>(n));
+      for (size_t i = 0; i < n; ++i) {
+        const size_t c = i % static_cast<size_t>(s.C);
+        const float v = fused::bn_apply(x[i], mean[c], invstd[c], gamma[c], beta[c]);
+        want[0][i] = round_to_dtype(v, t);
+        want[1][i] = round_to_dtype(fused::relu(v), t);
+        want[2][i] = round_to_dtype(fused::relu(round_to_dtype(v, t) + res[i]), t);
+        const double terms = std::fabs(v) + std::fabs(beta[c]);
+        for (int f = 0; f < 3; ++f) tol[f][i] = 2 * e32 * (terms + std::fabs(want[f][i])) + et * std::fabs(want[f][i]);
+        tol[2][i] += 2 * e32 * std::fabs(res[i]) + et * std::fabs(v);
+      }
+      for (int64_t m = 0; m < s.M; ++m)
+        for (int64_t c = 0; c < s.C; ++c) {
+          const double g = dy[m * s.C + c];
+          sdy[c] += g;
+          sdyx[c] += g * ((static_cast<double>(x[m * s.C + c]) - mean[c]) * invstd[c]);
+        }
+
+      std::vector<std::vector<float>> got[3];  // per variant: y for fuse 0, 1, 2; sums; dx
+      for (int variant = 0; variant < 3; ++variant) {
+        VectorSwitch vs(variant < 2);
+        const size_t off = variant == 1 ? 1 : 0;
+        Buf xb(t, n, off), rb(t, n, off), yb(t, n, off), gb(t, n, off), dxb(t, n, off);
+        Buf mb(DType::f32, s.C), ib(DType::f32, s.C), gab(DType::f32, s.C), bb(DType::f32, s.C),
+            s1(DType::f32, s.C), s2(DType::f32, s.C), dga(DType::f32, s.C), dbe(DType::f32, s.C),
+            parts(DType::f32, static_cast<size_t>(channel_partials_floats(s.M, s.C)));
+        xb.set(x), rb.set(res), gb.set(dy), mb.set(mean), ib.set(invstd), gab.set(gamma), bb.set(beta);
+        for (int fuse = 0; fuse < 3; ++fuse) {
+          launch_bn_apply(yb.data(), xb.data(), fuse == 2 ? rb.data() : nullptr, t, s.M, s.C, mb.f(), ib.f(), false,
+                          1e-5f, gab.f(), bb.f(), fuse, nullptr);
+          got[variant].push_back(yb.get());
+        }
+        launch_bn_backward_sums(s1.f(), s2.f(), gb.data(), xb.data(), t, s.M, s.C, mb.f(), ib.f(), parts.f(), nullptr);
+        got[variant].push_back(s1.get());
+        got[variant].push_back(s2.get());
+        launch_bn_backward_dx(dxb.data(), gb.data(), xb.data(), t, s.M, s.C, mb.f(), ib.f(), gab.f(), s1.f(), s2.f(),
+                              dga.f(), dbe.f(), nullptr);
+        got[variant].push_back(dxb.get());
+        got[variant].push_back(dga.get());  // zero-initialised, so dgamma == sum_dy_xhat
+      }
+      std::string where;
+      for (int fuse = 0; fuse < 3; ++fuse) {
+        EXPECT_TRUE(within(got[0][fuse], want[fuse], tol[fuse])) << "apply, fuse " << fuse;
+        EXPECT_TRUE(same_bits(got[0][fuse], got[1][fuse], &where)) << "apply unaligned, fuse " << fuse << ": " << where;
+        EXPECT_TRUE(same_bits(got[0][fuse], got[2][fuse], &where)) << "apply one by one, fuse " << fuse << ": " << where;
+      }
+      // fp32 sums of M terms of about unit size: a few units of fp32 times sqrt(M).
+      const double sum_tol = 16 * e32 * std::sqrt(static_cast<double>(s.M)) * 4;
+      EXPECT_TRUE(near(got[0][3], sdy, 16, sum_tol)) << "sum dy";
+      EXPECT_TRUE(near(got[0][4], sdyx, 16, sum_tol)) << "sum dy*xhat";
+      EXPECT_TRUE(same_bits(got[0][3], got[1][3], &where)) << "sum dy unaligned: " << where;
+      EXPECT_TRUE(same_bits(got[0][4], got[1][4], &where)) << "sum dy*xhat unaligned: " << where;
+      EXPECT_TRUE(same_bits(got[0][4], got[0][6], &where)) << "dgamma += sum dy*xhat: " << where;
+      // dx from each variant's own sums: equal bits where the sums are (aligned/unaligned).
+      EXPECT_TRUE(same_bits(got[0][5], got[1][5], &where)) << "dx unaligned: " << where;
+      std::vector<float> want_dx(n);
+      std::vector<double> dx_tol(n);
+      const float inv_m = static_cast<float>(1.0 / static_cast<double>(s.M));
+      for (size_t i = 0; i < n; ++i) {
+        const size_t c = i % static_cast<size_t>(s.C);
+        const float s1 = got[0][3][c], s2 = got[0][4][c];
+        const float v = fused::bn_backward_dx(dy[i], x[i], mean[c], invstd[c], gamma[c], s1, s2, inv_m);
+        want_dx[i] = round_to_dtype(v, t);
+        const double xhat = (x[i] - mean[c]) * invstd[c];
+        const double terms = std::fabs(gamma[c] * invstd[c]) *
+                             (std::fabs(dy[i]) + std::fabs(s1 * inv_m) + std::fabs(xhat * s2 * inv_m));
+        dx_tol[i] = 4 * e32 * terms + et * std::fabs(v);
+      }
+      EXPECT_TRUE(within(got[0][5], want_dx, dx_tol)) << "dx";
+    }
+}
+
+TEST(CudaKernels, ElementwiseKernelsAreExactWithAndWithoutVectors) {
+  RN_REQUIRE_GPU();
+  Rng rng(13);
+  for (DType t : kTypes)
+    for (size_t n : {size_t{1}, size_t{7}, size_t{4099}, size_t{1} << 20}) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + " n=" + std::to_string(n));
+      const std::vector<float> a = random_values(t, n, rng), b = random_values(t, n, rng);
+      std::vector<float> relu(n), add(n), relu_bwd(n), acc(n), half(n);
+      for (size_t i = 0; i < n; ++i) {
+        relu[i] = fused::relu(a[i]);
+        add[i] = round_to_dtype(a[i] + b[i], t);
+        relu_bwd[i] = b[i] > 0.0f ? a[i] : 0.0f;  // dy = a, y = b
+        acc[i] = 0.25f + a[i];
+        half[i] = round_to_dtype(a[i], DType::f16);
+      }
+      for (int variant = 0; variant < 3; ++variant) {
+        VectorSwitch vs(variant < 2);
+        const size_t off = variant == 1 ? 1 : 0;
+        SCOPED_TRACE(variant == 0 ? "vectors" : variant == 1 ? "unaligned" : "one by one");
+        Buf ab(t, n, off), bb(t, n, off), yb(t, n, off), fb(DType::f32, n, off), hb(DType::f16, n, off);
+        ab.set(a), bb.set(b);
+        std::string where;
+        launch_relu_forward(yb.data(), ab.data(), t, static_cast<int64_t>(n), nullptr);
+        EXPECT_TRUE(same_bits(yb.get(), relu, &where)) << "relu: " << where;
+        launch_add(yb.data(), ab.data(), bb.data(), t, static_cast<int64_t>(n), nullptr);
+        EXPECT_TRUE(same_bits(yb.get(), add, &where)) << "add: " << where;
+        launch_relu_backward(yb.data(), ab.data(), bb.data(), t, static_cast<int64_t>(n), nullptr);
+        EXPECT_TRUE(same_bits(yb.get(), relu_bwd, &where)) << "relu backward: " << where;
+        fb.set(std::vector<float>(n, 0.25f));
+        launch_accumulate(fb.f(), ab.data(), t, static_cast<int64_t>(n), nullptr);
+        EXPECT_TRUE(same_bits(fb.get(), acc, &where)) << "accumulate: " << where;
+        launch_cast(hb.data(), DType::f16, ab.data(), t, static_cast<int64_t>(n), nullptr);
+        EXPECT_TRUE(same_bits(hb.get(), half, &where)) << "cast to fp16: " << where;
+      }
+    }
+}
+
+TEST(CudaKernels, MaxPoolingMatchesTheHost) {
+  RN_REQUIRE_GPU();
+  Rng rng(14);
+  const int64_t N = 3, C = 5, H = 11, W = 9, k = 3, stride = 2, pad = 1;
+  const int64_t P = (H + 2 * pad - k) / stride + 1, Q = (W + 2 * pad - k) / stride + 1;
+  for (DType t : kTypes) {
+    SCOPED_TRACE(dtype_name(t));
+    const std::vector<float> x = random_values(t, N * H * W * C, rng), dy = random_values(t, N * P * Q * C, rng);
+    std::vector<float> y(N * P * Q * C), dx(N * H * W * C, 0.0f);
+    std::vector<double> dx_tol(dx.size(), 0.0);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t p = 0; p < P; ++p)
+        for (int64_t q = 0; q < Q; ++q)
+          for (int64_t c = 0; c < C; ++c) {
+            float best = -INFINITY;
+            int64_t at = -1;
+            for (int64_t r = 0; r < k; ++r)
+              for (int64_t s = 0; s < k; ++s) {
+                const int64_t h = p * stride - pad + r, w = q * stride - pad + s;
+                if (h < 0 || h >= H || w < 0 || w >= W) continue;
+                const float v = x[((n * H + h) * W + w) * C + c];
+                if (at < 0 || v > best) best = v, at = (n * H + h) * W + w;
+              }
+            const int64_t o = ((n * P + p) * Q + q) * C + c;
+            y[o] = best;
+            dx[at * C + c] += dy[o];
+            dx_tol[at * C + c] += 2 * eps_of(DType::f32) * std::fabs(dy[o]);
+          }
+    for (size_t i = 0; i < dx.size(); ++i) {
+      dx[i] = round_to_dtype(dx[i], t);
+      dx_tol[i] += eps_of(t) * std::fabs(dx[i]);
+    }
+    Buf xb(t, x.size()), yb(t, y.size()), gb(t, dy.size()), dxb(t, dx.size());
+    int32_t* argmax = nullptr;
+    RN_CUDA_CHECK(cudaMalloc(&argmax, y.size() * sizeof(int32_t)));
+    xb.set(x), gb.set(dy);
+    launch_max_pool_forward(yb.data(), argmax, xb.data(), t, N, C, H, W, P, Q, k, stride, pad, nullptr);
+    launch_max_pool_backward(dxb.data(), gb.data(), argmax, t, N, C, H, W, P, Q, k, stride, pad, nullptr);
+    std::string where;
+    EXPECT_TRUE(same_bits(yb.get(), y, &where)) << "forward: " << where;
+    // At most four windows overlap an input at stride 2: sums of up to four values, in an
+    // order that may differ from the host's.
+    EXPECT_TRUE(within(dxb.get(), dx, dx_tol)) << "backward";
+    cudaFree(argmax);
+  }
+}
+
+}  // namespace
+}  // namespace rn::cuda
+#endif  // RN_HAVE_CUDA
