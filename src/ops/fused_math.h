@@ -76,6 +76,25 @@ RN_HD inline bool loss_scale_update(LossScaleCounters& s, const LossScaleRule& r
 }
 
 // ---- batch norm ---------------------------------------------------------------------------
+// Batch statistics in one pass (Welford): a run of values kept as (count, mean, m2) with
+// m2 the sum of squared deviations from the mean. welford_add takes the next value with
+// inv_n = 1 / the new count (one division serves the channels of a vector); chan_combine
+// merges two runs (Chan et al.). Neither subtracts large sums, so |mean| >> std loses nothing.
+template <typename F>
+RN_HD inline void welford_add(F& mean, F& m2, F x, F inv_n) {
+  const F d = x - mean;
+  mean += d * inv_n;
+  m2 += d * (x - mean);
+}
+template <typename F>
+RN_HD inline void chan_combine(F& n, F& mean, F& m2, F nb, F mean_b, F m2_b) {
+  if (nb == F(0)) return;
+  const F nt = n + nb, d = mean_b - mean, wb = nb / nt;
+  mean += d * wb;
+  m2 += m2_b + d * d * (n * wb);
+  n = nt;
+}
+
 // y = gamma * (x - mean) * invstd + beta, then the fused ReLU / add+ReLU.
 RN_HD inline float bn_apply(float x, float mean, float invstd, float gamma, float beta) {
   return gamma * ((x - mean) * invstd) + beta;

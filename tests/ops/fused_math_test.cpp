@@ -6,10 +6,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "core/rng.h"
@@ -153,6 +155,64 @@ TEST(FusedMath, BatchNormBackwardMatchesFiniteDifferences) {
     const double fd = (loss(xp) - loss(xm)) / (2 * h);
     EXPECT_NEAR(dx, fd, 2e-3 * std::max(1.0, std::fabs(fd))) << "element " << i;
   }
+}
+
+// The batch statistics as the CUDA kernel combines them (backends/cuda/kernels.cu): fp32
+// Welford runs of `per_thread` rows, merged pairwise in fp32 by a tree of `threads` runs,
+// then the splits merged in double. Returns {mean, biased var}.
+std::pair<double, double> tiled_welford(const std::vector<float>& x, int per_thread, int threads) {
+  double n = 0, mean = 0, m2 = 0;
+  const size_t split_rows = static_cast<size_t>(per_thread) * static_cast<size_t>(threads);
+  for (size_t s0 = 0; s0 < x.size(); s0 += split_rows) {
+    std::vector<float> tn(threads, 0.0f), tm(threads, 0.0f), tq(threads, 0.0f);
+    for (int t = 0; t < threads; ++t)
+      for (size_t i = s0 + static_cast<size_t>(t); i < std::min(x.size(), s0 + split_rows); i += threads) {
+        tn[t] += 1.0f;
+        fused::welford_add(tm[t], tq[t], x[i], 1.0f / tn[t]);
+      }
+    for (int half = threads / 2; half > 0; half /= 2)
+      for (int t = 0; t < half; ++t) fused::chan_combine(tn[t], tm[t], tq[t], tn[t + half], tm[t + half], tq[t + half]);
+    fused::chan_combine(n, mean, m2, static_cast<double>(tn[0]), static_cast<double>(tm[0]),
+                        static_cast<double>(tq[0]));
+  }
+  return {mean, m2 / n};
+}
+
+std::pair<double, double> two_pass(const std::vector<float>& x) {
+  double mean = 0, var = 0;
+  for (float v : x) mean += v;
+  mean /= static_cast<double>(x.size());
+  for (float v : x) var += (v - mean) * (v - mean);
+  return {mean, var / static_cast<double>(x.size())};
+}
+
+TEST(FusedMath, OnePassBatchStatisticsMatchTwoPassInDouble) {
+  Rng rng(17);
+  // Typical activations, and a channel whose mean is a thousand times its spread, where the
+  // sum of squares minus the squared sum in fp32 loses every digit.
+  for (const float offset : {0.5f, 1000.0f}) {
+    std::vector<float> x(5001);
+    for (float& v : x) v = offset + rng.normal();
+    const auto [mean, var] = tiled_welford(x, 40, 32);
+    const auto [want_mean, want_var] = two_pass(x);
+    EXPECT_NEAR(mean, want_mean, 1e-6 * std::fabs(want_mean)) << "offset " << offset;
+    EXPECT_NEAR(var, want_var, 1e-4 * want_var) << "offset " << offset;
+    float s1 = 0, s2 = 0;
+    for (float v : x) s1 += v, s2 += v * v;
+    const double naive = s2 / x.size() - (s1 / x.size()) * (s1 / x.size());
+    if (offset > 100) {
+      EXPECT_GT(std::fabs(naive - want_var), 0.01 * want_var) << "the data should defeat the naive formula";
+    }
+  }
+  // Runs of one and of no value merge as they should.
+  float n = 0, m = 0, q = 0;
+  fused::chan_combine(n, m, q, 0.0f, 5.0f, 1.0f);
+  EXPECT_EQ(n, 0.0f);
+  fused::chan_combine(n, m, q, 1.0f, 3.0f, 0.0f);
+  fused::chan_combine(n, m, q, 1.0f, 5.0f, 0.0f);
+  EXPECT_EQ(n, 2.0f);
+  EXPECT_FLOAT_EQ(m, 4.0f);
+  EXPECT_FLOAT_EQ(q, 2.0f);  // (3-4)^2 + (5-4)^2
 }
 
 TEST(FusedMath, BatchNormRunningUpdateIsPyTorchs) {

@@ -178,28 +178,6 @@ struct SumX {
 };
 
 template <typename T>
-struct SumSquaredDeviation {
-  const T* x;
-  const float* mean;
-  int64_t C;
-  bool aligned;
-  template <int V>
-  __device__ void prepare(int64_t g, float (&p)[2][V]) const {
-#pragma unroll
-    for (int k = 0; k < V; ++k) p[0][k] = mean[g * V + k];
-  }
-  template <int V>
-  __device__ void add(int64_t m, int64_t g, const float (&p)[2][V], float* a, float*) const {
-    const Pack<T, V> v = load_pack<T, V>(x + m * C + g * V, aligned);
-#pragma unroll
-    for (int k = 0; k < V; ++k) {
-      const float d = to_f32<T>(v.v[k]) - p[0][k];
-      a[k] += d * d;
-    }
-  }
-};
-
-template <typename T>
 struct SumDyAndDyXhat {
   const T* dy;
   const T* x;
@@ -224,9 +202,80 @@ struct SumDyAndDyXhat {
   }
 };
 
+// Batch statistics in one read of x: each thread runs Welford's update over its rows (the
+// count is shared by the V channels of its vector: one division per row), the row-threads
+// are merged by Chan's rule along the same tree, and each block writes
+// partials[(split * C + c) * 2 + {0, 1}] = {mean, m2} of its split's rows.
+template <typename T, int V>
+__global__ void welford_partials_kernel(float* partials, ChannelTiling tl, const T* x, bool aligned) {
+  __shared__ float sm[V][kTileThreads], sq[V][kTileThreads], sn[kTileThreads];
+  const int t = threadIdx.x;
+  const int64_t g = tl.group(blockIdx.x, t);
+  float mean[V], m2[V], n = 0.0f;
+#pragma unroll
+  for (int k = 0; k < V; ++k) mean[k] = m2[k] = 0.0f;
+  if (g >= 0) {
+    RN_TILE_ROWS(tl, m) {
+      const Pack<T, V> v = load_pack<T, V>(x + m * tl.C + g * V, aligned);
+      n += 1.0f;
+      const float inv = 1.0f / n;
+#pragma unroll
+      for (int k = 0; k < V; ++k) fused::welford_add(mean[k], m2[k], to_f32<T>(v.v[k]), inv);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < V; ++k) sm[k][t] = mean[k], sq[k][t] = m2[k];
+  sn[t] = n;
+  __syncthreads();
+  for (int half = tl.tr / 2; half > 0; half /= 2) {
+    if (t / tl.tc < half) {
+      const int o = t + half * tl.tc;
+      const float na = sn[t], nb = sn[o];
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        float nk = na, mk = sm[k][t], qk = sq[k][t];
+        fused::chan_combine(nk, mk, qk, nb, sm[k][o], sq[k][o]);
+        sm[k][t] = mk, sq[k][t] = qk;
+      }
+      sn[t] = na + nb;
+    }
+    __syncthreads();
+  }
+  if (t < tl.tc && g >= 0) {
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const int64_t c = g * V + k;
+      partials[(blockIdx.y * tl.C + c) * 2] = sm[k][t];
+      partials[(blockIdx.y * tl.C + c) * 2 + 1] = sq[k][t];
+    }
+  }
+}
+
+// The splits' {mean, m2} merged in double in a fixed order (kSplitThreads per channel, then
+// those in order): mean[c] and the biased var[c] = m2 / M.
+constexpr int kSplitThreads = 16;
+__global__ void welford_finish_kernel(float* mean, float* var, const float* partials, ChannelTiling tl) {
+  __shared__ double sn[kSplitThreads][32], sm[kSplitThreads][32], sq[kSplitThreads][32];
+  const int64_t c = blockIdx.x * 32 + threadIdx.x;
+  double n = 0.0, mu = 0.0, q = 0.0;
+  if (c < tl.C)
+    for (int64_t k = threadIdx.y; k < tl.splits; k += kSplitThreads) {
+      const double rows = static_cast<double>(tl.row_end(k) - k * tl.rows_per_split);
+      fused::chan_combine(n, mu, q, rows, static_cast<double>(partials[(k * tl.C + c) * 2]),
+                          static_cast<double>(partials[(k * tl.C + c) * 2 + 1]));
+    }
+  sn[threadIdx.y][threadIdx.x] = n, sm[threadIdx.y][threadIdx.x] = mu, sq[threadIdx.y][threadIdx.x] = q;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < tl.C) {
+    for (int r = 1; r < kSplitThreads; ++r)
+      fused::chan_combine(n, mu, q, sn[r][threadIdx.x], sm[r][threadIdx.x], sq[r][threadIdx.x]);
+    mean[c] = static_cast<float>(mu);
+    var[c] = static_cast<float>(q / n);
+  }
+}
+
 // The partial sums of every split, added in double in a fixed order by a block of 32
 // channels x kSplitThreads split-threads, then finish(c, a, b).
-constexpr int kSplitThreads = 16;
 template <typename Finish>
 __global__ void finish_partials_kernel(const float* partials, int64_t splits, int64_t C, Finish finish) {
   __shared__ double sa[kSplitThreads][32], sb[kSplitThreads][32];
@@ -245,14 +294,6 @@ __global__ void finish_partials_kernel(const float* partials, int64_t splits, in
     finish(c, a, b);
   }
 }
-
-struct FinishMean {
-  float* mean;
-  int64_t M;
-  __device__ void operator()(int64_t c, double a, double) const {
-    mean[c] = static_cast<float>(a / static_cast<double>(M));
-  }
-};
 
 // a_out = a * scale (added to a_out when accumulate), b_out = b * scale; either may be null.
 struct FinishTwoSums {
@@ -630,14 +671,12 @@ void launch_bn_stats(float* mean, float* var, const void* x, DType t, int64_t M,
   RN_DISPATCH_FLOAT(t, T, with_channel_width<T>(C, [&](auto v_) {
                       constexpr int V = decltype(v_)::value;
                       const ChannelTiling tl = channel_tiling(M, C, V);
-                      const bool al = aligned_to({x}, V * static_cast<int>(sizeof(T)));
-                      const T* xt = static_cast<const T*>(x);
-                      run_channel_partials<T, V>(partials, tl, SumX<T>{xt, C, al}, s);
-                      run_finish(partials, tl.splits, C, FinishMean{mean, M}, s);
-                      // Two passes (mean, then squared deviations): no cancellation when |mean| >> std.
-                      run_channel_partials<T, V>(partials, tl, SumSquaredDeviation<T>{xt, mean, C, al}, s);
-                      run_finish(partials, tl.splits, C, FinishTwoSums{var, nullptr, 1.0 / static_cast<double>(M), false},
-                                 s);
+                      welford_partials_kernel<T, V><<<grid_of(tl), kTileThreads, 0, s>>>(
+                          partials, tl, static_cast<const T*>(x), aligned_to({x}, V * static_cast<int>(sizeof(T))));
+                      RN_CUDA_LAUNCH_CHECK();
+                      welford_finish_kernel<<<static_cast<unsigned>((C + 31) / 32), dim3(32, kSplitThreads), 0, s>>>(
+                          mean, var, partials, tl);
+                      RN_CUDA_LAUNCH_CHECK();
                     }));
 }
 
