@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -202,6 +203,8 @@ TEST(CudaKernels, BatchNormApplyAndBackwardGiveTheSameBitsWithAndWithoutVectors)
       // fp32 unit of the terms), and that may move a value across a rounding boundary of the
       // storage type (one unit of t): the tolerances say so.
       const double e32 = eps_of(DType::f32), et = eps_of(t);
+      // Below fp16's smallest normal (2^-14) its steps stop shrinking: et * 2^-14 is one.
+      const double tiny = t == DType::f16 ? 0x1p-14 : 0.0;
       std::vector<std::vector<float>> want(3, std::vector<float>(n));
       std::vector<std::vector<double>> tol(3, std::vector<double>(n));
       for (size_t i = 0; i < n; ++i) {
@@ -211,8 +214,9 @@ TEST(CudaKernels, BatchNormApplyAndBackwardGiveTheSameBitsWithAndWithoutVectors)
         want[1][i] = round_to_dtype(fused::relu(v), t);
         want[2][i] = round_to_dtype(fused::relu(round_to_dtype(v, t) + res[i]), t);
         const double terms = std::fabs(v) + std::fabs(beta[c]);
-        for (int f = 0; f < 3; ++f) tol[f][i] = 2 * e32 * (terms + std::fabs(want[f][i])) + et * std::fabs(want[f][i]);
-        tol[2][i] += 2 * e32 * std::fabs(res[i]) + et * std::fabs(v);
+        for (int f = 0; f < 3; ++f)
+          tol[f][i] = 2 * e32 * (terms + std::fabs(want[f][i])) + et * std::max(std::fabs(static_cast<double>(want[f][i])), tiny);
+        tol[2][i] += 2 * e32 * std::fabs(res[i]) + et * std::max(std::fabs(static_cast<double>(v)), tiny);
       }
       for (int64_t m = 0; m < s.M; ++m)
         for (int64_t c = 0; c < s.C; ++c) {
@@ -269,7 +273,7 @@ TEST(CudaKernels, BatchNormApplyAndBackwardGiveTheSameBitsWithAndWithoutVectors)
         const double xhat = (x[i] - mean[c]) * invstd[c];
         const double terms = std::fabs(gamma[c] * invstd[c]) *
                              (std::fabs(dy[i]) + std::fabs(s1 * inv_m) + std::fabs(xhat * s2 * inv_m));
-        dx_tol[i] = 4 * e32 * terms + et * std::fabs(v);
+        dx_tol[i] = 4 * e32 * terms + et * std::max(std::fabs(static_cast<double>(v)), t == DType::f16 ? 0x1p-14 : 0.0);
       }
       EXPECT_TRUE(within(got[0][5], want_dx, dx_tol)) << "dx";
     }
@@ -342,7 +346,7 @@ TEST(CudaKernels, MaxPoolingMatchesTheHost) {
           }
     for (size_t i = 0; i < dx.size(); ++i) {
       dx[i] = round_to_dtype(dx[i], t);
-      dx_tol[i] += eps_of(t) * std::fabs(dx[i]);
+      dx_tol[i] += eps_of(t) * std::max(std::fabs(static_cast<double>(dx[i])), t == DType::f16 ? 0x1p-14 : 0.0);
     }
     Buf xb(t, x.size()), yb(t, y.size()), gb(t, dy.size()), dxb(t, dx.size());
     int32_t* argmax = nullptr;

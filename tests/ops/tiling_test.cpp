@@ -41,7 +41,7 @@ TEST(ChannelTiling, EveryRowAndChannelIsVisitedOnce) {
     EXPECT_EQ(t.tr & (t.tr - 1), 0) << "the reduction tree needs a power of two";
     EXPECT_LE(t.tc, 32);
     EXPECT_LE(t.splits, 1024);
-    EXPECT_GE(t.rows_per_split, 256);
+    EXPECT_GE(t.rows_per_split, 64);
     EXPECT_EQ(t.splits, row_splits(s.M).splits) << "the partials' scratch is sized from M alone";
     const std::vector<int> count = visits(t);
     int64_t wrong = 0;
@@ -77,6 +77,21 @@ TEST(VectorElems, FollowsTheUnitTheAlignmentAndTheSwitch) {
   EXPECT_EQ(vector_elems(2, 64, {buf, nullptr}), 8) << "an absent pointer (no residual) does not count";
   EXPECT_EQ(vector_elems(2, 64, {buf}, false), 1) << "RN_CUDA_VECTOR_KERNELS=0";
   EXPECT_EQ(vector_elems(8, 64, {buf}), 2);
+}
+
+TEST(VectorElems, FlatKernelsUseTheWidestAlignedVectorWhateverTheLength) {
+  alignas(64) static char buf[256];
+  EXPECT_EQ(flat_vector_elems(2, {buf, buf + 32, buf + 64}), 8) << "fp16 relu, add: 16 bytes";
+  EXPECT_EQ(flat_vector_elems(4, {buf}), 4);
+  EXPECT_EQ(flat_vector_elems(2, {buf, buf + 2}), 1) << "one pointer off by an element";
+  EXPECT_EQ(flat_vector_elems(2, {buf}, false), 1) << "RN_CUDA_VECTOR_KERNELS=0";
+}
+
+TEST(RowSplits, LateLayersOfResNet50GetEnoughBlocks) {
+  // Batch 256: 14x14 and 7x7 activations.
+  EXPECT_GE(row_splits(256 * 14 * 14).splits, 512);
+  EXPECT_GE(row_splits(256 * 7 * 7).splits, 128);
+  EXPECT_LE(row_splits(256 * 112 * 112).splits, 1024);
 }
 
 }  // namespace

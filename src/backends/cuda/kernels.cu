@@ -121,8 +121,10 @@ __global__ void accumulate_kernel(float* dst, const T* src, int64_t n) {
 // Thread threadIdx.x of block (blockIdx.x, blockIdx.y) owns vector g of V channels and the
 // rows of split blockIdx.y that tiling.h assigns it. `aligned`: every pointer allows
 // V-element accesses; when not, the same elements are read one by one, in the same order.
-#define RN_TILE_ROWS(t, r) \
-  for (int64_t r = (t).row_begin(blockIdx.y, threadIdx.x); r < (t).row_end(blockIdx.y); r += (t).tr)
+// Unrolled by 4 so that a thread has several loads in flight (the sums keep their order).
+#define RN_TILE_ROWS(t, r)                                                                        \
+  _Pragma("unroll 4") for (int64_t r = (t).row_begin(blockIdx.y, threadIdx.x); r < (t).row_end(blockIdx.y); \
+                           r += (t).tr)
 
 // Per-channel reductions: Op::prepare<V>(g, p) loads up to two parameters per channel into
 // registers, Op::add<V>(m, g, p, a, b) adds row m's two quantities. Each block writes
@@ -561,7 +563,7 @@ constexpr int widest = 16 / static_cast<int>(sizeof(T));
 // f(std::integral_constant<int, V>) with V the flat vector width for these pointers.
 template <typename T, typename F>
 void with_flat_width(std::initializer_list<const void*> ptrs, F&& f) {
-  if (vector_elems(sizeof(T), 1, ptrs, vector_kernels()) == widest<T>)
+  if (flat_vector_elems(sizeof(T), ptrs, vector_kernels()) == widest<T>)
     f(std::integral_constant<int, widest<T>>{});
   else
     f(std::integral_constant<int, 1>{});
@@ -622,7 +624,7 @@ void launch_cast(void* y, DType dst, const void* x, DType src, int64_t n, cudaSt
   if (n == 0) return;
   RN_DISPATCH_FLOAT(src, S, RN_DISPATCH_FLOAT(dst, D, {
                       // Four elements per access: 16 bytes of fp32, 8 of a half type.
-                      const bool vec = vector_kernels() && aligned_to({x, y}, 4 * static_cast<int>(sizeof(S))) &&
+                      const bool vec = vector_kernels() && aligned_to({x}, 4 * static_cast<int>(sizeof(S))) &&
                                        aligned_to({y}, 4 * static_cast<int>(sizeof(D)));
                       if (vec)
                         cast_kernel<S, D, 4><<<blocks_for(n / 4 + 1, kThreads), kThreads, 0, s>>>(
@@ -668,6 +670,7 @@ int64_t channel_partials_floats(int64_t M, int64_t C) { return row_splits(M).spl
 
 void launch_bn_stats(float* mean, float* var, const void* x, DType t, int64_t M, int64_t C, float* partials,
                      cudaStream_t s) {
+  RN_CHECK(M > 0) << "batch statistics of no rows";
   RN_DISPATCH_FLOAT(t, T, with_channel_width<T>(C, [&](auto v_) {
                       constexpr int V = decltype(v_)::value;
                       const ChannelTiling tl = channel_tiling(M, C, V);
@@ -711,6 +714,7 @@ void launch_bn_apply(void* y, const void* x, const void* residual, DType t, int6
 
 void launch_bn_backward_sums(float* sum_dy, float* sum_dy_xhat, const void* dy, const void* x, DType t, int64_t M,
                              int64_t C, const float* mean, const float* invstd, float* partials, cudaStream_t s) {
+  RN_CHECK(M > 0) << "batch-norm backward of no rows";
   RN_DISPATCH_FLOAT(t, T, with_channel_width<T>(C, [&](auto v_) {
                       constexpr int V = decltype(v_)::value;
                       const ChannelTiling tl = channel_tiling(M, C, V);
@@ -751,6 +755,7 @@ void launch_bias_add(void* y, const float* b, DType t, int64_t M, int64_t C, cud
 }
 
 void launch_bias_grad(float* db, const void* dy, DType t, int64_t M, int64_t C, float* partials, cudaStream_t s) {
+  if (M == 0) return;  // nothing to add
   RN_DISPATCH_FLOAT(t, T, with_channel_width<T>(C, [&](auto v_) {
                       constexpr int V = decltype(v_)::value;
                       const ChannelTiling tl = channel_tiling(M, C, V);

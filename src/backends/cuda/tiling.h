@@ -1,7 +1,7 @@
 // How the CUDA backend's per-channel kernels divide an NHWC activation (M rows of C channels)
 // among blocks and threads, and how wide their memory accesses are. Host-device functions
 // without CUDA types, so the CPU tests check that every (row, channel) is visited exactly
-// once (tests/ops/fused_math_test.cpp) on machines without a GPU.
+// once (tests/ops/tiling_test.cpp) on machines without a GPU.
 //
 // A thread owns one vector of `vec` consecutive channels (16 bytes when C and the pointers
 // allow) and walks the rows of its block's split; its per-channel parameters (mean, invstd,
@@ -36,13 +36,21 @@ inline int vector_elems(int elem_bytes, int64_t unit, std::initializer_list<cons
   return 1;
 }
 
-// Rows per split: at least 256, doubled until there are at most 1024 splits. It depends on
-// M alone, so the scratch for the partial sums does not depend on the vector width.
+// The vector width of a flat kernel (any n: the tail goes one element at a time): the widest
+// to whose size every pointer is aligned.
+inline int flat_vector_elems(int elem_bytes, std::initializer_list<const void*> ptrs, bool allowed = true) {
+  return vector_elems(elem_bytes, 16, ptrs, allowed);
+}
+
+// Rows per split: at least 64, doubled until there are at most 1024 splits. Short splits
+// give the small late layers of ResNet-50 enough blocks (14x14 and 7x7 at batch 256: 784 and
+// 196 splits per column of blocks). It depends on M alone, so the scratch for the partial
+// sums does not depend on the vector width.
 struct RowSplits {
   int64_t splits, rows_per_split;
 };
 RN_HD inline RowSplits row_splits(int64_t M) {
-  int64_t rows = 256;
+  int64_t rows = 64;
   while ((M + rows - 1) / rows > 1024) rows *= 2;
   return {(M + rows - 1) / rows, rows};
 }
