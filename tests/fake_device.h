@@ -129,6 +129,8 @@ class CountingCommunicator final : public Communicator {
     ++joins;
     inner_.join(t);
   }
+  void mark_compute() override { inner_.mark_compute(); }
+  std::optional<DeviceCollectiveTiming> device_timing(Ticket t) override { return inner_.device_timing(t); }
   void broadcast(void* data, int64_t bytes, int root, const std::string& what) override {
     inner_.broadcast(data, bytes, root, what);
   }

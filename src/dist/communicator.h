@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,13 @@ struct CollectiveTiming {
   double start = 0, end = 0;  // steady-clock seconds (trace_now_us() / 1e6 clock)
 };
 
+// What a device communicator measured of one collective on the device's clock (CUDA
+// events): how long it ran on its stream, and when it ended relative to the last
+// mark_compute() (negative: before the mark).
+struct DeviceCollectiveTiming {
+  double run_s = 0, end_after_mark_s = 0;
+};
+
 class Communicator {
  public:
   using Ticket = uint64_t;
@@ -58,6 +66,13 @@ class Communicator {
   // no stream: the same as wait(). A joined collective may still be wait()ed for, which is
   // how the host learns of its completion, its error or its timeout.
   virtual void join(Ticket t) { wait(t); }
+  // Device communicators: marks the point the compute stream has reached in the queue now
+  // (the end of backward), for device_timing(). Host communicators: nothing.
+  virtual void mark_compute() {}
+  // Once collective t is done (after a wait() for it or a later one): its timing on the
+  // device, handed out once. nullopt on host communicators (their wait() returns host
+  // times) and when the device could not time it.
+  virtual std::optional<DeviceCollectiveTiming> device_timing(Ticket) { return std::nullopt; }
 
   void all_reduce(void* data, int64_t count, ElemType type, ReduceOp op, const std::string& what = "all-reduce") {
     wait(all_reduce_async(data, count, type, op, what));

@@ -118,22 +118,50 @@ CommStats GradientReducer::finish() {
 
 CommStats GradientReducer::finish_on_device() {
   issue_rest();
+  comm_.mark_compute();  // before the joins, which make the compute stream wait
   CommStats s;
   s.timed = false;
+  joined_tickets_.clear();
   for (size_t b = 0; b < buckets_.size(); ++b) {
     comm_.join(tickets_[b]);
     joined_ = std::max(joined_, tickets_[b]);
+    joined_tickets_.push_back(tickets_[b]);
     s.bytes += buckets_[b].bytes();
   }
   s.buckets = static_cast<int>(buckets_.size());
   return s;
 }
 
-void GradientReducer::wait_joined() {
-  if (joined_ == 0) return;
+std::optional<CommStats> GradientReducer::wait_joined() {
+  if (joined_ == 0) return std::nullopt;
   const Communicator::Ticket t = joined_;
   joined_ = 0;
   comm_.wait(t);  // collectives finish in issue order: the last covers all
+  std::vector<std::optional<DeviceCollectiveTiming>> timings;
+  for (Communicator::Ticket k : joined_tickets_) timings.push_back(comm_.device_timing(k));
+  if (auto s = device_comm_stats(timings, buckets_)) return s;
+  CommStats s;  // untimed: buckets and bytes only
+  s.timed = false;
+  s.buckets = static_cast<int>(buckets_.size());
+  for (const GradBucket& b : buckets_) s.bytes += b.bytes();
+  return s;
+}
+
+std::optional<CommStats> device_comm_stats(const std::vector<std::optional<DeviceCollectiveTiming>>& timings,
+                                           const std::vector<GradBucket>& buckets) {
+  if (timings.empty() || timings.size() != buckets.size()) return std::nullopt;
+  CommStats s;
+  double last_end = -1e300;
+  for (size_t b = 0; b < timings.size(); ++b) {
+    if (!timings[b]) return std::nullopt;
+    s.total += std::max(0.0, timings[b]->run_s);
+    last_end = std::max(last_end, timings[b]->end_after_mark_s);
+    s.bytes += buckets[b].bytes();
+  }
+  s.buckets = static_cast<int>(buckets.size());
+  s.exposed = std::min(s.total, std::max(0.0, last_end));
+  s.hidden = s.total - s.exposed;
+  return s;
 }
 
 }  // namespace rn

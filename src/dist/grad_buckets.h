@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,10 +33,11 @@ std::vector<GradBucket> make_grad_buckets(const std::vector<GradRange>& params, 
                                           const std::vector<int>& boundaries = {}, size_t elem_bytes = 4);
 
 // Communication of one step, in seconds: `total` on the wire, of which `exposed` came after
-// backward ended (what the step waited for) and `hidden` overlapped backward. `timed` is
-// false on a device (finish_on_device): the collectives run on the device's clock and the
-// host would have to synchronise every step to time them, so only buckets and bytes are
-// known and the seconds stay 0.
+// backward ended (what the step waited for) and `hidden` overlapped backward. On a device
+// (finish_on_device) the seconds come from the communicator's CUDA events, read once the
+// host has waited for the step (wait_joined); `timings` (host clock) stays empty there.
+// `timed` is false when nothing could be measured: only buckets and bytes are known and
+// the seconds stay 0.
 struct CommStats {
   bool timed = true;
   double total = 0, exposed = 0, hidden = 0;
@@ -64,14 +66,17 @@ class GradientReducer {
   // Starts the buckets not yet started (parameters without a gradient this step), waits for
   // all, and returns the step's communication figures.
   CommStats finish();
-  // The device form of finish(): starts the buckets not yet started and joins every bucket
-  // (Communicator::join: later work on the compute stream, the overflow check and the
-  // optimizer, waits for them on the device; the host does not wait). Untimed figures.
+  // The device form of finish(): starts the buckets not yet started, marks the end of
+  // backward on the compute stream and joins every bucket (Communicator::join: later work on
+  // the compute stream, the overflow check and the optimizer, waits for them on the device;
+  // the host does not wait). Untimed figures: the times come with wait_joined().
   CommStats finish_on_device();
   // Blocks until the buckets joined by the last finish_on_device() are done (a wait() on the
   // last one, under the communicator's timeout: a hung collective ends the job instead of
-  // hanging the host in its next synchronisation). Nothing to do after finish().
-  void wait_joined();
+  // hanging the host in its next synchronisation), and returns that step's figures, timed
+  // when the communicator measured every bucket on the device. nullopt when nothing was
+  // joined since the last call (and after finish()).
+  std::optional<CommStats> wait_joined();
 
  private:
   void issue(int bucket);
@@ -85,6 +90,13 @@ class GradientReducer {
   std::vector<Communicator::Ticket> tickets_;  // bucket -> ticket (0: not issued)
   std::vector<std::string> names_;
   Communicator::Ticket joined_ = 0;  // the last bucket of finish_on_device(), until wait_joined()
+  std::vector<Communicator::Ticket> joined_tickets_;  // every bucket of that step, in bucket order
 };
+
+// A device step's figures from its buckets' device timings (in bucket order): `total` their
+// sum, `exposed` how long after the end of backward the last one ended (within [0, total]).
+// nullopt if any bucket is missing a timing.
+std::optional<CommStats> device_comm_stats(const std::vector<std::optional<DeviceCollectiveTiming>>& timings,
+                                           const std::vector<GradBucket>& buckets);
 
 }  // namespace rn

@@ -63,6 +63,7 @@ class NcclCommunicator final : public Communicator {
     host.broadcast(&id, sizeof id, 0, "the NCCL unique id");
     RN_NCCL_CHECK(ncclCommInitRank(&comm_, host.size(), id, host.rank()));
     RN_NCCL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    RN_NCCL_CUDA_CHECK(cudaEventCreate(&mark_));
   }
 
   // A collective still in flight here (an exception unwinding mid-step, a peer that died)
@@ -72,9 +73,11 @@ class NcclCommunicator final : public Communicator {
     for (auto& [t, ev] : events_) {
       in_flight = in_flight || cudaEventQuery(ev.done) == cudaErrorNotReady;
       cudaEventDestroy(ev.done);
+      if (ev.start) cudaEventDestroy(ev.start);
     }
     cudaGetLastError();  // a query's error is not the next call's
     if (comm_) in_flight ? ncclCommAbort(comm_) : ncclCommDestroy(comm_);
+    if (mark_) cudaEventDestroy(mark_);
     if (stream_) cudaStreamDestroy(stream_);
   }
 
@@ -89,9 +92,12 @@ class NcclCommunicator final : public Communicator {
   // gradient average skips the step on all ranks alike.
   Ticket all_reduce_async(void* data, int64_t count, ElemType type, ReduceOp op, const std::string& what) override {
     order_after_compute();
+    cudaEvent_t start = nullptr;  // when the stream reached the collective (its inputs were ready)
+    RN_NCCL_CUDA_CHECK(cudaEventCreate(&start));
+    RN_NCCL_CUDA_CHECK(cudaEventRecord(start, stream_));
     RN_NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(count), nccl_type(type),
                                 op == ReduceOp::average ? ncclAvg : ncclSum, comm_, stream_));
-    return record(what);
+    return record(what, start);
   }
 
   CollectiveTiming wait(Ticket t) override {
@@ -117,12 +123,30 @@ class NcclCommunicator final : public Communicator {
     }
     const CollectiveTiming timing{it->second.issued, now_s()};
     // Collectives finish in issue order on the one stream: every earlier event is done too.
+    const bool marked = mark_done(t0);
     for (auto e = events_.begin(); e != events_.end() && e->first <= t;) {
+      if (e->second.start) {
+        keep_timing(e->first, e->second, marked);
+        cudaEventDestroy(e->second.start);
+      }
       cudaEventDestroy(e->second.done);
       e = events_.erase(e);
     }
     completed_ = t;
     return timing;
+  }
+
+  void mark_compute() override {
+    RN_NCCL_CUDA_CHECK(cudaEventRecord(mark_, compute_));
+    marked_ = true;
+  }
+
+  std::optional<DeviceCollectiveTiming> device_timing(Ticket t) override {
+    auto it = timings_.find(t);
+    if (it == timings_.end()) return std::nullopt;
+    const DeviceCollectiveTiming d = it->second;
+    timings_.erase(it);
+    return d;
   }
 
   // The compute stream waits for the collective on the device; the host does not. Its event
@@ -157,11 +181,13 @@ class NcclCommunicator final : public Communicator {
     RN_NCCL_CUDA_CHECK(cudaStreamWaitEvent(stream_, ev, 0));
     RN_NCCL_CUDA_CHECK(cudaEventDestroy(ev));  // released once the wait is satisfied
   }
-  Ticket record(const std::string& what) {
+  // `start`: a timing event recorded just before the collective (device_timing), or null.
+  Ticket record(const std::string& what, cudaEvent_t start = nullptr) {
     Pending p;
     p.what = what;
     p.issued = now_s();
-    RN_NCCL_CUDA_CHECK(cudaEventCreateWithFlags(&p.done, cudaEventDisableTiming));
+    p.start = start;
+    RN_NCCL_CUDA_CHECK(cudaEventCreateWithFlags(&p.done, start ? cudaEventDefault : cudaEventDisableTiming));
     RN_NCCL_CUDA_CHECK(cudaEventRecord(p.done, stream_));
     const Ticket t = ++issued_;
     events_[t] = p;
@@ -169,10 +195,40 @@ class NcclCommunicator final : public Communicator {
   }
 
   struct Pending {
-    cudaEvent_t done = nullptr;
+    cudaEvent_t done = nullptr, start = nullptr;
     std::string what;
     double issued = 0;
   };
+
+  // Whether the last mark has been reached on the device, waiting for it (it precedes the
+  // joins on the compute stream, so only backward's own kernels stand before it) under
+  // the communicator's timeout, counted from `since`. No mark: false.
+  bool mark_done(double since) {
+    if (!marked_) return false;
+    for (;;) {
+      const cudaError_t q = cudaEventQuery(mark_);
+      if (q == cudaSuccess) return true;
+      if (q != cudaErrorNotReady || now_s() - since > timeout_s_) {
+        cudaGetLastError();
+        return false;  // untimed, not an error: the step's own checks report a failing device
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  // A failed measurement leaves the collective untimed; its error must not reach the next
+  // launch check (cudaGetLastError).
+  void keep_timing(Ticket t, const Pending& p, bool marked) {
+    float run_ms = 0, end_ms = 0;
+    if (cudaEventElapsedTime(&run_ms, p.start, p.done) != cudaSuccess ||
+        (marked && cudaEventElapsedTime(&end_ms, mark_, p.done) != cudaSuccess)) {
+      cudaGetLastError();
+      return;
+    }
+    if (!marked) return;
+    if (timings_.size() >= 4096) timings_.erase(timings_.begin());  // never asked for: keep the newest
+    timings_[t] = {1e-3 * run_ms, 1e-3 * end_ms};
+  }
   Communicator& host_;
   cudaStream_t compute_ = nullptr;
   cudaStream_t stream_ = nullptr;
@@ -180,6 +236,9 @@ class NcclCommunicator final : public Communicator {
   double timeout_s_;
   Ticket issued_ = 0, completed_ = 0;
   std::map<Ticket, Pending> events_;  // issued, not yet waited for; in issue order
+  cudaEvent_t mark_ = nullptr;        // mark_compute(): the end of backward on the compute stream
+  bool marked_ = false;
+  std::map<Ticket, DeviceCollectiveTiming> timings_;  // done, measured, not yet handed out
 };
 
 }  // namespace

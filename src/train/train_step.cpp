@@ -140,7 +140,7 @@ bool TrainStep::run(double lr) {
 void TrainStep::wait_for_gradients() {
   if (fused_ && reducer_) {
     set_activity("waiting for the gradient all-reduce");
-    reducer_->wait_joined();
+    if (auto s = reducer_->wait_joined()) comm_ = std::move(*s);  // now with the device's times
   }
 }
 

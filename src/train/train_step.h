@@ -61,7 +61,8 @@ class TrainStep {
   // so that the update waits for them on the device and run() still returns without
   // waiting. Sink mode is refused: its captured graph does not hold the all-reduces.
   void set_gradient_reducer(GradientReducer* reducer);
-  // The last step's communication (zero without a reducer; untimed on a device).
+  // The last step's communication (zero without a reducer). On a device its seconds arrive
+  // with wait_for_gradients() (CUDA events on the communicator's stream); untimed before.
   const CommStats& last_comm() const { return comm_; }
   // Device path with a reducer: blocks until the last step's all-reduces are done, under the
   // communicator's timeout. Call it before a synchronisation that would otherwise wait

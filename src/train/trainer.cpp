@@ -486,22 +486,6 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
       }
       ++st.step;
       ++st.batch_in_epoch;
-      if (reducer) {
-        const CommStats& c = step->last_comm();
-        comm_epoch.add(c);
-        comm_interval.add(c);
-        if (trace && c.timed) {
-          // The buckets' all-reduces on a track of their own, beside the step they overlap.
-          const double to_trace_us =
-              trace_now_us() -
-              1e6 * std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-          for (size_t k = 0; k < c.timings.size(); ++k)
-            trace->complete_on_track("gradient all-reduce", fmt::format("bucket {}/{}", k + 1, c.timings.size()),
-                                     "comm", 1e6 * c.timings[k].start + to_trace_us,
-                                     1e6 * (c.timings[k].end - c.timings[k].start),
-                                     {{"bytes", static_cast<double>(reducer->buckets()[k].bytes())}});
-        }
-      }
       const bool at_limit = options.max_steps > 0 && st.step >= options.max_steps;
       set_activity("agreeing on the step's loss", st.step);
       // Sink mode reads the loss (a synchronisation) only every sink_size steps. Eager device
@@ -514,6 +498,25 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
         step->wait_for_gradients();
         last_loss = plan->loss();
       }
+      // The step's communication: known after the wait above on a device (CUDA events),
+      // after run() on the host.
+      if (reducer) {
+        const CommStats& c = step->last_comm();
+        comm_epoch.add(c);
+        comm_interval.add(c);
+        if (trace && c.timed) {
+          // The buckets' all-reduces on a track of their own, beside the step they overlap
+          // (host runs: a device's timings are on its own clock and are not drawn).
+          const double to_trace_us =
+              trace_now_us() -
+              1e6 * std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+          for (size_t k = 0; k < c.timings.size(); ++k)
+            trace->complete_on_track("gradient all-reduce", fmt::format("bucket {}/{}", k + 1, c.timings.size()),
+                                     "comm", 1e6 * c.timings[k].start + to_trace_us,
+                                     1e6 * (c.timings[k].end - c.timings[k].start),
+                                     {{"bytes", static_cast<double>(reducer->buckets()[k].bytes())}});
+        }
+      }
       const StepAgreement agreed = agree_on_step(comm, last_loss, g_stop);
       const float loss = agreed.loss;
       if (!std::isfinite(loss)) step->sync_scaler_state();  // the device's skip counters decide below
@@ -524,7 +527,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
            .wait_total = train_loader.epoch_wait_seconds(),
            .loss_scale = scale_used,
            .applied = applied,
-           .comm_seconds = reducer ? step->last_comm().exposed : 0.0,  // 0 where untimed (device)
+           .comm_seconds = reducer ? step->last_comm().exposed : 0.0,  // 0 where untimed
            .host_sync_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - sync_t0).count(),
            .sync_point = sink_size == 0 || st.step % sink_size == 0});
       interval_loss += loss;
@@ -596,7 +599,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
     if (reducer && !comm_epoch.timed) {
       RN_LOG_INFO(
           "epoch {} communication: {} buckets, {:.2f} MiB per step, all-reduced by {} during backward; times not "
-          "measured on a device (they would cost a synchronisation per step)",
+          "measured (the communicator did not time every bucket of every step on the device)",
           st.epoch + 1, reducer->buckets().size(), static_cast<double>(model.params().total) * 4 / 1048576.0,
           grad_sync.comm->name());
       metrics.append(MetricsRecord("comm", st.epoch + 1, st.step)
@@ -615,6 +618,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
                          .add("ranks", static_cast<int64_t>(world.size))
                          .add("buckets", static_cast<int64_t>(reducer->buckets().size()))
                          .add("bytes_per_step", static_cast<int64_t>(model.params().total * 4))
+                         .add("clock", std::string_view(step->on_device() ? "device" : "host"))
                          .add("comm_ms", comm_epoch.ms_per_step(comm_epoch.total))
                          .add("exposed_ms", comm_epoch.ms_per_step(comm_epoch.exposed))
                          .add("hidden_share", comm_epoch.hidden_share())

@@ -141,6 +141,75 @@ TEST(GradientReducer, StartsEachBucketWhenItsLastGradientIsReady) {
   EXPECT_EQ(comm.issued.size(), 4u);
 }
 
+// A device communicator's view: the bucket collectives' device timings, handed out once.
+class DeviceTimingComm : public RecordingComm {
+ public:
+  void join(Ticket) override { ++joins; }
+  void mark_compute() override { ++marks; }
+  std::optional<DeviceCollectiveTiming> device_timing(Ticket t) override {
+    auto it = timings.find(t);
+    if (it == timings.end()) return std::nullopt;
+    const DeviceCollectiveTiming d = it->second;
+    timings.erase(it);
+    return d;
+  }
+  std::map<Ticket, DeviceCollectiveTiming> timings;
+  int joins = 0, marks = 0;
+};
+
+TEST(GradientReducer, DeviceStepsAreTimedFromTheCommunicatorsEventsOnceTheHostHasWaited) {
+  const auto r = aligned({16, 16, 16, 16});
+  std::vector<float> grads(64);
+  DeviceTimingComm comm;
+  GradientReducer red(comm, make_grad_buckets(r, 128), grads.data(), 4);
+  ASSERT_EQ(red.buckets().size(), 2u);
+  EXPECT_FALSE(red.wait_joined()) << "nothing joined yet";
+  red.begin_step();
+  red.on_ready({0, 1});
+  const CommStats queued = red.finish_on_device();
+  EXPECT_FALSE(queued.timed) << "the device has not run the collectives yet";
+  EXPECT_EQ(comm.marks, 1) << "the end of backward is marked on the compute stream";
+  EXPECT_EQ(comm.joins, 2);
+  // Bucket 1 ran 3 ms during backward; bucket 2 ran 2 ms and ended 1.5 ms after backward.
+  comm.timings[1] = {0.003, -0.004};
+  comm.timings[2] = {0.002, 0.0015};
+  const std::optional<CommStats> s = red.wait_joined();
+  ASSERT_TRUE(s);
+  EXPECT_TRUE(s->timed);
+  EXPECT_NEAR(s->total, 0.005, 1e-12);
+  EXPECT_NEAR(s->exposed, 0.0015, 1e-12);
+  EXPECT_NEAR(s->hidden, 0.0035, 1e-12);
+  EXPECT_EQ(s->bytes, 64 * 4);
+  EXPECT_TRUE(s->timings.empty()) << "device times are not on the host clock";
+  EXPECT_FALSE(red.wait_joined()) << "a step's figures are handed out once";
+  // A bucket the device could not time leaves the step untimed, with its buckets and bytes.
+  red.begin_step();
+  red.on_ready({0, 1, 2, 3});
+  red.finish_on_device();
+  comm.timings[3] = {0.001, -0.001};
+  const std::optional<CommStats> u = red.wait_joined();
+  ASSERT_TRUE(u);
+  EXPECT_FALSE(u->timed);
+  EXPECT_EQ(u->buckets, 2);
+  EXPECT_EQ(u->bytes, 64 * 4);
+}
+
+TEST(GradientReducer, ExposedCommunicationIsBetweenZeroAndTheTotal) {
+  const std::vector<GradBucket> b(2, GradBucket{0, 0, 0, 8});
+  // Everything ended before backward did: fully hidden.
+  auto s = device_comm_stats({DeviceCollectiveTiming{0.002, -0.003}, DeviceCollectiveTiming{0.001, -0.0001}}, b);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->exposed, 0.0);
+  EXPECT_NEAR(s->hidden, 0.003, 1e-12);
+  // A stall between backward and the collectives (the last ends long after): at most the total.
+  s = device_comm_stats({DeviceCollectiveTiming{0.002, 0.05}, DeviceCollectiveTiming{0.001, 0.06}}, b);
+  ASSERT_TRUE(s);
+  EXPECT_NEAR(s->exposed, 0.003, 1e-12);
+  EXPECT_EQ(s->hidden, 0.0);
+  EXPECT_FALSE(device_comm_stats({DeviceCollectiveTiming{}, std::nullopt}, b));
+  EXPECT_FALSE(device_comm_stats({DeviceCollectiveTiming{}}, b)) << "one timing for two buckets";
+}
+
 TEST(LocalCommunicator, IsWorldOfOneAndLeavesDataAlone) {
   auto c = make_local_communicator();
   EXPECT_EQ(c->size(), 1);

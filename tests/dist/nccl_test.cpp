@@ -4,6 +4,7 @@
 // stream, join() making later compute work wait, and wait() after join().
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <vector>
 
 #include "core/check.h"
@@ -62,6 +63,18 @@ TEST(Nccl, OneRankCollectivesOnTheGpuOrderWithTheComputeStream) {
     nccl->wait(t);  // after join: returns, and again
     nccl->wait(t);
   }
+  // Device timing: a mark on the compute stream, a collective, its run time and its end
+  // relative to the mark from CUDA events, handed out once.
+  nccl->mark_compute();
+  const Communicator::Ticket timed = nccl->all_reduce_async(a.data(), n, ElemType::f32, ReduceOp::sum, "timed");
+  nccl->wait(timed);
+  const std::optional<DeviceCollectiveTiming> dt = nccl->device_timing(timed);
+  ASSERT_TRUE(dt) << "the collective was not timed";
+  EXPECT_GE(dt->run_s, 0.0);
+  EXPECT_LT(dt->run_s, 5.0);
+  EXPECT_GE(dt->end_after_mark_s, 0.0) << "issued after the mark, so it ends after it";
+  EXPECT_GE(dt->end_after_mark_s, dt->run_s - 1e-5) << "it started after the mark";
+  EXPECT_FALSE(nccl->device_timing(timed)) << "handed out once";
   int64_t word = 42;
   DeviceBuffer w(mem, sizeof(word));
   mem.copy(w.data(), &word, sizeof(word));
@@ -117,6 +130,15 @@ TEST(Nccl, OneRankDeviceReducerLeavesTrainingUnchanged) {
       step.run(0.05);
       step.wait_for_gradients();
       losses.push_back(plan.loss());
+      if (reduce) {
+        // Each step's communication is timed from the communicator's CUDA events.
+        const CommStats& c = step.last_comm();
+        EXPECT_TRUE(c.timed) << "step " << k;
+        EXPECT_EQ(c.buckets, static_cast<int>(reducer->buckets().size()));
+        EXPECT_GT(c.total, 0.0) << "step " << k;
+        EXPECT_LE(c.exposed, c.total);
+        EXPECT_NEAR(c.exposed + c.hidden, c.total, 1e-12);
+      }
     }
     step.sync_host_state();
     step.set_gradient_reducer(nullptr);
