@@ -155,7 +155,17 @@ section "cross-backend harness: cuda vs ref"
 # sticky CUDA error that would fail every later test of the same process.
 "${run[@]}" "$test_ops" --gtest_filter='CudaKernels.*:ChannelTiling.*:VectorElems.*:RowSplits.*' 2>&1 \
   | tee "$out/harness.log"
-[[ ${PIPESTATUS[0]} == 0 ]] || fail "our CUDA kernels (CudaKernels.*)"
+if [[ ${PIPESTATUS[0]} != 0 ]]; then
+  fail "our CUDA kernels (CudaKernels.*)"
+  # Which kernel, which line: the same tests under compute-sanitizer's memcheck (the backend
+  # is built with -lineinfo). It works on Firecracker machines, not under gVisor.
+  san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
+  if [[ -n $san ]]; then
+    echo "rerunning CudaKernels.* under $san (memcheck)" | tee -a "$out/harness.log"
+    timeout 150 "$san" --tool memcheck --print-limit 10 "${run[@]}" "$test_ops" --gtest_filter='CudaKernels.*' 2>&1 \
+      | tail -120 | tee -a "$out/harness.log"
+  fi
+fi
 "${run[@]}" "$test_ops" --gtest_filter='Ops/CrossBackendCuda.*:FusedMath.*:FusedStepDesc.*:CudnnAlgoCache.*' \
   --gtest_brief=1 2>&1 | tee -a "$out/harness.log"
 [[ ${PIPESTATUS[0]} == 0 ]] || fail "cross-backend harness on cuda"
