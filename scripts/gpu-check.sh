@@ -4,7 +4,7 @@
 #   scripts/gpu-check.sh OUT_DIR
 #
 #   1. our kernels called directly (CudaKernels.*), then the cross-backend op harness, cuda
-#      against ref (fp32, fp16, bf16);
+#      against ref (fp32, fp16, bf16), and synchronised BN on cuda against one whole batch;
 #   2. the golden parity tests on cuda: fp32 against torchvision with the fp32 bound,
 #      fp16 and bf16 within their bounds;
 #   3. a short training (resnet20, synthetic 32x32 images, O2 fp16) in eager mode and in
@@ -166,7 +166,8 @@ if [[ ${PIPESTATUS[0]} != 0 ]]; then
       | tail -120 | tee -a "$out/harness.log"
   fi
 fi
-"${run[@]}" "$test_ops" --gtest_filter='Ops/CrossBackendCuda.*:FusedMath.*:FusedStepDesc.*:CudnnAlgoCache.*' \
+"${run[@]}" "$test_ops" \
+  --gtest_filter='Ops/CrossBackendCuda.*:Cases/SyncBatchNorm*cuda*:FusedMath.*:FusedStepDesc.*:CudnnAlgoCache.*' \
   --gtest_brief=1 2>&1 | tee -a "$out/harness.log"
 [[ ${PIPESTATUS[0]} == 0 ]] || fail "cross-backend harness on cuda"
 # On a GPU machine a skip for "no usable GPU" means the backend did not start: a failure.

@@ -40,6 +40,10 @@ class BatchStatsReducer {
  public:
   virtual ~BatchStatsReducer() = default;
   virtual void sum(double* values, int64_t n) = 0;  // in place, element-wise over all ranks
+  // true: `values` is memory of the device that trains (NCCL), summed in order on its
+  // stream (work queued after sum() sees the result; the host does not wait). The CUDA
+  // batch norm needs such a reducer; host kernels pass their own memory to either kind.
+  virtual bool on_device() const { return false; }
 };
 
 enum class BnFuse : uint8_t { none, relu, add_relu };

@@ -36,4 +36,38 @@ GradientSync make_gradient_sync(Model& model, Backend& backend, Communicator& ho
   return s;
 }
 
+namespace {
+
+class HostStatsReducer final : public BatchStatsReducer {
+ public:
+  explicit HostStatsReducer(Communicator& comm) : comm_(comm) {}
+  void sum(double* values, int64_t n) override {
+    comm_.all_reduce(values, n, ReduceOp::sum, "synchronised BN statistics");
+  }
+
+ private:
+  Communicator& comm_;
+};
+
+// The sum is joined, not waited for: a later wait (the step's gradient buckets, issued after
+// it) covers it, under the communicator's timeout.
+class DeviceStatsReducer final : public BatchStatsReducer {
+ public:
+  explicit DeviceStatsReducer(Communicator& comm) : comm_(comm) {}
+  void sum(double* values, int64_t n) override {
+    comm_.join(comm_.all_reduce_async(values, n, ElemType::f64, ReduceOp::sum, "synchronised BN statistics"));
+  }
+  bool on_device() const override { return true; }
+
+ private:
+  Communicator& comm_;
+};
+
+}  // namespace
+
+std::unique_ptr<BatchStatsReducer> make_bn_stats_reducer(const GradientSync& sync, Communicator& host) {
+  if (sync.on_device()) return std::make_unique<DeviceStatsReducer>(*sync.comm);
+  return std::make_unique<HostStatsReducer>(host);
+}
+
 }  // namespace rn

@@ -16,6 +16,7 @@
 #include "dist/grad_buckets.h"
 #include "model/model.h"
 #include "ops/backend.h"
+#include "ops/batch_norm.h"
 #include "train/config.h"
 
 namespace rn {
@@ -35,5 +36,10 @@ struct GradientSync {
 // A world of one (host.size() == 1) gets an empty GradientSync.
 GradientSync make_gradient_sync(Model& model, Backend& backend, Communicator& host, int device, const DistConfig& dist,
                                 const DeviceCommunicatorFactory& make_device_comm);
+
+// Synchronised batch norm's reducer of per-channel sums (dist.sync_bn): over the device
+// communicator when the gradients live on a device (NCCL on device memory: the compute
+// stream waits for each sum, the host does not), else over the host one.
+std::unique_ptr<BatchStatsReducer> make_bn_stats_reducer(const GradientSync& sync, Communicator& host);
 
 }  // namespace rn

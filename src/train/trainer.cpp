@@ -96,18 +96,6 @@ StepAgreement agree_on_step(Communicator& comm, float loss, bool stop) {
   return {static_cast<float>(v[0] / comm.size()), v[1] > 0};
 }
 
-// Synchronised BN: the per-channel sums of every BN layer summed over the ranks.
-class CommStatsReducer final : public BatchStatsReducer {
- public:
-  explicit CommStatsReducer(Communicator& comm) : comm_(comm) {}
-  void sum(double* values, int64_t n) override {
-    comm_.all_reduce(values, n, ReduceOp::sum, "synchronised BN statistics");
-  }
-
- private:
-  Communicator& comm_;
-};
-
 // Communication figures summed over steps.
 struct CommTotals {
   double total = 0, exposed = 0;
@@ -332,9 +320,9 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
   // above, which went to the host buffers that the placement copies).
   GradientSync grad_sync = make_gradient_sync(model, *backend, comm, device, cfg.dist, make_nccl_communicator);
   GradientReducer* const reducer = grad_sync.reducer.get();
-  CommStatsReducer bn_sync(comm);
+  const std::unique_ptr<BatchStatsReducer> bn_sync = make_bn_stats_reducer(grad_sync, comm);
   if (world.size > 1) {
-    if (cfg.dist.sync_bn) po.bn_sync = &bn_sync;
+    if (cfg.dist.sync_bn) po.bn_sync = bn_sync.get();
     RN_LOG_INFO("batch norm: statistics {}", cfg.dist.sync_bn ? fmt::format("over the global batch ({} ranks x {}, "
                                                                             "synchronised)", world.size, po.batch)
                                                               : fmt::format("per rank (batch {}); running statistics "

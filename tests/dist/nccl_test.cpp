@@ -4,6 +4,8 @@
 // stream, join() making later compute work wait, and wait() after join().
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <optional>
 #include <vector>
 
@@ -14,6 +16,7 @@
 #include "fake_device.h"
 #include "model/zoo.h"
 #include "ops/backend.h"
+#include "train/data_parallel.h"
 #include "train/train_step.h"
 
 namespace rn {
@@ -82,6 +85,79 @@ TEST(Nccl, OneRankCollectivesOnTheGpuOrderWithTheComputeStream) {
   int64_t back = 0;
   mem.copy(&back, w.data(), sizeof(back));
   EXPECT_EQ(back, 42);
+}
+
+// Synchronised batch norm through the trainer's device reducer (make_bn_stats_reducer over a
+// one-rank NCCL communicator): the per-channel sums are all-reduced in device memory and
+// joined on the compute stream. With one rank the global statistics are the rank's own, so
+// the results equal the per-rank kernel's up to the two ways of computing the variance.
+TEST(Nccl, OneRankSynchronisedBatchNormMatchesPerRankStatistics) {
+  std::unique_ptr<Backend> gpu;
+  try {
+    gpu = make_backend("cuda");
+  } catch (const std::exception& e) {
+    GTEST_SKIP() << "no GPU: the NCCL collectives are not run here (" << e.what() << ")";
+  }
+  auto host = make_local_communicator();
+  GradientSync gs;
+  gs.device_comm = make_nccl_communicator(*host, 0, gpu->native_stream(), 30);
+  gs.comm = gs.device_comm.get();
+  const std::unique_ptr<BatchStatsReducer> reducer = make_bn_stats_reducer(gs, *host);
+  ASSERT_TRUE(reducer->on_device());
+  BatchNormDesc d;
+  d.batch = 4, d.channels = 64, d.h = d.w = 5, d.fuse = BnFuse::relu, d.dtype = DType::f32, d.layout = Layout::nhwc;
+  const int64_t n = d.batch * d.channels * d.h * d.w, C = d.channels;
+  MemorySpace& mem = gpu->memory();
+  Rng rng(21);
+  std::vector<float> x(static_cast<size_t>(n)), dy(x.size()), gamma(static_cast<size_t>(C)), beta(gamma.size());
+  for (float& v : x) v = 1.5f + rng.normal();
+  for (float& v : dy) v = rng.uniform(-1, 1);
+  for (float& v : gamma) v = rng.uniform(0.5f, 1.5f);
+  for (float& v : beta) v = rng.uniform(-0.5f, 0.5f);
+  auto run = [&](bool sync) {
+    auto bn = gpu->make_batch_norm(d);
+    if (sync) bn->set_stats_reducer(reducer.get());
+    const Shape xs = d.x_shape(), cs = {C};
+    std::vector<DeviceBuffer> bufs;
+    bufs.reserve(12);
+    // A device tensor holding `init` (zeros when empty).
+    auto tensor = [&](const Shape& shape, Layout layout, const std::vector<float>& init) {
+      bufs.emplace_back(mem, static_cast<size_t>(shape.numel()) * 4);
+      std::vector<float> v = init.empty() ? std::vector<float>(static_cast<size_t>(shape.numel()), 0.0f) : init;
+      mem.copy(bufs.back().data(), v.data(), v.size() * 4);
+      return Tensor{bufs.back().data(), shape, DType::f32, layout, gpu->device()};
+    };
+    const std::vector<float> none;
+    const Tensor tx = tensor(xs, Layout::nhwc, x), tdy = tensor(xs, Layout::nhwc, dy);
+    const Tensor ty = tensor(xs, Layout::nhwc, none), tdx = tensor(xs, Layout::nhwc, none);
+    const Tensor tg = tensor(cs, Layout::nchw, gamma), tb = tensor(cs, Layout::nchw, beta);
+    const Tensor trm = tensor(cs, Layout::nchw, std::vector<float>(static_cast<size_t>(C), 0.1f));
+    const Tensor trv = tensor(cs, Layout::nchw, std::vector<float>(static_cast<size_t>(C), 0.9f));
+    const Tensor tsm = tensor(cs, Layout::nchw, none), tsi = tensor(cs, Layout::nchw, none);
+    const Tensor tdg = tensor(cs, Layout::nchw, none), tdb = tensor(cs, Layout::nchw, none);
+    bn->forward_training(ty, tsm, tsi, tx, nullptr, tg, tb, trm, trv);
+    if (sync) {
+      EXPECT_NO_THROW(bn->forward_recompute(ty, tx, nullptr, tg, tb, tsm, tsi));
+    }
+    bn->backward(tdx, nullptr, tdg, tdb, tdy, tx, ty, tg, tsm, tsi);
+    gpu->synchronize();
+    std::vector<std::vector<float>> out;
+    for (const Tensor* t : {&ty, &tdx, &tsm, &tsi, &trm, &trv, &tdg, &tdb}) {
+      std::vector<float> v(static_cast<size_t>(t->numel()));
+      mem.copy(v.data(), t->data, v.size() * 4);
+      out.push_back(v);
+    }
+    return out;
+  };
+  const auto plain = run(false), synced = run(true);
+  const char* names[] = {"y", "dx", "saved_mean", "saved_invstd", "running_mean", "running_var", "dgamma", "dbeta"};
+  for (size_t k = 0; k < plain.size(); ++k) {
+    double worst = 0;
+    for (size_t i = 0; i < plain[k].size(); ++i)
+      worst = std::max(worst, std::fabs(static_cast<double>(synced[k][i]) - plain[k][i]) /
+                                  std::max(1.0, std::fabs(static_cast<double>(plain[k][i]))));
+    EXPECT_LT(worst, 1e-5) << names[k];
+  }
 }
 
 // The device data-parallel step end to end on one GPU: backward issues NCCL bucket averages

@@ -121,10 +121,30 @@ class BatchNorm final : public BatchNormKernel {
     Tensor kdr;
     k_->backward(s(dx), s(dr, kdr), s(dg), s(db), s(dy), s(x), s(y), s(g), s(sm), s(si));
   }
+  // A reducer of host memory (the tests' simulated ranks) reaches the device kernel as a
+  // device reducer whose sums cross to the host and back.
+  void do_set_stats_reducer(BatchStatsReducer* r) override {
+    auto bridge = r ? std::make_unique<HostBridge>(b_, *r) : nullptr;
+    k_->set_stats_reducer(bridge.get());
+    bridge_ = std::move(bridge);
+  }
 
  private:
+  struct HostBridge final : BatchStatsReducer {
+    HostBridge(Backend& b, BatchStatsReducer& host) : b(b), host(host) {}
+    void sum(double* values, int64_t n) override {
+      std::vector<double> h(static_cast<size_t>(n));
+      b.memory().copy(h.data(), values, h.size() * sizeof(double));  // after the kernels queued so far
+      host.sum(h.data(), n);
+      b.memory().copy(values, h.data(), h.size() * sizeof(double));
+    }
+    bool on_device() const override { return true; }
+    Backend& b;
+    BatchStatsReducer& host;
+  };
   Backend& b_;
   std::unique_ptr<BatchNormKernel> k_;
+  std::unique_ptr<HostBridge> bridge_;
 };
 
 class Relu final : public ReluKernel {

@@ -1,4 +1,6 @@
-// Synchronised batch norm (BatchNormKernel::set_stats_reducer) on the ref and cpu backends.
+// Synchronised batch norm (BatchNormKernel::set_stats_reducer) on the ref, cpu and cuda
+// backends (cuda: through the staged backend, which hands the kernel a device reducer whose
+// sums cross to the simulated ranks on the host; skipped visibly without a GPU).
 //
 // W simulated ranks (tests/simulated_ranks.h), each with its own kernel on its slice of a
 // batch of W*B, must reproduce one kernel of the same backend on the whole batch without a
@@ -21,6 +23,7 @@
 #include "core/rng.h"
 #include "ops/backend.h"
 #include "simulated_ranks.h"
+#include "staged_backend.h"
 
 namespace rn::testing {
 namespace {
@@ -83,6 +86,19 @@ BatchNormDesc desc_for(const SyncCase& c, int64_t batch) {
   d.momentum = 0.25f, d.eps = 1e-5f;
   return d;
 }
+
+// The backend of a case; cuda staged (host tensors in and out), null with the reason when
+// this machine cannot run it.
+std::unique_ptr<Backend> backend_for(const std::string& name, std::string* why) {
+  if (name != "cuda") return make_backend(name);
+  if (!cuda_usable(why)) return nullptr;
+  return make_staged_backend(make_backend("cuda"));
+}
+
+#define RN_BACKEND_OR_SKIP(var, name)                                              \
+  std::string why_;                                                                \
+  auto var = backend_for(name, &why_);                                             \
+  if (!var) GTEST_SKIP() << "cuda backend not run: " << why_;
 
 std::vector<float> to_f32(const Tensor& t) {
   std::vector<float> v(static_cast<size_t>(t.numel()));
@@ -165,7 +181,7 @@ class SyncBatchNorm : public ::testing::TestWithParam<SyncCase> {};
 
 TEST_P(SyncBatchNorm, RanksEqualOneKernelOnTheWholeBatch) {
   const SyncCase& c = GetParam();
-  auto backend = make_backend(c.backend);
+  RN_BACKEND_OR_SKIP(backend, c.backend);
   std::string why;
   if (!backend->supports_dtype(c.dtype, &why)) GTEST_SKIP() << why;
   const BatchNormDesc whole = desc_for(c, kB * c.ranks), local = desc_for(c, kB);
@@ -250,6 +266,11 @@ std::vector<SyncCase> sync_cases() {
         for (BnFuse fuse : {BnFuse::none, BnFuse::relu, BnFuse::add_relu})
           for (int ranks : {1, 3}) cases.push_back({backend, dtype, layout, fuse, ranks});
     }
+  // cuda: NHWC only; fp16 too. The whole batch's statistics are one-pass fp32 (Welford), the
+  // ranks' fp64 sums: within the cpu bounds.
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16})
+    for (BnFuse fuse : {BnFuse::none, BnFuse::relu, BnFuse::add_relu})
+      for (int ranks : {1, 3}) cases.push_back({"cuda", dtype, Layout::nhwc, fuse, ranks});
   return cases;
 }
 
@@ -269,7 +290,7 @@ class SyncBatchNormSingle : public ::testing::TestWithParam<SyncCase> {};
 // silently with statistics that no longer belong to it.
 TEST_P(SyncBatchNormSingle, RecomputeRejectsChangedInputs) {
   const SyncCase& c = GetParam();
-  auto backend = make_backend(c.backend);
+  RN_BACKEND_OR_SKIP(backend, c.backend);
   std::string why;
   if (!backend->supports_dtype(c.dtype, &why)) GTEST_SKIP() << why;
   const BatchNormDesc d = desc_for(c, kB);
@@ -302,7 +323,7 @@ TEST_P(SyncBatchNormSingle, RecomputeRejectsChangedInputs) {
 // (for the cpu backend, oneDNN again): bit for bit what a kernel that never had one does.
 TEST_P(SyncBatchNormSingle, InferenceAndUnsetAreUnchanged) {
   const SyncCase& c = GetParam();
-  auto backend = make_backend(c.backend);
+  RN_BACKEND_OR_SKIP(backend, c.backend);
   std::string why;
   if (!backend->supports_dtype(c.dtype, &why)) GTEST_SKIP() << why;
   const BatchNormDesc d = desc_for(c, kB);
@@ -342,6 +363,7 @@ std::vector<SyncCase> single_cases() {
     cases.push_back({"ref", DType::f32, Layout::nchw, fuse, 1});
     for (DType dtype : {DType::f32, DType::bf16})
       for (Layout layout : {Layout::nchw, Layout::nhwc}) cases.push_back({"cpu", dtype, layout, fuse, 1});
+    for (DType dtype : {DType::f32, DType::f16}) cases.push_back({"cuda", dtype, Layout::nhwc, fuse, 1});
   }
   return cases;
 }

@@ -180,6 +180,25 @@ struct SumX {
 };
 
 template <typename T>
+struct SumXAndSquares {
+  const T* x;
+  int64_t C;
+  bool aligned;
+  template <int V>
+  __device__ void prepare(int64_t, float (&)[2][V]) const {}
+  template <int V>
+  __device__ void add(int64_t m, int64_t g, const float (&)[2][V], float* a, float* b) const {
+    const Pack<T, V> v = load_pack<T, V>(x + m * C + g * V, aligned);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float xv = to_f32<T>(v.v[k]);
+      a[k] += xv;
+      b[k] += xv * xv;
+    }
+  }
+};
+
+template <typename T>
 struct SumDyAndDyXhat {
   const T* dy;
   const T* x;
@@ -308,6 +327,55 @@ struct FinishTwoSums {
     if (b_out) b_out[c] = static_cast<float>(b * scale);
   }
 };
+
+// Synchronised batch norm: the two sums in double and the row count, sums[2C + 1], the
+// buffer the ranks all-reduce.
+struct FinishToDouble {
+  double* sums;
+  int64_t C, M;
+  __device__ void operator()(int64_t c, double a, double b) const {
+    sums[c] = a;
+    sums[C + c] = b;
+    if (c == 0) sums[2 * C] = static_cast<double>(M);
+  }
+};
+
+// From the global sums (batch_norm.h's contract, as the CPU's SyncBatchNorm does it): mean,
+// biased var = Q/m - mean^2, saved statistics and PyTorch's running update, in double.
+__global__ void bn_sync_finish_forward_kernel(float* saved_mean, float* saved_invstd, float* rmean, float* rvar,
+                                              const double* sums, float eps, float momentum, int64_t C) {
+  RN_FOR_EACH(c, C) {
+    const double m = sums[2 * C], mean = sums[c] / m;
+    const double var = fmax(sums[C + c] / m - mean * mean, 0.0);
+    saved_mean[c] = static_cast<float>(mean);
+    saved_invstd[c] = static_cast<float>(1.0 / sqrt(var + static_cast<double>(eps)));
+    rmean[c] = static_cast<float>((1.0 - momentum) * rmean[c] + momentum * mean);
+    rvar[c] = static_cast<float>((1.0 - momentum) * rvar[c] + momentum * var * m / (m - 1.0));
+  }
+}
+
+// The global means of g and g*xhat, for the dx kernel with inv_count 1.
+__global__ void bn_sync_finish_backward_kernel(float* mean_g, float* mean_g_xhat, const double* sums, int64_t C) {
+  RN_FOR_EACH(c, C) {
+    const double inv_m = 1.0 / sums[2 * C];
+    mean_g[c] = static_cast<float>(sums[c] * inv_m);
+    mean_g_xhat[c] = static_cast<float>(sums[C + c] * inv_m);
+  }
+}
+
+// dbeta += local sum g, dgamma += local sum g*xhat (the gradient all-reduce combines ranks).
+__global__ void bn_sync_accumulate_kernel(float* dgamma, float* dbeta, const double* sums, int64_t C) {
+  RN_FOR_EACH(c, C) {
+    dbeta[c] = static_cast<float>(static_cast<double>(dbeta[c]) + sums[c]);
+    dgamma[c] = static_cast<float>(static_cast<double>(dgamma[c]) + sums[C + c]);
+  }
+}
+
+__global__ void words_differ_kernel(int* mismatch, const uint32_t* a, const uint32_t* b, int64_t n) {
+  RN_FOR_EACH(i, n) {
+    if (a[i] != b[i]) *mismatch = 1;
+  }
+}
 
 __global__ void bn_finish_training_kernel(float* saved_mean, float* saved_invstd, float* rmean, float* rvar,
                                           const float* mean, const float* var, float eps, float momentum, int64_t M,
@@ -729,7 +797,8 @@ void launch_bn_backward_sums(float* sum_dy, float* sum_dy_xhat, const void* dy, 
 
 void launch_bn_backward_dx(void* dx, const void* dy, const void* x, DType t, int64_t M, int64_t C, const float* mean,
                            const float* invstd, const float* gamma, const float* sum_dy, const float* sum_dy_xhat,
-                           float* dgamma, float* dbeta, cudaStream_t s) {
+                           float* dgamma, float* dbeta, cudaStream_t s, float inv_count) {
+  if (inv_count < 0) inv_count = static_cast<float>(1.0 / static_cast<double>(M));
   if (M > 0) {
     RN_DISPATCH_FLOAT(t, T, with_channel_width<T>(C, [&](auto v_) {
                       constexpr int V = decltype(v_)::value;
@@ -737,12 +806,63 @@ void launch_bn_backward_dx(void* dx, const void* dy, const void* x, DType t, int
                         const bool al = aligned_to({dx, dy, x}, V * static_cast<int>(sizeof(T)));
                         bn_backward_dx_kernel<T, V><<<grid_of(tl), kTileThreads, 0, s>>>(
                             static_cast<T*>(dx), static_cast<const T*>(dy), static_cast<const T*>(x), tl, al,
-                            static_cast<float>(1.0 / static_cast<double>(M)), mean, invstd, gamma, sum_dy,
-                            sum_dy_xhat);
+                            inv_count, mean, invstd, gamma, sum_dy, sum_dy_xhat);
                         RN_CUDA_LAUNCH_CHECK();
                       }));
   }
+  if (dgamma == nullptr) return;  // synchronised BN accumulates its local sums itself
   accumulate_stats_kernel<<<blocks_for(C, kThreads), kThreads, 0, s>>>(dgamma, dbeta, sum_dy, sum_dy_xhat, C);
+  RN_CUDA_LAUNCH_CHECK();
+}
+
+void launch_bn_sync_forward_sums(double* sums, const void* x, DType t, int64_t M, int64_t C, float* partials,
+                                 cudaStream_t s) {
+  RN_CHECK(M > 0) << "batch statistics of no rows";
+  RN_DISPATCH_FLOAT(t, T, with_channel_width<T>(C, [&](auto v_) {
+                      constexpr int V = decltype(v_)::value;
+                      const ChannelTiling tl = channel_tiling(M, C, V);
+                      const bool al = aligned_to({x}, V * static_cast<int>(sizeof(T)));
+                      run_channel_partials<T, V>(partials, tl, SumXAndSquares<T>{static_cast<const T*>(x), C, al}, s);
+                      run_finish(partials, tl.splits, C, FinishToDouble{sums, C, M}, s);
+                    }));
+}
+
+void launch_bn_sync_backward_sums(double* sums, const void* dy, const void* x, DType t, int64_t M, int64_t C,
+                                  const float* mean, const float* invstd, float* partials, cudaStream_t s) {
+  RN_CHECK(M > 0) << "batch-norm backward of no rows";
+  RN_DISPATCH_FLOAT(t, T, with_channel_width<T>(C, [&](auto v_) {
+                      constexpr int V = decltype(v_)::value;
+                      const ChannelTiling tl = channel_tiling(M, C, V);
+                      const bool al = aligned_to({dy, x}, V * static_cast<int>(sizeof(T)));
+                      run_channel_partials<T, V>(
+                          partials, tl,
+                          SumDyAndDyXhat<T>{static_cast<const T*>(dy), static_cast<const T*>(x), mean, invstd, C, al},
+                          s);
+                      run_finish(partials, tl.splits, C, FinishToDouble{sums, C, M}, s);
+                    }));
+}
+
+void launch_bn_sync_finish_forward(float* saved_mean, float* saved_invstd, float* running_mean, float* running_var,
+                                   const double* sums, float eps, float momentum, int64_t C, cudaStream_t s) {
+  bn_sync_finish_forward_kernel<<<blocks_for(C, kThreads), kThreads, 0, s>>>(saved_mean, saved_invstd, running_mean,
+                                                                             running_var, sums, eps, momentum, C);
+  RN_CUDA_LAUNCH_CHECK();
+}
+
+void launch_bn_sync_finish_backward(float* mean_g, float* mean_g_xhat, const double* sums, int64_t C, cudaStream_t s) {
+  bn_sync_finish_backward_kernel<<<blocks_for(C, kThreads), kThreads, 0, s>>>(mean_g, mean_g_xhat, sums, C);
+  RN_CUDA_LAUNCH_CHECK();
+}
+
+void launch_bn_sync_accumulate(float* dgamma, float* dbeta, const double* sums, int64_t C, cudaStream_t s) {
+  bn_sync_accumulate_kernel<<<blocks_for(C, kThreads), kThreads, 0, s>>>(dgamma, dbeta, sums, C);
+  RN_CUDA_LAUNCH_CHECK();
+}
+
+void launch_words_differ(int* mismatch, const void* a, const void* b, int64_t words, cudaStream_t s) {
+  if (words == 0) return;
+  words_differ_kernel<<<blocks_for(words, kThreads), kThreads, 0, s>>>(mismatch, static_cast<const uint32_t*>(a),
+                                                                       static_cast<const uint32_t*>(b), words);
   RN_CUDA_LAUNCH_CHECK();
 }
 

@@ -46,10 +46,28 @@ void launch_bn_apply(void* y, const void* x, const void* residual, DType t, int6
 // sum_dy[C] = sum dy, sum_dy_xhat[C] = sum dy * (x - mean) * invstd.
 void launch_bn_backward_sums(float* sum_dy, float* sum_dy_xhat, const void* dy, const void* x, DType t, int64_t M,
                              int64_t C, const float* mean, const float* invstd, float* partials, cudaStream_t s);
-// dx (may be dy); dgamma += sum_dy_xhat, dbeta += sum_dy.
+// dx (may be dy); dgamma += sum_dy_xhat, dbeta += sum_dy (not when dgamma is null). The sums
+// are scaled by inv_count, 1/M when negative (synchronised BN passes global means and 1).
 void launch_bn_backward_dx(void* dx, const void* dy, const void* x, DType t, int64_t M, int64_t C, const float* mean,
                            const float* invstd, const float* gamma, const float* sum_dy, const float* sum_dy_xhat,
-                           float* dgamma, float* dbeta, cudaStream_t s);
+                           float* dgamma, float* dbeta, cudaStream_t s, float inv_count = -1.0f);
+
+// Synchronised batch norm (ops/batch_norm.h's contract): sums[2C + 1] doubles, all-reduced
+// over the ranks in device memory between the two halves.
+//   forward:  sums = [sum x (C), sum x^2 (C), M]; then saved and running statistics from the
+//             global sums (mean, biased var = Q/m - mean^2, running var with m/(m-1));
+//   backward: sums = [sum g (C), sum g*xhat (C), M] (g: the gradient reaching the BN);
+//             dbeta/dgamma += the local sums; then the global means of g and g*xhat.
+void launch_bn_sync_forward_sums(double* sums, const void* x, DType t, int64_t M, int64_t C, float* partials,
+                                 cudaStream_t s);
+void launch_bn_sync_backward_sums(double* sums, const void* dy, const void* x, DType t, int64_t M, int64_t C,
+                                  const float* mean, const float* invstd, float* partials, cudaStream_t s);
+void launch_bn_sync_finish_forward(float* saved_mean, float* saved_invstd, float* running_mean, float* running_var,
+                                   const double* sums, float eps, float momentum, int64_t C, cudaStream_t s);
+void launch_bn_sync_finish_backward(float* mean_g, float* mean_g_xhat, const double* sums, int64_t C, cudaStream_t s);
+void launch_bn_sync_accumulate(float* dgamma, float* dbeta, const double* sums, int64_t C, cudaStream_t s);
+// *mismatch = 1 where the 32-bit words a[0, words) and b[0, words) differ in any bit.
+void launch_words_differ(int* mismatch, const void* a, const void* b, int64_t words, cudaStream_t s);
 
 // bias: y[m, c] += b[c]; db[c] += sum_m dy[m, c].
 void launch_bias_add(void* y, const float* b, DType t, int64_t M, int64_t C, cudaStream_t s);

@@ -25,6 +25,24 @@ class CudaBatchNorm final : public BatchNormKernel {
   int* mismatch() const { return reinterpret_cast<int*>(static_cast<char*>(ctx_->workspace()) + 4 * stat_bytes_); }
   float* partials() const { return reinterpret_cast<float*>(static_cast<char*>(ctx_->workspace()) + partials_at_); }
   int fuse() const { return static_cast<int>(desc_.fuse); }
+  double* sums() const { return static_cast<double*>(sums_->data()); }
+
+  // Synchronised BN: per-channel sums in double, all-reduced in device memory (NCCL) on the
+  // compute stream's order; no host synchronisation.
+  void do_set_stats_reducer(BatchStatsReducer* r) override {
+    if (r != nullptr && !r->on_device())
+      RN_UNSUPPORTED() << desc_.str()
+                       << ": synchronised batch norm on the GPU needs a device reducer (NCCL); this one sums host "
+                          "memory";
+    if (r != nullptr && !sums_) {
+      const size_t n = static_cast<size_t>(2 * desc_.channels + 1);
+      sums_ = std::make_unique<DeviceBuffer>(ctx_->memory(), n * sizeof(double));
+      forward_sums_ = std::make_unique<DeviceBuffer>(ctx_->memory(), n * sizeof(double));
+      forward_saved_ = std::make_unique<DeviceBuffer>(ctx_->memory(), static_cast<size_t>(2 * desc_.channels) * 4);
+      // Nothing to compare with before the first forward_training: a recompute then fails.
+      RN_CUDA_CHECK(cudaMemsetAsync(forward_sums_->data(), 0xff, forward_sums_->bytes(), ctx_->stream()));
+    }
+  }
 
   void do_forward_training(const Tensor& y, const Tensor& saved_mean, const Tensor& saved_invstd, const Tensor& x,
                            const Tensor* residual, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
@@ -32,6 +50,22 @@ class CudaBatchNorm final : public BatchNormKernel {
     RN_CHECK(M_ > 1) << desc_.str() << ": training needs more than one value per channel (N*H*W = " << M_ << ")";
     const int64_t C = desc_.channels;
     cudaStream_t s = ctx_->stream();
+    if (BatchStatsReducer* r = stats_reducer()) {
+      launch_bn_sync_forward_sums(sums(), x.data, desc_.dtype, M_, C, partials(), s);
+      // This rank's sums, for forward_recompute's check (it must not communicate).
+      RN_CUDA_CHECK(cudaMemcpyAsync(forward_sums_->data(), sums(), static_cast<size_t>(2 * C) * sizeof(double),
+                                    cudaMemcpyDeviceToDevice, s));
+      r->sum(sums(), 2 * C + 1);
+      launch_bn_sync_finish_forward(saved_mean.ptr<float>(), saved_invstd.ptr<float>(), running_mean.ptr<float>(),
+                                    running_var.ptr<float>(), sums(), desc_.eps, desc_.momentum, C, s);
+      char* saved = static_cast<char*>(forward_saved_->data());
+      RN_CUDA_CHECK(cudaMemcpyAsync(saved, saved_mean.data, static_cast<size_t>(C) * 4, cudaMemcpyDeviceToDevice, s));
+      RN_CUDA_CHECK(
+          cudaMemcpyAsync(saved + C * 4, saved_invstd.data, static_cast<size_t>(C) * 4, cudaMemcpyDeviceToDevice, s));
+      launch_bn_apply(y.data, x.data, residual ? residual->data : nullptr, desc_.dtype, M_, C, saved_mean.ptr<float>(),
+                      saved_invstd.ptr<float>(), false, desc_.eps, gamma.ptr<float>(), beta.ptr<float>(), fuse(), s);
+      return;
+    }
     launch_bn_stats(stat(0), stat(1), x.data, desc_.dtype, M_, C, partials(), s);
     launch_bn_finish_training(saved_mean.ptr<float>(), saved_invstd.ptr<float>(), running_mean.ptr<float>(),
                               running_var.ptr<float>(), stat(0), stat(1), desc_.eps, desc_.momentum, M_, C, s);
@@ -53,9 +87,19 @@ class CudaBatchNorm final : public BatchNormKernel {
     const int64_t C = desc_.channels;
     cudaStream_t s = ctx_->stream();
     RN_CUDA_CHECK(cudaMemsetAsync(mismatch(), 0, sizeof(int), s));
-    launch_bn_stats(stat(0), stat(1), x.data, desc_.dtype, M_, C, partials(), s);
-    launch_bn_compare(mismatch(), stat(0), stat(1), saved_mean.ptr<float>(), saved_invstd.ptr<float>(), desc_.eps, C,
-                      s);
+    if (stats_reducer()) {
+      // Synchronised: no communication here. This rank's sums and the saved (global)
+      // statistics must be those of the last forward_training, bit for bit.
+      launch_bn_sync_forward_sums(sums(), x.data, desc_.dtype, M_, C, partials(), s);
+      launch_words_differ(mismatch(), sums(), forward_sums_->data(), 4 * C, s);  // 2C doubles
+      const char* saved = static_cast<const char*>(forward_saved_->data());
+      launch_words_differ(mismatch(), saved_mean.data, saved, C, s);
+      launch_words_differ(mismatch(), saved_invstd.data, saved + C * 4, C, s);
+    } else {
+      launch_bn_stats(stat(0), stat(1), x.data, desc_.dtype, M_, C, partials(), s);
+      launch_bn_compare(mismatch(), stat(0), stat(1), saved_mean.ptr<float>(), saved_invstd.ptr<float>(), desc_.eps,
+                        C, s);
+    }
     launch_bn_apply(y.data, x.data, residual ? residual->data : nullptr, desc_.dtype, M_, C, saved_mean.ptr<float>(),
                     saved_invstd.ptr<float>(), false, desc_.eps, gamma.ptr<float>(), beta.ptr<float>(), fuse(), s);
     int bad = 0;
@@ -79,6 +123,16 @@ class CudaBatchNorm final : public BatchNormKernel {
       launch_relu_backward(masked, dy.data, y.data, desc_.dtype, M_ * C, s);
       dbn = masked;
     }
+    if (BatchStatsReducer* r = stats_reducer()) {
+      launch_bn_sync_backward_sums(sums(), dbn, x.data, desc_.dtype, M_, C, saved_mean.ptr<float>(),
+                                   saved_invstd.ptr<float>(), partials(), s);
+      launch_bn_sync_accumulate(dgamma.ptr<float>(), dbeta.ptr<float>(), sums(), C, s);  // this rank's sums
+      r->sum(sums(), 2 * C + 1);
+      launch_bn_sync_finish_backward(stat(2), stat(3), sums(), C, s);  // global means of g and g*xhat
+      launch_bn_backward_dx(dx.data, dbn, x.data, desc_.dtype, M_, C, saved_mean.ptr<float>(),
+                            saved_invstd.ptr<float>(), gamma.ptr<float>(), stat(2), stat(3), nullptr, nullptr, s, 1.0f);
+      return;
+    }
     launch_bn_backward_sums(stat(2), stat(3), dbn, x.data, desc_.dtype, M_, C, saved_mean.ptr<float>(),
                             saved_invstd.ptr<float>(), partials(), s);
     launch_bn_backward_dx(dx.data, dbn, x.data, desc_.dtype, M_, C, saved_mean.ptr<float>(), saved_invstd.ptr<float>(),
@@ -89,6 +143,8 @@ class CudaBatchNorm final : public BatchNormKernel {
   ContextPtr ctx_;
   int64_t M_ = 0;
   size_t stat_bytes_ = 0, partials_at_ = 0;
+  // Synchronised BN: the all-reduced sums, and this rank's forward sums for the recompute.
+  std::unique_ptr<DeviceBuffer> sums_, forward_sums_, forward_saved_;
 };
 
 // ---- element-wise -------------------------------------------------------------------------

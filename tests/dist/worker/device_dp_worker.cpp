@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -36,13 +37,19 @@ void expect(bool ok, const std::string& what) {
   std::fprintf(stderr, "device_dp_worker: FAILED: %s\n", what.c_str());
 }
 
-class HostStatsReducer final : public BatchStatsReducer {
+// Counts the synchronised-BN sums of the trainer's reducer.
+class CountingStatsReducer final : public BatchStatsReducer {
  public:
-  explicit HostStatsReducer(Communicator& c) : comm_(c) {}
-  void sum(double* values, int64_t n) override { comm_.all_reduce(values, n, ReduceOp::sum, "BN statistics"); }
+  explicit CountingStatsReducer(std::unique_ptr<BatchStatsReducer> inner) : inner_(std::move(inner)) {}
+  void sum(double* values, int64_t n) override {
+    ++calls;
+    inner_->sum(values, n);
+  }
+  bool on_device() const override { return inner_->on_device(); }
+  int calls = 0;
 
  private:
-  Communicator& comm_;
+  std::unique_ptr<BatchStatsReducer> inner_;
 };
 
 constexpr int kGlobalBatch = 8, kSteps = 6;
@@ -160,7 +167,10 @@ void check_device_data_parallel(Communicator& host, int device) {
   const int buckets = static_cast<int>(sync.reducer->buckets().size());
   expect(buckets > 2, "several gradient buckets");
 
-  HostStatsReducer bn(host);
+  // The trainer's choice: on a device, the BN sums go through the device communicator (here
+  // the counting stand-in for NCCL) and are joined, not waited for.
+  CountingStatsReducer bn(make_bn_stats_reducer(sync, host));
+  expect(bn.on_device(), "a device run sums BN statistics through the device communicator");
   PlanOptions po;
   po.batch = kGlobalBatch / host.size();
   po.layout = Layout::nhwc;
@@ -175,9 +185,11 @@ void check_device_data_parallel(Communicator& host, int device) {
   double worst = 0;
   for (int k = 0; k < kSteps; ++k) {
     fill_batch(plan, k, host.rank() * po.batch, static_cast<int>(po.batch));
-    const int waits = counting->waits, joins = counting->joins;
+    const int waits = counting->waits, joins = counting->joins, bn_sums = bn.calls;
     step.run(kLr);
-    expect(counting->joins - joins == buckets, "step " + std::to_string(k + 1) + " joins every bucket");
+    expect(bn.calls > bn_sums, "step " + std::to_string(k + 1) + " synchronises BN statistics");
+    expect(counting->joins - joins == buckets + (bn.calls - bn_sums),
+           "step " + std::to_string(k + 1) + " joins every bucket and every BN sum");
     expect(counting->waits == waits, "step " + std::to_string(k + 1) + ": run() waited for a bucket");
     step.wait_for_gradients();
     expect(counting->waits == waits + 1, "wait_for_gradients waits once");
