@@ -130,6 +130,14 @@ class CountingCommunicator final : public Communicator {
     inner_.join(t);
   }
   void mark_compute() override { inner_.mark_compute(); }
+  // A stand-in for NCCL under a RecordingGraph, whose replays run the captured host code again.
+  bool capturable() const override { return capturable_for_tests; }
+  void wait_for_compute(const std::string& what) override {
+    ++compute_waits;
+    inner_.wait_for_compute(what);
+  }
+  bool capturable_for_tests = false;
+  int compute_waits = 0;
   std::optional<DeviceCollectiveTiming> device_timing(Ticket t) override { return inner_.device_timing(t); }
   void broadcast(void* data, int64_t bytes, int root, const std::string& what) override {
     inner_.broadcast(data, bytes, root, what);

@@ -73,6 +73,16 @@ class Communicator {
   // device, handed out once. nullopt on host communicators (their wait() returns host
   // times) and when the device could not time it.
   virtual std::optional<DeviceCollectiveTiming> device_timing(Ticket) { return std::nullopt; }
+  // Whether collectives issued while the compute stream is being captured into a CUDA graph
+  // become part of the graph (NCCL), so that a replay of the graph runs them again. Such
+  // captured collectives have tickets that join() orders after and wait() treats as
+  // wait_for_compute(). Host communicators: false.
+  virtual bool capturable() const { return false; }
+  // Blocks until the compute stream has done everything queued on it so far (replayed
+  // graphs and the collectives inside them), under the communicator's timeout; a hang or an
+  // asynchronous communicator error ends the job like a hung wait(). Host communicators:
+  // nothing to wait for.
+  virtual void wait_for_compute(const std::string& /*what*/) {}
 
   void all_reduce(void* data, int64_t count, ElemType type, ReduceOp op, const std::string& what = "all-reduce") {
     wait(all_reduce_async(data, count, type, op, what));

@@ -147,6 +147,11 @@ std::optional<CommStats> GradientReducer::wait_joined() {
   return s;
 }
 
+void GradientReducer::wait_device() {
+  joined_ = 0;  // a captured step's tickets: covered by the wait below
+  comm_.wait_for_compute("the gradient all-reduces of the replayed steps");
+}
+
 std::optional<CommStats> device_comm_stats(const std::vector<std::optional<DeviceCollectiveTiming>>& timings,
                                            const std::vector<GradBucket>& buckets) {
   if (timings.empty() || timings.size() != buckets.size()) return std::nullopt;

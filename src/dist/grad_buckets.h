@@ -77,6 +77,12 @@ class GradientReducer {
   // when the communicator measured every bucket on the device. nullopt when nothing was
   // joined since the last call (and after finish()).
   std::optional<CommStats> wait_joined();
+  // Sink mode: the buckets' all-reduces were captured in the step graph and run in every
+  // replay, with no tickets to wait for. Blocks until the compute stream has done every
+  // replay queued so far, under the communicator's timeout (Communicator::wait_for_compute).
+  void wait_device();
+  // Whether the communicator's collectives can be captured in a step graph (sink mode).
+  bool capturable() const { return comm_.capturable(); }
 
  private:
   void issue(int bucket);

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <thread>
@@ -75,6 +76,10 @@ class NcclCommunicator final : public Communicator {
       cudaEventDestroy(ev.done);
       if (ev.start) cudaEventDestroy(ev.start);
     }
+    for (auto& [t, ev] : captured_)
+      if (ev) cudaEventDestroy(ev);
+    // A replayed graph may still run collectives: abort unless the compute stream is idle.
+    in_flight = in_flight || cudaStreamQuery(compute_) == cudaErrorNotReady;
     cudaGetLastError();  // a query's error is not the next call's
     if (comm_) in_flight ? ncclCommAbort(comm_) : ncclCommDestroy(comm_);
     if (mark_) cudaEventDestroy(mark_);
@@ -91,36 +96,48 @@ class NcclCommunicator final : public Communicator {
   // rank (inf + x = inf, inf - inf = NaN, NaN + x = NaN), so the overflow check after a
   // gradient average skips the step on all ranks alike.
   Ticket all_reduce_async(void* data, int64_t count, ElemType type, ReduceOp op, const std::string& what) override {
-    order_after_compute();
+    order_after_compute();  // while capturing: NCCL's stream joins the capture here
+    const bool capture = capturing();
     cudaEvent_t start = nullptr;  // when the stream reached the collective (its inputs were ready)
-    RN_NCCL_CUDA_CHECK(cudaEventCreate(&start));
-    RN_NCCL_CUDA_CHECK(cudaEventRecord(start, stream_));
+    if (!capture) {
+      RN_NCCL_CUDA_CHECK(cudaEventCreate(&start));
+      RN_NCCL_CUDA_CHECK(cudaEventRecord(start, stream_));
+    }
     RN_NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(count), nccl_type(type),
                                 op == ReduceOp::average ? ncclAvg : ncclSum, comm_, stream_));
+    if (capture) return record_captured();
     return record(what, start);
+  }
+
+  bool capturable() const override { return true; }
+
+  void wait_for_compute(const std::string& what) override {
+    cudaEvent_t ev;
+    RN_NCCL_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    RN_NCCL_CUDA_CHECK(cudaEventRecord(ev, compute_));
+    poll(ev, what);
+    cudaEventDestroy(ev);
+    // Everything issued before is done too (the compute stream joined it): release it.
+    for (auto e = events_.begin(); e != events_.end();) {
+      if (e->second.start) cudaEventDestroy(e->second.start);
+      cudaEventDestroy(e->second.done);
+      completed_ = std::max(completed_, e->first);
+      e = events_.erase(e);
+    }
   }
 
   CollectiveTiming wait(Ticket t) override {
     RN_CHECK(t <= issued_) << "wait for NCCL collective " << t << " that was never issued";
+    if (captured_.count(t)) {
+      // Captured in a step graph: it runs in the replays, which the compute stream orders.
+      if (!capturing()) wait_for_compute("the replayed step's collectives");
+      return {};
+    }
     if (t <= completed_) return {};  // waited for already (or an earlier collective's wait covered it)
     auto it = events_.find(t);
     RN_CHECK(it != events_.end()) << "wait for NCCL collective " << t << " that is unknown";
     const double t0 = now_s();
-    for (;;) {
-      const cudaError_t q = cudaEventQuery(it->second.done);
-      if (q == cudaSuccess) break;
-      RN_CHECK(q == cudaErrorNotReady) << "NCCL " << it->second.what << ": " << cudaGetErrorString(q);
-      ncclResult_t async = ncclSuccess;
-      ncclCommGetAsyncError(comm_, &async);
-      if (async != ncclSuccess || now_s() - t0 > timeout_s_) {
-        const std::string why = async != ncclSuccess ? std::string("NCCL error: ") + ncclGetErrorString(async)
-                                                     : fmt::format("no completion after {:.1f} s", now_s() - t0);
-        ncclCommAbort(comm_);
-        comm_ = nullptr;
-        abort_job(fmt::format("NCCL {} on rank {}: {}", it->second.what, rank(), why));
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
+    poll(it->second.done, it->second.what);
     const CollectiveTiming timing{it->second.issued, now_s()};
     // Collectives finish in issue order on the one stream: every earlier event is done too.
     const bool marked = mark_done(t0);
@@ -137,8 +154,13 @@ class NcclCommunicator final : public Communicator {
   }
 
   void mark_compute() override {
+    if (capturing()) {  // replays are not timed
+      marked_ = false;
+      return;
+    }
     RN_NCCL_CUDA_CHECK(cudaEventRecord(mark_, compute_));
     marked_ = true;
+    timings_.clear();  // a new step: the last one's figures were handed out or are not wanted
   }
 
   std::optional<DeviceCollectiveTiming> device_timing(Ticket t) override {
@@ -153,6 +175,15 @@ class NcclCommunicator final : public Communicator {
   // stays until wait() (the trainer waits before reading the step's loss, under the timeout).
   void join(Ticket t) override {
     RN_CHECK(t <= issued_) << "join NCCL collective " << t << " that was never issued";
+    if (auto c = captured_.find(t); c != captured_.end()) {
+      // Inside the capture: the compute stream waits for the collective in every replay.
+      if (c->second) {
+        RN_NCCL_CUDA_CHECK(cudaStreamWaitEvent(compute_, c->second, 0));
+        cudaEventDestroy(c->second);  // the dependency is part of the graph now
+        c->second = nullptr;
+      }
+      return;
+    }
     if (t <= completed_) return;
     auto it = events_.find(t);
     RN_CHECK(it != events_.end()) << "join NCCL collective " << t << " that is unknown";
@@ -174,6 +205,49 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
+  bool capturing() const {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    RN_NCCL_CUDA_CHECK(cudaStreamIsCapturing(compute_, &st));
+    return st == cudaStreamCaptureStatusActive;
+  }
+
+  // Polls `ev` until it completes, under the timeout; a hang or an asynchronous NCCL error
+  // aborts the communicator and ends the job, naming `what`.
+  void poll(cudaEvent_t ev, const std::string& what) {
+    const double t0 = now_s();
+    for (;;) {
+      const cudaError_t q = cudaEventQuery(ev);
+      if (q == cudaSuccess) return;
+      RN_CHECK(q == cudaErrorNotReady) << "NCCL " << what << ": " << cudaGetErrorString(q);
+      cudaGetLastError();  // "not ready" must not reach the backend's next launch check
+      ncclResult_t async = ncclSuccess;
+      ncclCommGetAsyncError(comm_, &async);
+      if (async != ncclSuccess || now_s() - t0 > timeout_s_) {
+        const std::string why = async != ncclSuccess ? std::string("NCCL error: ") + ncclGetErrorString(async)
+                                                     : fmt::format("no completion after {:.1f} s", now_s() - t0);
+        ncclCommAbort(comm_);
+        comm_ = nullptr;
+        abort_job(fmt::format("NCCL {} on rank {}: {}", what, rank(), why));
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  // A collective issued inside a capture: its done event exists only to be joined within the
+  // capture; the host never polls it (wait() polls the compute stream instead).
+  Ticket record_captured() {
+    cudaEvent_t done = nullptr;
+    RN_NCCL_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    RN_NCCL_CUDA_CHECK(cudaEventRecord(done, stream_));
+    const Ticket t = ++issued_;
+    captured_[t] = done;
+    if (captured_.size() > 4096) {  // tickets of old captures (never joined again): forget them
+      if (captured_.begin()->second) cudaEventDestroy(captured_.begin()->second);
+      captured_.erase(captured_.begin());
+    }
+    return t;
+  }
+
   void order_after_compute() {
     cudaEvent_t ev;
     RN_NCCL_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
@@ -208,10 +282,9 @@ class NcclCommunicator final : public Communicator {
     for (;;) {
       const cudaError_t q = cudaEventQuery(mark_);
       if (q == cudaSuccess) return true;
-      if (q != cudaErrorNotReady || now_s() - since > timeout_s_) {
-        cudaGetLastError();
+      cudaGetLastError();  // "not ready" must not reach the backend's next launch check
+      if (q != cudaErrorNotReady || now_s() - since > timeout_s_)
         return false;  // untimed, not an error: the step's own checks report a failing device
-      }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
@@ -239,6 +312,7 @@ class NcclCommunicator final : public Communicator {
   cudaEvent_t mark_ = nullptr;        // mark_compute(): the end of backward on the compute stream
   bool marked_ = false;
   std::map<Ticket, DeviceCollectiveTiming> timings_;  // done, measured, not yet handed out
+  std::map<Ticket, cudaEvent_t> captured_;  // issued inside a graph capture; the event until joined
 };
 
 }  // namespace

@@ -73,9 +73,9 @@ void TrainStep::queue_device_step(float lr) {
 }
 
 void TrainStep::set_gradient_reducer(GradientReducer* reducer) {
-  RN_CHECK(reducer == nullptr || sink_size_ == 0)
-      << "sink mode (run.sink_size " << sink_size_ << ") cannot run data-parallel: the captured step graph does not "
-      << "hold the gradient all-reduces; use run.sink_size=0 with more than one rank";
+  RN_CHECK(reducer == nullptr || sink_size_ == 0 || reducer->capturable())
+      << "sink mode (run.sink_size " << sink_size_ << ") cannot run data-parallel over a communicator whose "
+      << "all-reduces a CUDA graph cannot hold; use run.sink_size=0 with more than one rank";
   if (reducer_ && reducer_ != reducer) reducer_->wait_joined();
   reducer_ = reducer;
   if (reducer)
@@ -140,6 +140,11 @@ bool TrainStep::run(double lr) {
 void TrainStep::wait_for_gradients() {
   if (fused_ && reducer_) {
     set_activity("waiting for the gradient all-reduce");
+    if (sink_size_ > 0) {
+      // Replays hold the all-reduces: wait for the replays queued so far, under the timeout.
+      reducer_->wait_device();
+      return;
+    }
     if (auto s = reducer_->wait_joined()) comm_ = std::move(*s);  // now with the device's times
   }
 }

@@ -225,12 +225,10 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
   if (sink_size > 0) {
     RN_CHECK(backend->device() != Device::cpu)
         << "run.sink_size=" << sink_size << " needs the CUDA backend (device " << backend->name() << ")";
-    // Capturing NCCL in the graph would need its stream and the cross-stream event waits
-    // captured too, and the timeout watch has no place in a replay: not built (distributed.md).
-    RN_CHECK(world.size == 1) << "run.sink_size=" << sink_size << " with " << world.size
-                              << " ranks: sink mode does not capture the gradient all-reduces in its CUDA graph; "
-                                 "use run.sink_size=0 (eager) for data-parallel runs";
-    RN_LOG_INFO("sink mode: the step runs as a CUDA graph; the host synchronises every {} steps", sink_size);
+    // With several ranks the NCCL all-reduces are captured in the graph too (the step checks
+    // that the communicator allows it; docs/distributed.md).
+    RN_LOG_INFO("sink mode: the step runs as a CUDA graph{}; the host synchronises every {} steps",
+                world.size > 1 ? " with its gradient all-reduces" : "", sink_size);
   }
   if (cfg.run.deterministic)
     RN_LOG_INFO(
@@ -508,6 +506,11 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
       const StepAgreement agreed = agree_on_step(comm, last_loss, g_stop);
       const float loss = agreed.loss;
       if (!std::isfinite(loss)) step->sync_scaler_state();  // the device's skip counters decide below
+      // On a device the wait above includes the exposed all-reduce time, which comm_seconds
+      // already reports: counted once, as communication.
+      double host_sync_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - sync_t0).count();
+      if (reducer && step->on_device() && step->last_comm().timed)
+        host_sync_s = std::max(0.0, host_sync_s - step->last_comm().exposed);
       diag.after_step(
           {.epoch = st.epoch,
            .step = st.step,
@@ -516,7 +519,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
            .loss_scale = scale_used,
            .applied = applied,
            .comm_seconds = reducer ? step->last_comm().exposed : 0.0,  // 0 where untimed
-           .host_sync_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - sync_t0).count(),
+           .host_sync_seconds = host_sync_s,
            .sync_point = sink_size == 0 || st.step % sink_size == 0});
       interval_loss += loss;
       ++interval_steps;
@@ -587,9 +590,11 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
     if (reducer && !comm_epoch.timed) {
       RN_LOG_INFO(
           "epoch {} communication: {} buckets, {:.2f} MiB per step, all-reduced by {} during backward; times not "
-          "measured (the communicator did not time every bucket of every step on the device)",
+          "measured ({})",
           st.epoch + 1, reducer->buckets().size(), static_cast<double>(model.params().total) * 4 / 1048576.0,
-          grad_sync.comm->name());
+          grad_sync.comm->name(),
+          sink_size > 0 ? "sink mode: the all-reduces run inside the replayed step graph"
+                        : "the communicator did not time every bucket of every step on the device");
       metrics.append(MetricsRecord("comm", st.epoch + 1, st.step)
                          .add("ranks", static_cast<int64_t>(world.size))
                          .add("buckets", static_cast<int64_t>(reducer->buckets().size()))

@@ -162,9 +162,10 @@ TEST(Nccl, OneRankSynchronisedBatchNormMatchesPerRankStatistics) {
 
 // The device data-parallel step end to end on one GPU: backward issues NCCL bucket averages
 // over the device gradients, the update joins them on the compute stream, the host waits
-// only in wait_for_gradients(). With one rank an average is the identity, so the weights
-// must equal those of the same steps without a reducer, bit for bit (high_precision:
-// deterministic algorithms, so two runs can agree).
+// only in wait_for_gradients(); and in sink mode, with the all-reduces captured in the step
+// graph (the first step eager, then a capture and replays). With one rank an average is the
+// identity, so the weights must equal those of the same steps without a reducer, bit for bit
+// (high_precision: deterministic algorithms, so two runs can agree).
 TEST(Nccl, OneRankDeviceReducerLeavesTrainingUnchanged) {
   std::unique_ptr<Backend> gpu;
   try {
@@ -174,7 +175,8 @@ TEST(Nccl, OneRankDeviceReducerLeavesTrainingUnchanged) {
   } catch (const std::exception& e) {
     GTEST_SKIP() << "no GPU: the NCCL collectives are not run here (" << e.what() << ")";
   }
-  auto train = [&](bool reduce) {
+  // sink > 0: sink mode, the NCCL all-reduces captured in the step graph and replayed.
+  auto train = [&](bool reduce, int sink) {
     ModelOptions o;
     o.in_channels = 3, o.height = o.width = 16, o.num_classes = 10;
     Model model(build_model("resnet20", o));
@@ -189,7 +191,8 @@ TEST(Nccl, OneRankDeviceReducerLeavesTrainingUnchanged) {
     Optimizer opt(OptimizerConfig{}, model.params());
     PrecisionPolicy policy;
     LossScaler scaler(policy.loss_scale);
-    TrainStep step(plan, opt, scaler, policy, 0);
+    TrainStep step(plan, opt, scaler, policy, sink);
+    if (sink > 0) step.set_lr_source([](int64_t) { return 0.05; }, 0);
     if (reduce) {
       nccl = make_nccl_communicator(*local, 0, gpu->native_stream(), 30);
       std::vector<GradRange> ranges;
@@ -206,7 +209,7 @@ TEST(Nccl, OneRankDeviceReducerLeavesTrainingUnchanged) {
       step.run(0.05);
       step.wait_for_gradients();
       losses.push_back(plan.loss());
-      if (reduce) {
+      if (reduce && sink == 0) {
         // Each step's communication is timed from the communicator's CUDA events.
         const CommStats& c = step.last_comm();
         EXPECT_TRUE(c.timed) << "step " << k;
@@ -222,9 +225,11 @@ TEST(Nccl, OneRankDeviceReducerLeavesTrainingUnchanged) {
     w.insert(w.end(), losses.begin(), losses.end());
     return w;
   };
-  const std::vector<float> plain = train(false), reduced = train(true);
+  const std::vector<float> plain = train(false, 0), reduced = train(true, 0), sunk = train(true, 2);
   ASSERT_EQ(plain.size(), reduced.size());
   EXPECT_TRUE(plain == reduced) << "a one-rank NCCL average changed the training";
+  ASSERT_EQ(plain.size(), sunk.size());
+  EXPECT_TRUE(plain == sunk) << "sink mode with the NCCL all-reduces inside the replayed graph changed the training";
 }
 
 }  // namespace

@@ -18,8 +18,14 @@ std::vector<int> visits(const ChannelTiling& t) {
       for (int th = 0; th < kTileThreads; ++th) {
         const int64_t g = t.group(bx, th);
         if (g < 0) continue;
-        for (int64_t m = t.row_begin(by, th); m < t.row_end(by); m += t.tr)
+        // The kernels' counted loop: row_count rows from row_begin, tr apart.
+        int64_t walked = 0;
+        for (int64_t m = t.row_begin(by, th); m < t.row_end(by); m += t.tr) ++walked;
+        EXPECT_EQ(walked, t.row_count(by, th)) << "block " << bx << "," << by << " thread " << th;
+        for (int64_t i = 0; i < t.row_count(by, th); ++i) {
+          const int64_t m = t.row_begin(by, th) + i * t.tr;
           for (int k = 0; k < t.vec; ++k) count[static_cast<size_t>(m * t.C + g * t.vec + k)]++;
+        }
       }
   return count;
 }

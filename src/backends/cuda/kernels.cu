@@ -121,10 +121,13 @@ __global__ void accumulate_kernel(float* dst, const T* src, int64_t n) {
 // Thread threadIdx.x of block (blockIdx.x, blockIdx.y) owns vector g of V channels and the
 // rows of split blockIdx.y that tiling.h assigns it. `aligned`: every pointer allows
 // V-element accesses; when not, the same elements are read one by one, in the same order.
-// Unrolled by 4 so that a thread has several loads in flight (the sums keep their order).
-#define RN_TILE_ROWS(t, r)                                                                        \
-  _Pragma("unroll 4") for (int64_t r = (t).row_begin(blockIdx.y, threadIdx.x); r < (t).row_end(blockIdx.y); \
-                           r += (t).tr)
+// A counted loop unrolled by 4, so that a thread has several loads in flight (the sums keep
+// their order). Declares r##_first and r##_count in the enclosing scope.
+#define RN_TILE_ROWS(t, r)                                                \
+  const int64_t r##_first = (t).row_begin(blockIdx.y, threadIdx.x);       \
+  const int64_t r##_count = (t).row_count(blockIdx.y, threadIdx.x);       \
+  _Pragma("unroll 4") for (int64_t r##_i = 0; r##_i < r##_count; ++r##_i) \
+    if (const int64_t r = r##_first + r##_i * (t).tr; true)
 
 // Per-channel reductions: Op::prepare<V>(g, p) loads up to two parameters per channel into
 // registers, Op::add<V>(m, g, p, a, b) adds row m's two quantities. Each block writes

@@ -75,6 +75,11 @@ struct ChannelTiling {
     const int64_t e = (by + 1) * rows_per_split;
     return e < M ? e : M;
   }
+  // How many rows that is (a counted loop lets the compiler keep several loads in flight).
+  RN_HD int64_t row_count(int64_t by, int t) const {
+    const int64_t b = row_begin(by, t), e = row_end(by);
+    return b < e ? (e - b + tr - 1) / tr : 0;
+  }
 };
 
 // vec must divide C. tc is the largest power of two not above min(C / vec, 32), so tr is a

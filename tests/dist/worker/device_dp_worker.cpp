@@ -6,7 +6,8 @@
 //    and the backend's stream) and reduces the device gradients; on a host backend it keeps
 //    the host communicator;
 //  * 2 ranks x batch 4 with synchronised BN train step by step like 1 rank x batch 8 (the
-//    reference backend, host optimizer), at lr 0.02 as tests/dist's equivalence test;
+//    reference backend, host optimizer), at lr 0.02 as tests/dist's equivalence test, eager
+//    and in sink mode (the all-reduces inside the replayed step);
 //  * every step joins its buckets and waits only in wait_for_gradients();
 //  * an inf or a NaN in one rank's gradients is non-finite on every rank after the average,
 //    so every rank's overflow check skips the step.
@@ -139,7 +140,10 @@ void check_host_backend_keeps_the_host_communicator(Communicator& host, int devi
 }
 
 // The device path against the single-rank run, step by step.
-void check_device_data_parallel(Communicator& host, int device) {
+// sink_size > 0: sink mode, the step captured once in a graph (a RecordingGraph, whose
+// replays run the captured host code again, as a CUDA graph reruns its NCCL kernels) with
+// its gradient all-reduces, and the host waits for the replays, not for tickets.
+void check_device_data_parallel(Communicator& host, int device, int sink_size) {
   const Trajectory want = single_rank_reference();
   testing::FakeDevice dev("ref");
   Model model(build_model("resnet20", small_model()));
@@ -179,20 +183,38 @@ void check_device_data_parallel(Communicator& host, int device) {
   Optimizer opt(optimizer_config(), model.params());
   const PrecisionPolicy policy = precision();
   LossScaler scaler(policy.loss_scale);
-  TrainStep step(plan, opt, scaler, policy);
+  TrainStep step(plan, opt, scaler, policy, sink_size);
   expect(step.on_device(), "the fused device step runs");
+  const int replays0 = testing::RecordingGraph::replays;
+  if (sink_size > 0) {
+    step.set_lr_source([](int64_t) { return kLr; }, 0);
+    bool refused = false;
+    try {
+      step.set_gradient_reducer(sync.reducer.get());
+    } catch (const Error&) {
+      refused = true;
+    }
+    expect(refused, "sink mode refuses a communicator whose all-reduces a graph cannot hold");
+    counting->capturable_for_tests = true;
+  }
   step.set_gradient_reducer(sync.reducer.get());
   double worst = 0;
   for (int k = 0; k < kSteps; ++k) {
     fill_batch(plan, k, host.rank() * po.batch, static_cast<int>(po.batch));
-    const int waits = counting->waits, joins = counting->joins, bn_sums = bn.calls;
+    const int waits = counting->waits, joins = counting->joins, bn_sums = bn.calls,
+              compute_waits = counting->compute_waits;
     step.run(kLr);
     expect(bn.calls > bn_sums, "step " + std::to_string(k + 1) + " synchronises BN statistics");
     expect(counting->joins - joins == buckets + (bn.calls - bn_sums),
            "step " + std::to_string(k + 1) + " joins every bucket and every BN sum");
     expect(counting->waits == waits, "step " + std::to_string(k + 1) + ": run() waited for a bucket");
     step.wait_for_gradients();
-    expect(counting->waits == waits + 1, "wait_for_gradients waits once");
+    if (sink_size > 0) {
+      expect(counting->waits == waits && counting->compute_waits == compute_waits + 1,
+             "sink mode: wait_for_gradients waits for the compute stream, not for a bucket");
+    } else {
+      expect(counting->waits == waits + 1, "wait_for_gradients waits once");
+    }
     double loss = plan.loss();
     host.all_reduce(&loss, 1, ReduceOp::average, "loss");
     const double rel = std::fabs(loss - want.losses[static_cast<size_t>(k)]) / want.losses[static_cast<size_t>(k)];
@@ -208,8 +230,11 @@ void check_device_data_parallel(Communicator& host, int device) {
   std::vector<float> w0 = w;
   host.broadcast(w0.data(), static_cast<int64_t>(w0.size()) * 4, 0, "rank 0's weights");
   expect(std::memcmp(w0.data(), w.data(), w.size() * 4) == 0, "the ranks' weights are identical");
-  std::printf("device_dp_worker: rank %d: %d buckets, worst per-step loss difference %.2e, final weights %.2e\n",
-              host.rank(), buckets, worst, rel);
+  if (sink_size > 0) {
+    expect(testing::RecordingGraph::replays - replays0 == kSteps - 1, "sink mode replays every step after the first");
+  }
+  std::printf("device_dp_worker: rank %d%s: %d buckets, worst per-step loss difference %.2e, final weights %.2e\n",
+              host.rank(), sink_size > 0 ? " (sink mode)" : "", buckets, worst, rel);
 }
 
 // The host-side equivalent of NCCL's average: an inf on rank 1 and a NaN on rank 0 leave
@@ -243,7 +268,8 @@ int main() {
       return 2;
     }
     rn::check_host_backend_keeps_the_host_communicator(host, w.device);
-    rn::check_device_data_parallel(host, w.device);
+    rn::check_device_data_parallel(host, w.device, 0);
+    rn::check_device_data_parallel(host, w.device, 3);
     rn::check_overflow_reaches_every_rank(host);
     const int rank = w.rank;
     rn::shutdown_world();
