@@ -22,6 +22,15 @@
 namespace rn {
 namespace {
 
+// The cuda backend, or a skip naming why there is none (no GPU here).
+#define RN_GPU_OR_SKIP(var, options)                                                      \
+  std::unique_ptr<Backend> var;                                                           \
+  try {                                                                                   \
+    var = make_backend("cuda", options);                                                  \
+  } catch (const std::exception& e) {                                                     \
+    GTEST_SKIP() << "no GPU: the NCCL collectives are not run here (" << e.what() << ")"; \
+  }
+
 TEST(Nccl, WithoutAGpuOrNcclTheErrorSaysWhy) {
   auto host = make_local_communicator();
   try {
@@ -37,12 +46,7 @@ TEST(Nccl, WithoutAGpuOrNcclTheErrorSaysWhy) {
 }
 
 TEST(Nccl, OneRankCollectivesOnTheGpuOrderWithTheComputeStream) {
-  std::unique_ptr<Backend> gpu;
-  try {
-    gpu = make_backend("cuda");
-  } catch (const std::exception& e) {
-    GTEST_SKIP() << "no GPU: the NCCL collectives are not run here (" << e.what() << ")";
-  }
+  RN_GPU_OR_SKIP(gpu, BackendOptions{});
   auto host = make_local_communicator();
   auto nccl = make_nccl_communicator(*host, 0, gpu->native_stream(), 30);
   ASSERT_EQ(nccl->size(), 1);
@@ -92,12 +96,7 @@ TEST(Nccl, OneRankCollectivesOnTheGpuOrderWithTheComputeStream) {
 // joined on the compute stream. With one rank the global statistics are the rank's own, so
 // the results equal the per-rank kernel's up to the two ways of computing the variance.
 TEST(Nccl, OneRankSynchronisedBatchNormMatchesPerRankStatistics) {
-  std::unique_ptr<Backend> gpu;
-  try {
-    gpu = make_backend("cuda");
-  } catch (const std::exception& e) {
-    GTEST_SKIP() << "no GPU: the NCCL collectives are not run here (" << e.what() << ")";
-  }
+  RN_GPU_OR_SKIP(gpu, BackendOptions{});
   auto host = make_local_communicator();
   GradientSync gs;
   gs.device_comm = make_nccl_communicator(*host, 0, gpu->native_stream(), 30);
@@ -167,14 +166,9 @@ TEST(Nccl, OneRankSynchronisedBatchNormMatchesPerRankStatistics) {
 // identity, so the weights must equal those of the same steps without a reducer, bit for bit
 // (high_precision: deterministic algorithms, so two runs can agree).
 TEST(Nccl, OneRankDeviceReducerLeavesTrainingUnchanged) {
-  std::unique_ptr<Backend> gpu;
-  try {
-    BackendOptions bo;
-    bo.high_precision = true;
-    gpu = make_backend("cuda", bo);
-  } catch (const std::exception& e) {
-    GTEST_SKIP() << "no GPU: the NCCL collectives are not run here (" << e.what() << ")";
-  }
+  BackendOptions bo;
+  bo.high_precision = true;
+  RN_GPU_OR_SKIP(gpu, bo);
   // sink > 0: sink mode, the NCCL all-reduces captured in the step graph and replayed.
   auto train = [&](bool reduce, int sink) {
     ModelOptions o;

@@ -678,6 +678,23 @@ bool aligned_to(std::initializer_list<const void*> ptrs, int bytes) {
 
 bool fits_32(int64_t n) { return n < (int64_t{1} << 32); }
 
+// Batch-norm backward's per-channel sums of g and g * xhat, finished by `finish`.
+template <typename Finish>
+void dy_xhat_sums(const void* dy, const void* x, DType t, int64_t M, int64_t C, const float* mean,
+                  const float* invstd, float* partials, const Finish& finish, cudaStream_t s) {
+  RN_CHECK(M > 0) << "batch-norm backward of no rows";
+  RN_DISPATCH_FLOAT(t, T, with_channel_width<T>(C, [&](auto v_) {
+                      constexpr int V = decltype(v_)::value;
+                      const ChannelTiling tl = channel_tiling(M, C, V);
+                      const bool al = aligned_to({dy, x}, V * static_cast<int>(sizeof(T)));
+                      run_channel_partials<T, V>(
+                          partials, tl,
+                          SumDyAndDyXhat<T>{static_cast<const T*>(dy), static_cast<const T*>(x), mean, invstd, C, al},
+                          s);
+                      run_finish(partials, tl.splits, C, finish, s);
+                    }));
+}
+
 }  // namespace
 
 bool vector_kernels() {
@@ -785,17 +802,7 @@ void launch_bn_apply(void* y, const void* x, const void* residual, DType t, int6
 
 void launch_bn_backward_sums(float* sum_dy, float* sum_dy_xhat, const void* dy, const void* x, DType t, int64_t M,
                              int64_t C, const float* mean, const float* invstd, float* partials, cudaStream_t s) {
-  RN_CHECK(M > 0) << "batch-norm backward of no rows";
-  RN_DISPATCH_FLOAT(t, T, with_channel_width<T>(C, [&](auto v_) {
-                      constexpr int V = decltype(v_)::value;
-                      const ChannelTiling tl = channel_tiling(M, C, V);
-                      const bool al = aligned_to({dy, x}, V * static_cast<int>(sizeof(T)));
-                      run_channel_partials<T, V>(
-                          partials, tl,
-                          SumDyAndDyXhat<T>{static_cast<const T*>(dy), static_cast<const T*>(x), mean, invstd, C, al},
-                          s);
-                      run_finish(partials, tl.splits, C, FinishTwoSums{sum_dy, sum_dy_xhat, 1.0, false}, s);
-                    }));
+  dy_xhat_sums(dy, x, t, M, C, mean, invstd, partials, FinishTwoSums{sum_dy, sum_dy_xhat, 1.0, false}, s);
 }
 
 void launch_bn_backward_dx(void* dx, const void* dy, const void* x, DType t, int64_t M, int64_t C, const float* mean,
@@ -832,17 +839,7 @@ void launch_bn_sync_forward_sums(double* sums, const void* x, DType t, int64_t M
 
 void launch_bn_sync_backward_sums(double* sums, const void* dy, const void* x, DType t, int64_t M, int64_t C,
                                   const float* mean, const float* invstd, float* partials, cudaStream_t s) {
-  RN_CHECK(M > 0) << "batch-norm backward of no rows";
-  RN_DISPATCH_FLOAT(t, T, with_channel_width<T>(C, [&](auto v_) {
-                      constexpr int V = decltype(v_)::value;
-                      const ChannelTiling tl = channel_tiling(M, C, V);
-                      const bool al = aligned_to({dy, x}, V * static_cast<int>(sizeof(T)));
-                      run_channel_partials<T, V>(
-                          partials, tl,
-                          SumDyAndDyXhat<T>{static_cast<const T*>(dy), static_cast<const T*>(x), mean, invstd, C, al},
-                          s);
-                      run_finish(partials, tl.splits, C, FinishToDouble{sums, C, M}, s);
-                    }));
+  dy_xhat_sums(dy, x, t, M, C, mean, invstd, partials, FinishToDouble{sums, C, M}, s);
 }
 
 void launch_bn_sync_finish_forward(float* saved_mean, float* saved_invstd, float* running_mean, float* running_var,
