@@ -65,6 +65,7 @@ class RecordingGraph final : public StepGraph {
     ++since_capture_;
     work_();
   }
+  void invalidate() override { work_ = nullptr; }
   static inline int replays = 0, captures = 0, stale_after = 0;
 
  private:

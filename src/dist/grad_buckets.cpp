@@ -152,6 +152,12 @@ void GradientReducer::wait_device() {
   comm_.wait_for_compute("the gradient all-reduces of the replayed steps");
 }
 
+bool GradientReducer::any_rank(bool mine) {
+  for (double v : comm_.all_gather(mine ? 1.0 : 0.0, "whether a rank must capture the step graph again"))
+    if (v != 0.0) return true;
+  return false;
+}
+
 std::optional<CommStats> device_comm_stats(const std::vector<std::optional<DeviceCollectiveTiming>>& timings,
                                            const std::vector<GradBucket>& buckets) {
   if (timings.empty() || timings.size() != buckets.size()) return std::nullopt;

@@ -83,6 +83,8 @@ class GradientReducer {
   void wait_device();
   // Whether the communicator's collectives can be captured in a step graph (sink mode).
   bool capturable() const { return comm_.capturable(); }
+  // Whether `mine` holds on any rank (a host all-gather; every rank must call it).
+  bool any_rank(bool mine);
 
  private:
   void issue(int bucket);

@@ -80,6 +80,9 @@ class StepGraph {
   virtual bool captured() const = 0;
   // Queues one replay.
   virtual void replay() = 0;
+  // Drops the capture (captured() is false until the next capture): data-parallel ranks
+  // capture again together when one of them must.
+  virtual void invalidate() = 0;
 };
 
 }  // namespace rn

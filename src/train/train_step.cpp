@@ -104,10 +104,22 @@ bool TrainStep::run(double lr) {
       queue_device_step(-1.0f);
       warmed_up_ = true;
     } else {
-      if (!graph_->captured()) {
+      bool stale = !graph_->captured();
+      if (reducer_) {
+        // Capturing collectives is itself collective: when one rank's graph went stale (its
+        // workspace grew), every rank captures again, so that the NCCL calls match.
+        const bool any = reducer_->any_rank(stale);
+        if (any && !stale) graph_->invalidate();
+        stale = any;
+      }
+      if (stale) {
         if (captures_ > 0)
-          RN_LOG_INFO("sink mode: the step graph is stale (the device workspace was reallocated for new kernels); "
-                      "capturing it again");
+          RN_LOG_INFO("sink mode: the step graph is stale (the device workspace was reallocated for new kernels{}); "
+                      "capturing it again",
+                      reducer_ ? ", on this rank or another" : "");
+        // The eager warm-up's (or the old graph's) collectives are waited for outside the
+        // capture: no event may be polled while the stream is captured.
+        if (reducer_) reducer_->wait_device();
         graph_->capture([this] { queue_device_step(-1.0f); });
         ++captures_;
       }

@@ -258,6 +258,10 @@ class CudaStepGraph final : public StepGraph {
     RN_CHECK(captured()) << "step graph: replay before capture, or after the workspace it captured was reallocated";
     RN_CUDA_CHECK(cudaGraphLaunch(exec_, ctx_->stream()));
   }
+  void invalidate() override {
+    RN_CUDA_CHECK(cudaStreamSynchronize(ctx_->stream()));  // no replay of it may still run
+    destroy();
+  }
 
  private:
   void destroy() {

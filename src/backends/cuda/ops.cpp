@@ -39,9 +39,11 @@ class CudaBatchNorm final : public BatchNormKernel {
       sums_ = std::make_unique<DeviceBuffer>(ctx_->memory(), n * sizeof(double));
       forward_sums_ = std::make_unique<DeviceBuffer>(ctx_->memory(), n * sizeof(double));
       forward_saved_ = std::make_unique<DeviceBuffer>(ctx_->memory(), static_cast<size_t>(2 * desc_.channels) * 4);
-      // Nothing to compare with before the first forward_training: a recompute then fails.
-      RN_CUDA_CHECK(cudaMemsetAsync(forward_sums_->data(), 0xff, forward_sums_->bytes(), ctx_->stream()));
     }
+    // Nothing to compare with before the next synchronised forward_training: a recompute
+    // before it fails (0xff.. is a NaN no sum produces).
+    if (r != nullptr)
+      RN_CUDA_CHECK(cudaMemsetAsync(forward_sums_->data(), 0xff, forward_sums_->bytes(), ctx_->stream()));
   }
 
   void do_forward_training(const Tensor& y, const Tensor& saved_mean, const Tensor& saved_invstd, const Tensor& x,
