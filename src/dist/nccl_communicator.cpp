@@ -112,12 +112,16 @@ class NcclCommunicator final : public Communicator {
   bool capturable() const override { return true; }
 
   void wait_for_compute(const std::string& what) override {
-    cudaEvent_t ev;
-    RN_NCCL_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-    RN_NCCL_CUDA_CHECK(cudaEventRecord(ev, compute_));
-    poll(ev, what);
-    cudaEventDestroy(ev);
-    // Everything issued before is done too (the compute stream joined it): release it.
+    RN_CHECK(!capturing()) << "NCCL: waiting for " << what << " inside a CUDA graph capture";
+    // The compute stream, then NCCL's (a collective that was never joined runs only there).
+    for (cudaStream_t stream : {compute_, stream_}) {
+      cudaEvent_t ev;
+      RN_NCCL_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+      RN_NCCL_CUDA_CHECK(cudaEventRecord(ev, stream));
+      poll(ev, what);
+      cudaEventDestroy(ev);
+    }
+    // Everything issued before is done: release it.
     for (auto e = events_.begin(); e != events_.end();) {
       if (e->second.start) cudaEventDestroy(e->second.start);
       cudaEventDestroy(e->second.done);
@@ -130,7 +134,7 @@ class NcclCommunicator final : public Communicator {
     RN_CHECK(t <= issued_) << "wait for NCCL collective " << t << " that was never issued";
     if (captured_.count(t)) {
       // Captured in a step graph: it runs in the replays, which the compute stream orders.
-      if (!capturing()) wait_for_compute("the replayed step's collectives");
+      wait_for_compute("the replayed step's collectives");  // refused inside the capture
       return {};
     }
     if (t <= completed_) return {};  // waited for already (or an earlier collective's wait covered it)
@@ -195,6 +199,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   void broadcast(void* data, int64_t bytes, int root, const std::string& what) override {
+    RN_CHECK(!capturing()) << "NCCL broadcast of " << what << " inside a CUDA graph capture (it waits for itself)";
     order_after_compute();
     RN_NCCL_CHECK(ncclBroadcast(data, data, static_cast<size_t>(bytes), ncclUint8, root, comm_, stream_));
     wait(record(what));
@@ -208,7 +213,7 @@ class NcclCommunicator final : public Communicator {
   bool capturing() const {
     cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
     RN_NCCL_CUDA_CHECK(cudaStreamIsCapturing(compute_, &st));
-    return st == cudaStreamCaptureStatusActive;
+    return st != cudaStreamCaptureStatusNone;  // an invalidated capture is still one
   }
 
   // Polls `ev` until it completes, under the timeout; a hang or an asynchronous NCCL error
