@@ -4,6 +4,7 @@
 // GPU's arithmetic is checked on machines without a GPU (tests/ops/fused_math_test.cpp).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #if defined(__CUDACC__)
@@ -95,9 +96,12 @@ RN_HD inline void chan_combine(F& n, F& mean, F& m2, F nb, F mean_b, F m2_b) {
   n = nt;
 }
 
-// y = gamma * (x - mean) * invstd + beta, then the fused ReLU / add+ReLU.
+// y = gamma * (x - mean) * invstd + beta, then the fused ReLU / add+ReLU. The multiply-adds
+// of these two are explicit fmaf (one rounding, on the host too), so that no compiler's choice
+// to contract or not changes a bit: a kernel's results do not depend on which of its
+// instantiations ran (vector width), and the host computes exactly what the device does.
 RN_HD inline float bn_apply(float x, float mean, float invstd, float gamma, float beta) {
-  return gamma * ((x - mean) * invstd) + beta;
+  return fmaf(gamma, (x - mean) * invstd, beta);
 }
 RN_HD inline float relu(float v) { return v > 0.0f ? v : 0.0f; }
 
@@ -107,7 +111,8 @@ RN_HD inline float relu(float v) { return v > 0.0f ? v : 0.0f; }
 RN_HD inline float bn_backward_dx(float dy, float x, float mean, float invstd, float gamma, float sum_dy,
                                   float sum_dy_xhat, float inv_n) {
   const float xhat = (x - mean) * invstd;
-  return gamma * invstd * (dy - sum_dy * inv_n - xhat * sum_dy_xhat * inv_n);
+  const float centred = fmaf(-sum_dy, inv_n, dy);                   // dy - sum_dy / n
+  return (gamma * invstd) * fmaf(-xhat, sum_dy_xhat * inv_n, centred);  // ... - xhat * sum_dy_xhat / n
 }
 
 // Running statistics, PyTorch's rule: var is the biased batch variance over n values.
