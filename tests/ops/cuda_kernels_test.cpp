@@ -280,6 +280,60 @@ TEST(CudaKernels, BatchNormApplyAndBackwardGiveTheSameBitsWithAndWithoutVectors)
     }
 }
 
+// Synchronised batch norm's sums (the buffer the ranks all-reduce): [sum x, sum x^2, M]
+// forward and [sum g, sum g*xhat, M] backward, against sums in double, on the vector and
+// the one-element paths.
+TEST(CudaKernels, SynchronisedBatchNormSumsMatchDoubleSums) {
+  RN_REQUIRE_GPU();
+  Rng rng(15);
+  for (DType t : kTypes)
+    for (const Shape& s : kShapes) {
+      if (s.M * s.C > 1000000) continue;
+      SCOPED_TRACE(label(t, s));
+      const size_t n = static_cast<size_t>(s.M * s.C);
+      const std::vector<float> x = random_values(t, n, rng, 1.0f), g = random_values(t, n, rng);
+      std::vector<float> mean(s.C), invstd(s.C);
+      for (int64_t c = 0; c < s.C; ++c) mean[c] = 1.0f + 0.1f * rng.normal(), invstd[c] = 1.0f + 0.2f * rng.uniform();
+      std::vector<double> want_f(2 * s.C + 1, 0.0), want_b(2 * s.C + 1, 0.0);
+      double scale_f = 0, scale_b = 0;  // sums of magnitudes, for the tolerance
+      for (int64_t m = 0; m < s.M; ++m)
+        for (int64_t c = 0; c < s.C; ++c) {
+          const double xv = x[m * s.C + c], gv = g[m * s.C + c];
+          const double xhat = static_cast<double>((x[m * s.C + c] - mean[c]) * invstd[c]);
+          want_f[c] += xv, want_f[s.C + c] += xv * xv;
+          want_b[c] += gv, want_b[s.C + c] += gv * xhat;
+          scale_f = std::max(scale_f, std::fabs(xv) + xv * xv);
+          scale_b = std::max(scale_b, std::fabs(gv) * (1.0 + std::fabs(xhat)));
+        }
+      want_f[2 * s.C] = want_b[2 * s.C] = static_cast<double>(s.M);
+      for (int variant = 0; variant < 2; ++variant) {
+        VectorSwitch vs(variant == 0);
+        SCOPED_TRACE(variant == 0 ? "vectors" : "one by one");
+        Buf xb(t, n), gb(t, n), mb(DType::f32, s.C), ib(DType::f32, s.C),
+            parts(DType::f32, static_cast<size_t>(channel_partials_floats(s.M, s.C)));
+        xb.set(x), gb.set(g), mb.set(mean), ib.set(invstd);
+        double* sums = nullptr;
+        const size_t count = static_cast<size_t>(2 * s.C + 1);
+        RN_CUDA_CHECK(cudaMalloc(&sums, count * sizeof(double)));
+        for (int dir = 0; dir < 2; ++dir) {
+          if (dir == 0)
+            launch_bn_sync_forward_sums(sums, xb.data(), t, s.M, s.C, parts.f(), nullptr);
+          else
+            launch_bn_sync_backward_sums(sums, gb.data(), xb.data(), t, s.M, s.C, mb.f(), ib.f(), parts.f(), nullptr);
+          std::vector<double> got(count);
+          RN_CUDA_CHECK(cudaMemcpy(got.data(), sums, count * sizeof(double), cudaMemcpyDeviceToHost));
+          const std::vector<double>& want = dir == 0 ? want_f : want_b;
+          // fp32 sums within a block of rows, fp64 across: a few fp32 units of the largest
+          // term times the rows a thread adds up, which 64 * sqrt(M) covers.
+          const double tol = 64 * eps_of(DType::f32) * std::sqrt(static_cast<double>(s.M)) * (dir == 0 ? scale_f : scale_b);
+          for (size_t i = 0; i < count; ++i)
+            EXPECT_NEAR(got[i], want[i], tol) << (dir == 0 ? "forward" : "backward") << " sums, entry " << i;
+        }
+        cudaFree(sums);
+      }
+    }
+}
+
 TEST(CudaKernels, ElementwiseKernelsAreExactWithAndWithoutVectors) {
   RN_REQUIRE_GPU();
   Rng rng(13);
