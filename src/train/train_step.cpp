@@ -105,21 +105,18 @@ bool TrainStep::run(double lr) {
       warmed_up_ = true;
     } else {
       bool stale = !graph_->captured();
-      if (reducer_) {
-        // Capturing collectives is itself collective: when one rank's graph went stale (its
-        // workspace grew), every rank captures again, so that the NCCL calls match.
-        const bool any = reducer_->any_rank(stale);
-        if (any && !stale) graph_->invalidate();
-        stale = any;
-      }
+      // Capturing collectives is itself collective: when one rank's graph went stale (its
+      // workspace grew), every rank captures again, so that the NCCL calls match.
+      if (reducer_) stale = reducer_->any_rank(stale);
       if (stale) {
         if (captures_ > 0)
           RN_LOG_INFO("sink mode: the step graph is stale (the device workspace was reallocated for new kernels{}); "
                       "capturing it again",
                       reducer_ ? ", on this rank or another" : "");
-        // The eager warm-up's (or the old graph's) collectives are waited for outside the
-        // capture: no event may be polled while the stream is captured.
+        // The eager warm-up's (or the old graph's) collectives are waited for under the
+        // timeout and outside the capture: no event may be polled while the stream is captured.
         if (reducer_) reducer_->wait_device();
+        if (graph_->captured()) graph_->invalidate();  // another rank's graph went stale
         graph_->capture([this] { queue_device_step(-1.0f); });
         ++captures_;
       }
