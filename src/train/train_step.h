@@ -59,7 +59,9 @@ class TrainStep {
   // On a device the reducer must work on the device gradients with a device communicator
   // (train/data_parallel.h); the step joins the buckets (GradientReducer::finish_on_device)
   // so that the update waits for them on the device and run() still returns without
-  // waiting. Sink mode is refused: its captured graph does not hold the all-reduces.
+  // waiting. In sink mode the communicator must be capturable (NCCL): the all-reduces are
+  // captured in the step graph, the ranks capture it again together, and the host waits for
+  // the replays at sync points; otherwise the reducer is refused.
   void set_gradient_reducer(GradientReducer* reducer);
   // The last step's communication (zero without a reducer). On a device its seconds arrive
   // with wait_for_gradients() (CUDA events on the communicator's stream); untimed before.
