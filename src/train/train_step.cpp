@@ -77,6 +77,8 @@ void TrainStep::set_gradient_reducer(GradientReducer* reducer) {
       << "sink mode (run.sink_size " << sink_size_ << ") cannot run data-parallel over a communicator whose "
       << "all-reduces a CUDA graph cannot hold; use run.sink_size=0 with more than one rank";
   if (reducer_ && reducer_ != reducer) reducer_->wait_joined();
+  // A captured step holds the old reducer's collectives (or none): capture it again.
+  if (graph_ && reducer != reducer_ && graph_->captured()) graph_->invalidate();
   reducer_ = reducer;
   if (reducer)
     plan_.set_grad_ready([reducer](const std::vector<int>& params) { reducer->on_ready(params); });

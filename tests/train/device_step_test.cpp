@@ -202,7 +202,7 @@ TEST(DeviceStep, DataParallelStepJoinsItsBucketsAndWaitsOnlyWhenAsked) {
   }
 }
 
-TEST(DeviceStep, SinkModeRefusesAGradientReducer) {
+TEST(DeviceStep, SinkModeRefusesAReducerWhoseAllReducesAGraphCannotHold) {
   DeviceSetup d(2, 2);
   TrainStep& step = *d.step;
   auto local = make_local_communicator();
@@ -214,6 +214,41 @@ TEST(DeviceStep, SinkModeRefusesAGradientReducer) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("run.sink_size=0"), std::string::npos) << e.what();
   }
+}
+
+// A capturable communicator (NCCL; here the counting stand-in) is taken in sink mode: the
+// all-reduces are part of the captured step. A step captured with one reducer is captured
+// again after the reducer changes, since the graph holds the old one's collectives.
+TEST(DeviceStep, SinkModeCapturesTheAllReducesAndCapturesAgainForANewReducer) {
+  DeviceSetup d(4, 2);
+  Plan& plan = *d.plan;
+  TrainStep& step = *d.step;
+  step.set_lr_source([](int64_t) { return 0.01; }, 0);
+  auto local = make_local_communicator();
+  testing::CountingCommunicator comm(*local);
+  comm.capturable_for_tests = true;
+  std::unique_ptr<GradientReducer> r = d.reducer(comm, 16 << 10);
+  const int buckets = static_cast<int>(r->buckets().size());
+  step.set_gradient_reducer(r.get());
+  std::vector<float> x(static_cast<size_t>(plan.input().numel()), 0.5f);
+  std::vector<int32_t> labels = {1, 2, 3, 4};
+  plan.copy_from_host(plan.input(), x.data());
+  plan.copy_from_host(plan.labels(), labels.data());
+  RecordingGraph::replays = RecordingGraph::captures = 0;
+  for (int k = 0; k < 3; ++k) step.run(0.01);  // eager warm-up, capture, replays
+  EXPECT_EQ(RecordingGraph::captures, 1);
+  EXPECT_EQ(comm.issued, 3 * buckets) << "every replay runs the captured all-reduces";
+  const int waits = comm.waits;
+  step.wait_for_gradients();
+  EXPECT_GE(comm.compute_waits, 2) << "before the capture and at the wait: the compute stream";
+  EXPECT_EQ(comm.waits, waits) << "sink mode waits for the compute stream, not for a bucket";
+  std::unique_ptr<GradientReducer> r2 = d.reducer(comm, 8 << 10);
+  step.set_gradient_reducer(r2.get());
+  step.run(0.01);
+  EXPECT_EQ(RecordingGraph::captures, 2) << "a new reducer: the step is captured again";
+  step.set_gradient_reducer(nullptr);
+  step.run(0.01);
+  EXPECT_EQ(RecordingGraph::captures, 3) << "no reducer any more: captured again without the all-reduces";
 }
 
 }  // namespace
