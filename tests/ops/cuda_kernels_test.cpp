@@ -18,25 +18,16 @@
 #include "core/dtype.h"
 #include "core/rng.h"
 #include "ops/fused_math.h"
+#include "staged_backend.h"
 
 namespace rn::cuda {
 namespace {
 
-bool gpu_present(std::string* why) {
-  int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess) {
-    *why = std::string("cudaGetDeviceCount: ") + cudaGetErrorString(e);
-    return false;
-  }
-  if (n == 0) *why = "no GPU";
-  return n > 0;
-}
-
-#define RN_REQUIRE_GPU()                                                \
-  do {                                                                  \
-    std::string why_;                                                   \
-    if (!gpu_present(&why_)) GTEST_SKIP() << "cuda kernels not run: " << why_; \
+// staged_backend.h's cuda_usable(): the cuda backend starts (a GPU and its libraries).
+#define RN_REQUIRE_GPU()                                                       \
+  do {                                                                         \
+    std::string why_;                                                          \
+    if (!cuda_usable(&why_)) GTEST_SKIP() << "cuda kernels not run: " << why_; \
   } while (0)
 
 size_t elem_size(DType t) { return t == DType::f32 ? 4 : 2; }

@@ -642,14 +642,9 @@ void with_flat_width(std::initializer_list<const void*> ptrs, F&& f) {
 
 // The per-channel vector width: a function of C and the element size only, so a reduction
 // sums in the same order whatever the addresses (batch norm's recompute compares bits).
-template <typename T>
-int channel_width(int64_t C) {
-  return vector_elems(sizeof(T), C, {}, vector_kernels()) == widest<T> ? widest<T> : 1;
-}
-
 template <typename T, typename F>
 void with_channel_width(int64_t C, F&& f) {
-  if (channel_width<T>(C) == widest<T>)
+  if (vector_elems(sizeof(T), C, {}, vector_kernels()) == widest<T>)
     f(std::integral_constant<int, widest<T>>{});
   else
     f(std::integral_constant<int, 1>{});
@@ -668,12 +663,6 @@ void run_finish(const float* partials, int64_t splits, int64_t C, const Finish& 
   finish_partials_kernel<<<static_cast<unsigned>((C + 31) / 32), dim3(32, kSplitThreads), 0, s>>>(partials, splits, C,
                                                                                                      f);
   RN_CUDA_LAUNCH_CHECK();
-}
-
-bool aligned_to(std::initializer_list<const void*> ptrs, int bytes) {
-  for (const void* p : ptrs)
-    if (p && reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes) != 0) return false;
-  return true;
 }
 
 bool fits_32(int64_t n) { return n < (int64_t{1} << 32); }

@@ -20,19 +20,21 @@ namespace rn::cuda {
 
 inline constexpr int kTileThreads = 256;
 
+// Whether every pointer (null ones aside: an absent residual) is aligned to `bytes`.
+inline bool aligned_to(std::initializer_list<const void*> ptrs, int bytes) {
+  for (const void* p : ptrs)
+    if (p && reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes) != 0) return false;
+  return true;
+}
+
 // The widest vector of `elem_bytes`-byte elements, at most 16 bytes, whose length divides
-// `unit` (C for per-channel kernels, 1 for flat ones, which finish the tail one by one) and
-// to whose size every pointer is aligned. `allowed` false (RN_CUDA_VECTOR_KERNELS=0): 1.
+// `unit` (C for per-channel kernels; flat kernels, which finish the tail one by one, use
+// flat_vector_elems) and to whose size every pointer is aligned. `allowed` false
+// (RN_CUDA_VECTOR_KERNELS=0): 1.
 inline int vector_elems(int elem_bytes, int64_t unit, std::initializer_list<const void*> ptrs, bool allowed = true) {
   if (!allowed || elem_bytes <= 0 || elem_bytes > 16) return 1;
-  const int widest = 16 / elem_bytes;
-  for (int v = widest; v > 1; v /= 2) {
-    if (unit % v != 0) continue;
-    bool aligned = true;
-    for (const void* p : ptrs)
-      if (p && reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(v * elem_bytes) != 0) aligned = false;
-    if (aligned) return v;
-  }
+  for (int v = 16 / elem_bytes; v > 1; v /= 2)
+    if (unit % v == 0 && aligned_to(ptrs, v * elem_bytes)) return v;
   return 1;
 }
 
