@@ -3,7 +3,8 @@
 #
 #   scripts/gpu-check.sh OUT_DIR
 #
-#   1. our kernels called directly (CudaKernels.*), then the cross-backend op harness, cuda
+#   1. our kernels called directly (CudaKernels.*, CudaFusedStep.*, CudaAugment.*: the tests
+#      CI runs in the CPU emulation as *OnCpu.*), then the cross-backend op harness, cuda
 #      against ref (fp32, fp16, bf16), and synchronised BN on cuda against one whole batch;
 #   2. the golden parity tests on cuda: fp32 against torchvision with the fp32 bound,
 #      fp16 and bf16 within their bounds;
@@ -151,19 +152,22 @@ mkdir -p "$RN_GOLDEN_DIR"
 # ---- 1. harness, 2. goldens ---------------------------------------------------------------
 section "cross-backend harness: cuda vs ref"
 # Our kernels called directly first (vector and one-element paths, unaligned buffers,
-# statistics against sums in double), in a process of their own: a kernel fault leaves a
-# sticky CUDA error that would fail every later test of the same process.
-"${run[@]}" "$test_ops" --gtest_filter='CudaKernels.*:ChannelTiling.*:VectorElems.*:RowSplits.*' 2>&1 \
+# statistics against sums in double, the fused step and the augmentation against the host
+# bit for bit), in a process of their own: a kernel fault leaves a sticky CUDA error that
+# would fail every later test of the same process. CI runs the same tests in the CPU
+# emulation (test_cuda_sim): a failure here that passes there is the GPU's own.
+kernel_tests='CudaKernels.*:CudaFusedStep.*:CudaAugment.*'
+"${run[@]}" "$test_ops" --gtest_filter="$kernel_tests:ChannelTiling.*:VectorElems.*:RowSplits.*" 2>&1 \
   | tee "$out/harness.log"
 if [[ ${PIPESTATUS[0]} != 0 ]]; then
-  fail "our CUDA kernels (CudaKernels.*)"
+  fail "our CUDA kernels ($kernel_tests)"
   # A fault (not a wrong value): which kernel, which line, from the same tests under
   # compute-sanitizer's memcheck (the backend is built with -lineinfo). It works on
   # Firecracker machines, not under gVisor. Only its own report lines come back.
   san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
   if [[ -n $san ]] && grep -qiE 'illegal|misaligned|launch failure|out of bounds|CUDA call .* failed' "$out/harness.log"; then
-    echo "rerunning CudaKernels.* under $san (memcheck)" | tee -a "$out/harness.log"
-    timeout 120 "$san" --tool memcheck --print-limit 5 "${run[@]}" "$test_ops" --gtest_filter='CudaKernels.*' 2>&1 \
+    echo "rerunning $kernel_tests under $san (memcheck)" | tee -a "$out/harness.log"
+    timeout 120 "$san" --tool memcheck --print-limit 5 "${run[@]}" "$test_ops" --gtest_filter="$kernel_tests" 2>&1 \
       | grep -E '^=========|FAILED|Failure' | head -150 | tee -a "$out/harness.log"
   fi
 fi

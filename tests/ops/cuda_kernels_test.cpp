@@ -1,9 +1,13 @@
-// The CUDA backend's own kernels (backends/cuda/kernels.h), called directly on the GPU: the
-// 16-byte vector paths against the one-element paths (RN_CUDA_VECTOR_KERNELS=0) and against
-// the host, the unaligned fallback against the aligned path, and the per-channel reductions
-// against sums in double. Skipped with a visible line without a GPU; scripts/gpu-check.sh
-// runs them (CudaKernels.*) before the op harness, so a kernel fault shows here first.
-#ifdef RN_HAVE_CUDA
+// The CUDA backend's own kernels (backends/cuda/kernels.h), called directly: the 16-byte
+// vector paths against the one-element paths (RN_CUDA_VECTOR_KERNELS=0) and against the
+// host, the unaligned fallback against the aligned path, and the per-channel reductions
+// against sums in double.
+//
+// Built twice. In test_ops (CudaKernels.*) they run on the GPU, and are skipped with a
+// visible line without one; scripts/gpu-check.sh runs them before the op harness, so a
+// kernel fault shows here first. In test_cuda_sim (CudaKernelsOnCpu.*) the same kernels run
+// in the CPU emulation (backends/cuda/sim), under the address sanitizer, on every CI run.
+#if defined(RN_HAVE_CUDA) || defined(RN_CUDA_SIM)
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -13,73 +17,21 @@
 #include <string>
 #include <vector>
 
-#include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels.h"
 #include "core/dtype.h"
 #include "core/rng.h"
 #include "ops/fused_math.h"
-#include "staged_backend.h"
+
+#include "cuda_test_util.h"
+
+#ifdef RN_CUDA_SIM
+#define CudaKernels CudaKernelsOnCpu
+#endif
 
 namespace rn::cuda {
 namespace {
 
-// staged_backend.h's cuda_usable(): the cuda backend starts (a GPU and its libraries).
-#define RN_REQUIRE_GPU()                                                       \
-  do {                                                                         \
-    std::string why_;                                                          \
-    if (!cuda_usable(&why_)) GTEST_SKIP() << "cuda kernels not run: " << why_; \
-  } while (0)
-
-size_t elem_size(DType t) { return t == DType::f32 ? 4 : 2; }
-
-// A device buffer holding n elements of type t, `offset` elements past a 256-byte-aligned
-// allocation (offset 1: no vector access is possible).
-class Buf {
- public:
-  Buf(DType t, size_t n, size_t offset = 0) : t_(t), n_(n), offset_(offset) {
-    RN_CUDA_CHECK(cudaMalloc(&base_, (n + offset + 8) * elem_size(t)));
-    RN_CUDA_CHECK(cudaMemset(base_, 0, (n + offset + 8) * elem_size(t)));
-  }
-  ~Buf() { cudaFree(base_); }
-  Buf(const Buf&) = delete;
-  Buf& operator=(const Buf&) = delete;
-  void* data() const { return static_cast<char*>(base_) + offset_ * elem_size(t_); }
-  float* f() const { return static_cast<float*>(data()); }
-  void set(const std::vector<float>& v) {
-    std::vector<char> raw(v.size() * elem_size(t_));
-    convert(raw.data(), t_, v.data(), DType::f32, v.size());
-    RN_CUDA_CHECK(cudaMemcpy(data(), raw.data(), raw.size(), cudaMemcpyHostToDevice));
-  }
-  std::vector<float> get() const {
-    RN_CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<char> raw(n_ * elem_size(t_));
-    RN_CUDA_CHECK(cudaMemcpy(raw.data(), data(), raw.size(), cudaMemcpyDeviceToHost));
-    std::vector<float> v(n_);
-    convert(v.data(), DType::f32, raw.data(), t_, n_);
-    return v;
-  }
-
- private:
-  DType t_;
-  size_t n_, offset_;
-  void* base_ = nullptr;
-};
-
-// Values already representable in t, so the host and the device start from the same bits.
-std::vector<float> random_values(DType t, size_t n, Rng& rng, float mean = 0.0f, float scale = 1.0f) {
-  std::vector<float> v(n);
-  for (float& x : v) x = round_to_dtype(mean + scale * rng.normal(), t);
-  return v;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b, std::string* where) {
-  for (size_t i = 0; i < a.size(); ++i)
-    if (std::memcmp(&a[i], &b[i], 4) != 0) {
-      *where = "element " + std::to_string(i) + ": " + std::to_string(a[i]) + " vs " + std::to_string(b[i]);
-      return false;
-    }
-  return true;
-}
+using namespace rn::cuda::testing;
 
 double eps_of(DType t) { return t == DType::f32 ? 0x1p-23 : t == DType::f16 ? 0x1p-10 : 0x1p-7; }
 
@@ -411,4 +363,4 @@ TEST(CudaKernels, MaxPoolingMatchesTheHost) {
 
 }  // namespace
 }  // namespace rn::cuda
-#endif  // RN_HAVE_CUDA
+#endif  // RN_HAVE_CUDA || RN_CUDA_SIM

@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/launch.h"
 #include "core/dtype.h"
 
 namespace rn::cuda {

@@ -3,6 +3,8 @@
 // segments of at most kSegment elements of one parameter each (as the CPU optimizer
 // does); LARS norms are summed per segment in double and then per parameter in segment
 // order, so results are the same on every run.
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "backends/cuda/device_types.cuh"
@@ -71,24 +73,24 @@ __global__ void lars_norms_kernel(double* seg_w2, double* seg_g2, const Segment*
   sg[threadIdx.x] = b;
   __syncthreads();
   for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) sw[threadIdx.x] += sw[threadIdx.x + stride], sg[threadIdx.x] += sg[threadIdx.x + stride];
+    if (threadIdx.x < static_cast<unsigned>(stride)) sw[threadIdx.x] += sw[threadIdx.x + stride], sg[threadIdx.x] += sg[threadIdx.x + stride];
     __syncthreads();
   }
   if (threadIdx.x == 0) seg_w2[blockIdx.x] = sw[0], seg_g2[blockIdx.x] = sg[0];
 }
 
-__global__ void lars_trust_kernel(float* trust, const double* seg_w2, const double* seg_g2, const int* first_seg,
+__global__ void lars_trust_kernel(double* trust, const double* seg_w2, const double* seg_g2, const int* first_seg,
                                   const int* adapt, const float* wd, int n_params, double eta, double eps) {
   for (int p = blockIdx.x * blockDim.x + threadIdx.x; p < n_params; p += blockDim.x * gridDim.x) {
     double w2 = 0, g2 = 0;
     for (int s = first_seg[p]; s < first_seg[p + 1]; ++s) w2 += seg_w2[s], g2 += seg_g2[s];
-    trust[p] = adapt[p] ? static_cast<float>(fused::lars_trust_ratio(sqrt(w2), sqrt(g2), wd[p], eta, eps)) : 1.0f;
+    trust[p] = adapt[p] ? fused::lars_trust_ratio(sqrt(w2), sqrt(g2), wd[p], eta, eps) : 1.0;
   }
 }
 
 template <typename H>
 __global__ void update_kernel(float* w, float* buf, const float* g, H* half, const Segment* segs, const float* wd,
-                              const float* trust, const StepState* st, bool lars, bool nesterov, float momentum,
+                              const double* trust, const StepState* st, bool lars, bool nesterov, float momentum,
                               bool round_master) {
   if (!st->applied) return;  // an overflowing step leaves everything untouched
   const Segment s = segs[blockIdx.x];
@@ -109,7 +111,8 @@ __global__ void update_kernel(float* w, float* buf, const float* g, H* half, con
 
 class CudaFusedStep final : public FusedStepKernel {
  public:
-  CudaFusedStep(const ContextPtr& ctx, const FusedStepDesc& d) : FusedStepKernel(d), ctx_(ctx) {
+  CudaFusedStep(MemorySpace& memory, cudaStream_t stream, const FusedStepDesc& d, std::shared_ptr<const void> owner)
+      : FusedStepKernel(d), owner_(std::move(owner)), mem_(memory), stream_(stream) {
     std::vector<Segment> segs;
     std::vector<int> first(1, 0), adapt;
     std::vector<float> wd;
@@ -123,7 +126,7 @@ class CudaFusedStep final : public FusedStepKernel {
     }
     segments_ = static_cast<int>(segs.size());
     n_params_ = static_cast<int>(d.params.size());
-    MemorySpace& mem = ctx_->memory();
+    MemorySpace& mem = mem_;
     auto upload = [&](DeviceBuffer& buf, const void* host, size_t bytes) {
       buf = DeviceBuffer(mem, bytes);
       if (bytes) mem.copy(buf.data(), host, bytes);
@@ -134,7 +137,7 @@ class CudaFusedStep final : public FusedStepKernel {
     upload(wd_, wd.data(), wd.size() * sizeof(float));
     seg_w2_ = DeviceBuffer(mem, static_cast<size_t>(segments_ + 1) * sizeof(double));
     seg_g2_ = DeviceBuffer(mem, static_cast<size_t>(segments_ + 1) * sizeof(double));
-    trust_ = DeviceBuffer(mem, static_cast<size_t>(n_params_ + 1) * sizeof(float));
+    trust_ = DeviceBuffer(mem, static_cast<size_t>(n_params_ + 1) * sizeof(double));
     momentum_ = DeviceBuffer(mem, static_cast<size_t>(d.total) * sizeof(float));
     momentum_.zero();
     state_ = DeviceBuffer(mem, sizeof(StepState));
@@ -155,54 +158,54 @@ class CudaFusedStep final : public FusedStepKernel {
 
   void set_lr_table(const std::vector<float>& lrs) override {
     RN_CHECK(!lrs.empty()) << "fused step: empty learning-rate table";
-    if (lr_table_.bytes() < lrs.size() * sizeof(float)) lr_table_ = DeviceBuffer(ctx_->memory(), lrs.size() * 4);
-    ctx_->memory().copy(lr_table_.data(), lrs.data(), lrs.size() * sizeof(float));
+    if (lr_table_.bytes() < lrs.size() * sizeof(float)) lr_table_ = DeviceBuffer(mem_, lrs.size() * 4);
+    mem_.copy(lr_table_.data(), lrs.data(), lrs.size() * sizeof(float));
     lr_table_size_ = static_cast<int>(lrs.size());
     const int zero = 0;
-    ctx_->memory().copy(&state()->lr_index, &zero, sizeof(int));
+    mem_.copy(&state()->lr_index, &zero, sizeof(int));
   }
 
   fused::LossScaleCounters counters() const override {
     StepState st{};
-    ctx_->memory().copy(&st, state_.data(), sizeof(st));
+    mem_.copy(&st, state_.data(), sizeof(st));
     return st.counters;
   }
   void set_counters(const fused::LossScaleCounters& c) override {
     StepState st{};
-    ctx_->memory().copy(&st, state_.data(), sizeof(st));
+    mem_.copy(&st, state_.data(), sizeof(st));
     st.counters = c;
     st.loss_scale = static_cast<float>(c.scale);
-    ctx_->memory().copy(state_.data(), &st, sizeof(st));
+    mem_.copy(state_.data(), &st, sizeof(st));
   }
-  void read_momentum(float* host) const override { ctx_->memory().copy(host, momentum_.data(), momentum_.bytes()); }
-  void write_momentum(const float* host) override { ctx_->memory().copy(momentum_.data(), host, momentum_.bytes()); }
+  void read_momentum(float* host) const override { mem_.copy(host, momentum_.data(), momentum_.bytes()); }
+  void write_momentum(const float* host) override { mem_.copy(momentum_.data(), host, momentum_.bytes()); }
 
  protected:
   void do_step(const Tensor& weights, const Tensor& grads, const Tensor* half_weights, float lr) override {
-    cudaStream_t s = ctx_->stream();
+    cudaStream_t s = stream_;
     const int64_t n = desc_.total;
     StepState* st = state();
-    overflow_check_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(&st->overflow, grads.ptr<float>(), n);
+    RN_LAUNCH(blocks_for(n, kThreads), kThreads, s, overflow_check_kernel)(&st->overflow, grads.ptr<float>(), n);
     RN_CUDA_LAUNCH_CHECK();
     const bool from_table = lr < 0.0f;
     RN_CHECK(!from_table || lr_table_size_ > 0) << "fused step: no learning-rate table set";
-    scale_update_kernel<<<1, 1, 0, s>>>(
+    RN_LAUNCH(1, 1, s, scale_update_kernel)(
         st, desc_.loss_scale, lr, from_table ? static_cast<const float*>(lr_table_.data()) : nullptr, lr_table_size_);
     RN_CUDA_LAUNCH_CHECK();
     if (segments_ == 0) return;
     const bool lars = desc_.optimizer == FusedOptimizer::lars;
     if (lars) {
-      lars_norms_kernel<<<segments_, kThreads, 0, s>>>(seg_w2(), seg_g2(), segs(), adapt(), weights.ptr<float>(),
+      RN_LAUNCH(segments_, kThreads, s, lars_norms_kernel)(seg_w2(), seg_g2(), segs(), adapt(), weights.ptr<float>(),
                                                        grads.ptr<float>(), st);
       RN_CUDA_LAUNCH_CHECK();
-      lars_trust_kernel<<<blocks_for(n_params_, kThreads), kThreads, 0, s>>>(
+      RN_LAUNCH(blocks_for(n_params_, kThreads), kThreads, s, lars_trust_kernel)(
           trust(), seg_w2(), seg_g2(), static_cast<const int*>(first_.data()), adapt(), wd(), n_params_, desc_.lars_eta,
           desc_.lars_eps);
       RN_CUDA_LAUNCH_CHECK();
     }
     const DType h = desc_.half == DType::f32 ? DType::f16 : desc_.half;  // the type to round to (O3)
     RN_DISPATCH_FLOAT(h, H, {
-      update_kernel<H><<<segments_, kThreads, 0, s>>>(
+      RN_LAUNCH(segments_, kThreads, s, update_kernel<H>)(
           weights.ptr<float>(), static_cast<float*>(momentum_.data()), grads.ptr<float>(),
           half_weights ? static_cast<H*>(half_weights->data) : nullptr, segs(), wd(), trust(), st, lars, desc_.nesterov,
           desc_.momentum, desc_.round_master_to_half && desc_.half != DType::f32);
@@ -215,73 +218,22 @@ class CudaFusedStep final : public FusedStepKernel {
   const Segment* segs() const { return static_cast<const Segment*>(segs_.data()); }
   const int* adapt() const { return static_cast<const int*>(adapt_.data()); }
   const float* wd() const { return static_cast<const float*>(wd_.data()); }
-  float* trust() const { return static_cast<float*>(trust_.data()); }
+  double* trust() const { return static_cast<double*>(trust_.data()); }
   double* seg_w2() const { return static_cast<double*>(seg_w2_.data()); }
   double* seg_g2() const { return static_cast<double*>(seg_g2_.data()); }
 
-  ContextPtr ctx_;
+  std::shared_ptr<const void> owner_;  // keeps the memory and the stream alive (the backend's Context)
+  MemorySpace& mem_;
+  cudaStream_t stream_;
   int segments_ = 0, n_params_ = 0, lr_table_size_ = 0;
   DeviceBuffer segs_, first_, adapt_, wd_, seg_w2_, seg_g2_, trust_, momentum_, state_, lr_table_;
 };
 
-// A captured graph holds the addresses its kernels used, the shared workspace's among them.
-// When a later kernel (an evaluation plan's, say) makes the workspace grow, the old block is
-// freed, so the graph counts as not captured any more and the step is captured again.
-class CudaStepGraph final : public StepGraph {
- public:
-  explicit CudaStepGraph(const ContextPtr& ctx) : ctx_(ctx) {}
-  ~CudaStepGraph() override { destroy(); }
-  void capture(const std::function<void()>& work) override {
-    RN_CHECK(!captured()) << "step graph: already captured";
-    cudaStream_t s = ctx_->stream();
-    RN_CUDA_CHECK(cudaStreamSynchronize(s));
-    destroy();  // a stale graph (see above), if any
-    const uint64_t generation = ctx_->workspace_generation();
-    RN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    try {
-      work();
-    } catch (...) {
-      cudaGraph_t broken = nullptr;
-      cudaStreamEndCapture(s, &broken);
-      if (broken) cudaGraphDestroy(broken);
-      cudaGetLastError();
-      throw;
-    }
-    RN_CUDA_CHECK(cudaStreamEndCapture(s, &graph_));
-    RN_CUDA_CHECK(cudaGraphInstantiate(&exec_, graph_, 0));
-    RN_CHECK(ctx_->workspace_generation() == generation)
-        << "step graph: the shared device workspace was reallocated during the capture (a kernel was made inside it)";
-    generation_ = generation;
-  }
-  bool captured() const override { return exec_ != nullptr && generation_ == ctx_->workspace_generation(); }
-  void replay() override {
-    RN_CHECK(captured()) << "step graph: replay before capture, or after the workspace it captured was reallocated";
-    RN_CUDA_CHECK(cudaGraphLaunch(exec_, ctx_->stream()));
-  }
-  void invalidate() override {
-    RN_CUDA_CHECK(cudaStreamSynchronize(ctx_->stream()));  // no replay of it may still run
-    destroy();
-  }
-
- private:
-  void destroy() {
-    if (exec_) cudaGraphExecDestroy(exec_);
-    if (graph_) cudaGraphDestroy(graph_);
-    exec_ = nullptr;
-    graph_ = nullptr;
-  }
-  ContextPtr ctx_;
-  cudaGraph_t graph_ = nullptr;
-  cudaGraphExec_t exec_ = nullptr;
-  uint64_t generation_ = 0;
-};
-
 }  // namespace
 
-std::unique_ptr<FusedStepKernel> make_fused_step(const ContextPtr& ctx, const FusedStepDesc& d) {
-  return std::make_unique<CudaFusedStep>(ctx, d);
+std::unique_ptr<FusedStepKernel> make_fused_step(MemorySpace& memory, cudaStream_t stream, const FusedStepDesc& d,
+                                                 std::shared_ptr<const void> owner) {
+  return std::make_unique<CudaFusedStep>(memory, stream, d, std::move(owner));
 }
-
-std::unique_ptr<StepGraph> make_step_graph(const ContextPtr& ctx) { return std::make_unique<CudaStepGraph>(ctx); }
 
 }  // namespace rn::cuda

@@ -32,7 +32,10 @@ struct alignas(sizeof(T) * V) Pack {
 
 template <typename T, int V>
 __device__ __forceinline__ Pack<T, V> load_pack(const T* p, bool aligned = true) {
-  if (aligned) return *reinterpret_cast<const Pack<T, V>*>(p);
+  if (aligned) {
+    RN_SIM_CHECK_ALIGNED(p, sizeof(Pack<T, V>));
+    return *reinterpret_cast<const Pack<T, V>*>(p);
+  }
   Pack<T, V> r;
 #pragma unroll
   for (int k = 0; k < V; ++k) r.v[k] = p[k];
@@ -42,6 +45,7 @@ __device__ __forceinline__ Pack<T, V> load_pack(const T* p, bool aligned = true)
 template <typename T, int V>
 __device__ __forceinline__ void store_pack(T* p, const Pack<T, V>& r, bool aligned = true) {
   if (aligned) {
+    RN_SIM_CHECK_ALIGNED(p, sizeof(Pack<T, V>));
     *reinterpret_cast<Pack<T, V>*>(p) = r;
     return;
   }
@@ -564,7 +568,7 @@ __device__ float block_reduce(float v, float* shared) {
   shared[threadIdx.x] = v;
   __syncthreads();
   for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) {
+    if (threadIdx.x < static_cast<unsigned>(stride)) {
       const float o = shared[threadIdx.x + stride];
       shared[threadIdx.x] = kMax ? fmaxf(shared[threadIdx.x], o) : shared[threadIdx.x] + o;
     }
@@ -654,13 +658,13 @@ dim3 grid_of(const ChannelTiling& tl) { return dim3(static_cast<unsigned>(tl.blo
 
 template <typename T, int V, typename Op>
 void run_channel_partials(float* partials, const ChannelTiling& tl, const Op& op, cudaStream_t s) {
-  channel_partials_kernel<T, V, Op><<<grid_of(tl), kTileThreads, 0, s>>>(partials, tl, op);
+  RN_LAUNCH(grid_of(tl), kTileThreads, s, channel_partials_kernel<T, V, Op>)(partials, tl, op);
   RN_CUDA_LAUNCH_CHECK();
 }
 
 template <typename Finish>
 void run_finish(const float* partials, int64_t splits, int64_t C, const Finish& f, cudaStream_t s) {
-  finish_partials_kernel<<<static_cast<unsigned>((C + 31) / 32), dim3(32, kSplitThreads), 0, s>>>(partials, splits, C,
+  RN_LAUNCH(static_cast<unsigned>((C + 31) / 32), dim3(32, kSplitThreads), s, finish_partials_kernel<Finish>)(partials, splits, C,
                                                                                                      f);
   RN_CUDA_LAUNCH_CHECK();
 }
@@ -704,10 +708,10 @@ void launch_cast(void* y, DType dst, const void* x, DType src, int64_t n, cudaSt
                       const bool vec = vector_kernels() && aligned_to({x}, 4 * static_cast<int>(sizeof(S))) &&
                                        aligned_to({y}, 4 * static_cast<int>(sizeof(D)));
                       if (vec)
-                        cast_kernel<S, D, 4><<<blocks_for(n / 4 + 1, kThreads), kThreads, 0, s>>>(
+                        RN_LAUNCH(blocks_for(n / 4 + 1, kThreads), kThreads, s, cast_kernel<S, D, 4>)(
                             static_cast<D*>(y), static_cast<const S*>(x), n);
                       else
-                        cast_kernel<S, D, 1><<<blocks_for(n, kThreads), kThreads, 0, s>>>(
+                        RN_LAUNCH(blocks_for(n, kThreads), kThreads, s, cast_kernel<S, D, 1>)(
                             static_cast<D*>(y), static_cast<const S*>(x), n);
                       RN_CUDA_LAUNCH_CHECK();
                     }));
@@ -717,7 +721,7 @@ void launch_relu_forward(void* y, const void* x, DType t, int64_t n, cudaStream_
   if (n == 0) return;
   RN_DISPATCH_FLOAT(t, T, with_flat_width<T>({y, x}, [&](auto v_) {
                       constexpr int V = decltype(v_)::value;
-                      relu_forward_kernel<T, V><<<blocks_for(n / V + 1, kThreads), kThreads, 0, s>>>(
+                      RN_LAUNCH(blocks_for(n / V + 1, kThreads), kThreads, s, relu_forward_kernel<T, V>)(
                           static_cast<T*>(y), static_cast<const T*>(x), n);
                       RN_CUDA_LAUNCH_CHECK();
                     }));
@@ -727,7 +731,7 @@ void launch_relu_backward(void* dx, const void* dy, const void* y, DType t, int6
   if (n == 0) return;
   RN_DISPATCH_FLOAT(t, T, with_flat_width<T>({dx, dy, y}, [&](auto v_) {
                       constexpr int V = decltype(v_)::value;
-                      relu_backward_kernel<T, V><<<blocks_for(n / V + 1, kThreads), kThreads, 0, s>>>(
+                      RN_LAUNCH(blocks_for(n / V + 1, kThreads), kThreads, s, relu_backward_kernel<T, V>)(
                           static_cast<T*>(dx), static_cast<const T*>(dy), static_cast<const T*>(y), n);
                       RN_CUDA_LAUNCH_CHECK();
                     }));
@@ -737,7 +741,7 @@ void launch_add(void* y, const void* a, const void* b, DType t, int64_t n, cudaS
   if (n == 0) return;
   RN_DISPATCH_FLOAT(t, T, with_flat_width<T>({y, a, b}, [&](auto v_) {
                       constexpr int V = decltype(v_)::value;
-                      add_kernel<T, V><<<blocks_for(n / V + 1, kThreads), kThreads, 0, s>>>(
+                      RN_LAUNCH(blocks_for(n / V + 1, kThreads), kThreads, s, add_kernel<T, V>)(
                           static_cast<T*>(y), static_cast<const T*>(a), static_cast<const T*>(b), n);
                       RN_CUDA_LAUNCH_CHECK();
                     }));
@@ -751,10 +755,10 @@ void launch_bn_stats(float* mean, float* var, const void* x, DType t, int64_t M,
   RN_DISPATCH_FLOAT(t, T, with_channel_width<T>(C, [&](auto v_) {
                       constexpr int V = decltype(v_)::value;
                       const ChannelTiling tl = channel_tiling(M, C, V);
-                      welford_partials_kernel<T, V><<<grid_of(tl), kTileThreads, 0, s>>>(
+                      RN_LAUNCH(grid_of(tl), kTileThreads, s, welford_partials_kernel<T, V>)(
                           partials, tl, static_cast<const T*>(x), aligned_to({x}, V * static_cast<int>(sizeof(T))));
                       RN_CUDA_LAUNCH_CHECK();
-                      welford_finish_kernel<<<static_cast<unsigned>((C + 31) / 32), dim3(32, kSplitThreads), 0, s>>>(
+                      RN_LAUNCH(static_cast<unsigned>((C + 31) / 32), dim3(32, kSplitThreads), s, welford_finish_kernel)(
                           mean, var, partials, tl);
                       RN_CUDA_LAUNCH_CHECK();
                     }));
@@ -763,14 +767,14 @@ void launch_bn_stats(float* mean, float* var, const void* x, DType t, int64_t M,
 void launch_bn_finish_training(float* saved_mean, float* saved_invstd, float* running_mean, float* running_var,
                                const float* mean, const float* var, float eps, float momentum, int64_t M, int64_t C,
                                cudaStream_t s) {
-  bn_finish_training_kernel<<<blocks_for(C, kThreads), kThreads, 0, s>>>(saved_mean, saved_invstd, running_mean,
+  RN_LAUNCH(blocks_for(C, kThreads), kThreads, s, bn_finish_training_kernel)(saved_mean, saved_invstd, running_mean,
                                                                          running_var, mean, var, eps, momentum, M, C);
   RN_CUDA_LAUNCH_CHECK();
 }
 
 void launch_bn_compare(int* mismatch, const float* mean, const float* var, const float* saved_mean,
                        const float* saved_invstd, float eps, int64_t C, cudaStream_t s) {
-  bn_compare_kernel<<<blocks_for(C, kThreads), kThreads, 0, s>>>(mismatch, mean, var, saved_mean, saved_invstd, eps, C);
+  RN_LAUNCH(blocks_for(C, kThreads), kThreads, s, bn_compare_kernel)(mismatch, mean, var, saved_mean, saved_invstd, eps, C);
   RN_CUDA_LAUNCH_CHECK();
 }
 
@@ -782,7 +786,7 @@ void launch_bn_apply(void* y, const void* x, const void* residual, DType t, int6
                       constexpr int V = decltype(v_)::value;
                       const ChannelTiling tl = channel_tiling(M, C, V);
                       const bool al = aligned_to({y, x, residual}, V * static_cast<int>(sizeof(T)));
-                      bn_apply_kernel<T, V><<<grid_of(tl), kTileThreads, 0, s>>>(
+                      RN_LAUNCH(grid_of(tl), kTileThreads, s, bn_apply_kernel<T, V>)(
                           static_cast<T*>(y), static_cast<const T*>(x), static_cast<const T*>(residual), tl, al, mean,
                           var_or_invstd, is_var, eps, gamma, beta, fuse);
                       RN_CUDA_LAUNCH_CHECK();
@@ -803,14 +807,14 @@ void launch_bn_backward_dx(void* dx, const void* dy, const void* x, DType t, int
                       constexpr int V = decltype(v_)::value;
                         const ChannelTiling tl = channel_tiling(M, C, V);
                         const bool al = aligned_to({dx, dy, x}, V * static_cast<int>(sizeof(T)));
-                        bn_backward_dx_kernel<T, V><<<grid_of(tl), kTileThreads, 0, s>>>(
+                        RN_LAUNCH(grid_of(tl), kTileThreads, s, bn_backward_dx_kernel<T, V>)(
                             static_cast<T*>(dx), static_cast<const T*>(dy), static_cast<const T*>(x), tl, al,
                             inv_count, mean, invstd, gamma, sum_dy, sum_dy_xhat);
                         RN_CUDA_LAUNCH_CHECK();
                       }));
   }
   if (dgamma == nullptr) return;  // synchronised BN accumulates its local sums itself
-  accumulate_stats_kernel<<<blocks_for(C, kThreads), kThreads, 0, s>>>(dgamma, dbeta, sum_dy, sum_dy_xhat, C);
+  RN_LAUNCH(blocks_for(C, kThreads), kThreads, s, accumulate_stats_kernel)(dgamma, dbeta, sum_dy, sum_dy_xhat, C);
   RN_CUDA_LAUNCH_CHECK();
 }
 
@@ -833,24 +837,24 @@ void launch_bn_sync_backward_sums(double* sums, const void* dy, const void* x, D
 
 void launch_bn_sync_finish_forward(float* saved_mean, float* saved_invstd, float* running_mean, float* running_var,
                                    const double* sums, float eps, float momentum, int64_t C, cudaStream_t s) {
-  bn_sync_finish_forward_kernel<<<blocks_for(C, kThreads), kThreads, 0, s>>>(saved_mean, saved_invstd, running_mean,
+  RN_LAUNCH(blocks_for(C, kThreads), kThreads, s, bn_sync_finish_forward_kernel)(saved_mean, saved_invstd, running_mean,
                                                                              running_var, sums, eps, momentum, C);
   RN_CUDA_LAUNCH_CHECK();
 }
 
 void launch_bn_sync_finish_backward(float* mean_g, float* mean_g_xhat, const double* sums, int64_t C, cudaStream_t s) {
-  bn_sync_finish_backward_kernel<<<blocks_for(C, kThreads), kThreads, 0, s>>>(mean_g, mean_g_xhat, sums, C);
+  RN_LAUNCH(blocks_for(C, kThreads), kThreads, s, bn_sync_finish_backward_kernel)(mean_g, mean_g_xhat, sums, C);
   RN_CUDA_LAUNCH_CHECK();
 }
 
 void launch_bn_sync_accumulate(float* dgamma, float* dbeta, const double* sums, int64_t C, cudaStream_t s) {
-  bn_sync_accumulate_kernel<<<blocks_for(C, kThreads), kThreads, 0, s>>>(dgamma, dbeta, sums, C);
+  RN_LAUNCH(blocks_for(C, kThreads), kThreads, s, bn_sync_accumulate_kernel)(dgamma, dbeta, sums, C);
   RN_CUDA_LAUNCH_CHECK();
 }
 
 void launch_words_differ(int* mismatch, const void* a, const void* b, int64_t words, cudaStream_t s) {
   if (words == 0) return;
-  words_differ_kernel<<<blocks_for(words, kThreads), kThreads, 0, s>>>(mismatch, static_cast<const uint32_t*>(a),
+  RN_LAUNCH(blocks_for(words, kThreads), kThreads, s, words_differ_kernel)(mismatch, static_cast<const uint32_t*>(a),
                                                                        static_cast<const uint32_t*>(b), words);
   RN_CUDA_LAUNCH_CHECK();
 }
@@ -858,7 +862,7 @@ void launch_words_differ(int* mismatch, const void* a, const void* b, int64_t wo
 void launch_bias_add(void* y, const float* b, DType t, int64_t M, int64_t C, cudaStream_t s) {
   const int64_t n = M * C;
   RN_DISPATCH_FLOAT(t, T, {
-    bias_add_kernel<T><<<blocks_for(n, kThreads), kThreads, 0, s>>>(static_cast<T*>(y), b, n, C);
+    RN_LAUNCH(blocks_for(n, kThreads), kThreads, s, bias_add_kernel<T>)(static_cast<T*>(y), b, n, C);
     RN_CUDA_LAUNCH_CHECK();
   });
 }
@@ -879,12 +883,11 @@ void launch_kcrs_to_krsc(void* dst, const void* src, DType t, int64_t K, int64_t
   const int64_t n = K * C * R * S;
   RN_DISPATCH_FLOAT(t, T, {
     if (fits_32(n))
-      kcrs_to_krsc_kernel<T, uint32_t><<<blocks_for(n, kThreads), kThreads, 0, s>>>(
+      RN_LAUNCH(blocks_for(n, kThreads), kThreads, s, kcrs_to_krsc_kernel<T, uint32_t>)(
           static_cast<T*>(dst), static_cast<const T*>(src), static_cast<uint32_t>(K), static_cast<uint32_t>(C),
           static_cast<uint32_t>(R), static_cast<uint32_t>(S));
     else
-      kcrs_to_krsc_kernel<T, int64_t>
-          <<<blocks_for(n, kThreads), kThreads, 0, s>>>(static_cast<T*>(dst), static_cast<const T*>(src), K, C, R, S);
+      RN_LAUNCH(blocks_for(n, kThreads), kThreads, s, kcrs_to_krsc_kernel<T, int64_t>)(static_cast<T*>(dst), static_cast<const T*>(src), K, C, R, S);
     RN_CUDA_LAUNCH_CHECK();
   });
 }
@@ -894,12 +897,11 @@ void launch_accumulate_krsc_to_kcrs(float* dst, const void* src, DType t, int64_
   const int64_t n = K * C * R * S;
   RN_DISPATCH_FLOAT(t, T, {
     if (fits_32(n))
-      accumulate_krsc_to_kcrs_kernel<T, uint32_t><<<blocks_for(n, kThreads), kThreads, 0, s>>>(
+      RN_LAUNCH(blocks_for(n, kThreads), kThreads, s, accumulate_krsc_to_kcrs_kernel<T, uint32_t>)(
           dst, static_cast<const T*>(src), static_cast<uint32_t>(K), static_cast<uint32_t>(C),
           static_cast<uint32_t>(R), static_cast<uint32_t>(S));
     else
-      accumulate_krsc_to_kcrs_kernel<T, int64_t>
-          <<<blocks_for(n, kThreads), kThreads, 0, s>>>(dst, static_cast<const T*>(src), K, C, R, S);
+      RN_LAUNCH(blocks_for(n, kThreads), kThreads, s, accumulate_krsc_to_kcrs_kernel<T, int64_t>)(dst, static_cast<const T*>(src), K, C, R, S);
     RN_CUDA_LAUNCH_CHECK();
   });
 }
@@ -909,10 +911,9 @@ void launch_accumulate(float* dst, const void* src, DType t, int64_t n, cudaStre
   RN_DISPATCH_FLOAT(t, T, {
     // Four elements per access: 16 bytes of the fp32 destination.
     if (vector_kernels() && aligned_to({dst}, 16) && aligned_to({src}, 4 * static_cast<int>(sizeof(T))))
-      accumulate_kernel<T, 4>
-          <<<blocks_for(n / 4 + 1, kThreads), kThreads, 0, s>>>(dst, static_cast<const T*>(src), n);
+      RN_LAUNCH(blocks_for(n / 4 + 1, kThreads), kThreads, s, accumulate_kernel<T, 4>)(dst, static_cast<const T*>(src), n);
     else
-      accumulate_kernel<T, 1><<<blocks_for(n, kThreads), kThreads, 0, s>>>(dst, static_cast<const T*>(src), n);
+      RN_LAUNCH(blocks_for(n, kThreads), kThreads, s, accumulate_kernel<T, 1>)(dst, static_cast<const T*>(src), n);
     RN_CUDA_LAUNCH_CHECK();
   });
 }
@@ -931,7 +932,7 @@ void launch_max_pool_forward(void* y, int32_t* argmax, const void* x, DType t, i
                              int64_t W, int64_t P, int64_t Q, int64_t k, int64_t stride, int64_t pad, cudaStream_t s) {
   RN_CHECK(H * W < (int64_t{1} << 31)) << "max pooling: H*W = " << H * W << " does not fit the int32 workspace";
   RN_DISPATCH_FLOAT(t, T, RN_WITH_INDEX(std::max(N * H * W, N * P * Q) * C, I, {
-                      max_pool_forward_kernel<T, I><<<blocks_for(N * P * Q * C, kThreads), kThreads, 0, s>>>(
+                      RN_LAUNCH(blocks_for(N * P * Q * C, kThreads), kThreads, s, max_pool_forward_kernel<T, I>)(
                           static_cast<T*>(y), argmax, static_cast<const T*>(x), static_cast<I>(N), static_cast<I>(C),
                           static_cast<I>(H), static_cast<I>(W), static_cast<I>(P), static_cast<I>(Q),
                           static_cast<int>(k), static_cast<int>(stride), static_cast<int>(pad));
@@ -942,7 +943,7 @@ void launch_max_pool_forward(void* y, int32_t* argmax, const void* x, DType t, i
 void launch_max_pool_backward(void* dx, const void* dy, const int32_t* argmax, DType t, int64_t N, int64_t C, int64_t H,
                               int64_t W, int64_t P, int64_t Q, int64_t k, int64_t stride, int64_t pad, cudaStream_t s) {
   RN_DISPATCH_FLOAT(t, T, RN_WITH_INDEX(std::max(N * H * W, N * P * Q) * C, I, {
-                      max_pool_backward_kernel<T, I><<<blocks_for(N * H * W * C, kThreads), kThreads, 0, s>>>(
+                      RN_LAUNCH(blocks_for(N * H * W * C, kThreads), kThreads, s, max_pool_backward_kernel<T, I>)(
                           static_cast<T*>(dx), static_cast<const T*>(dy), argmax, static_cast<I>(N),
                           static_cast<I>(C), static_cast<I>(H), static_cast<I>(W), static_cast<I>(P),
                           static_cast<I>(Q), static_cast<int>(k), static_cast<int>(stride), static_cast<int>(pad));
@@ -952,8 +953,7 @@ void launch_max_pool_backward(void* dx, const void* dy, const int32_t* argmax, D
 
 void launch_global_avg_pool_forward(void* y, const void* x, DType t, int64_t N, int64_t C, int64_t HW, cudaStream_t s) {
   RN_DISPATCH_FLOAT(t, T, {
-    gap_forward_kernel<T>
-        <<<blocks_for(N * C, kThreads), kThreads, 0, s>>>(static_cast<T*>(y), static_cast<const T*>(x), N, C, HW);
+    RN_LAUNCH(blocks_for(N * C, kThreads), kThreads, s, gap_forward_kernel<T>)(static_cast<T*>(y), static_cast<const T*>(x), N, C, HW);
     RN_CUDA_LAUNCH_CHECK();
   });
 }
@@ -961,7 +961,7 @@ void launch_global_avg_pool_forward(void* y, const void* x, DType t, int64_t N, 
 void launch_global_avg_pool_backward(void* dx, const void* dy, DType t, int64_t N, int64_t C, int64_t HW,
                                      cudaStream_t s) {
   RN_DISPATCH_FLOAT(t, T, {
-    gap_backward_kernel<T><<<blocks_for(N * HW * C, kThreads), kThreads, 0, s>>>(static_cast<T*>(dx),
+    RN_LAUNCH(blocks_for(N * HW * C, kThreads), kThreads, s, gap_backward_kernel<T>)(static_cast<T*>(dx),
                                                                                  static_cast<const T*>(dy), N, C, HW);
     RN_CUDA_LAUNCH_CHECK();
   });
@@ -969,16 +969,16 @@ void launch_global_avg_pool_backward(void* dx, const void* dy, DType t, int64_t 
 
 void launch_softmax_ce_forward(float* loss, float* probs, float* per_sample, const float* logits, const int32_t* labels,
                                int64_t N, int64_t K, float smoothing, int* bad_label, cudaStream_t s) {
-  softmax_ce_forward_kernel<<<static_cast<unsigned>(N), kThreads, 0, s>>>(probs, per_sample, logits, labels, K,
+  RN_LAUNCH(static_cast<unsigned>(N), kThreads, s, softmax_ce_forward_kernel)(probs, per_sample, logits, labels, K,
                                                                           smoothing, bad_label);
   RN_CUDA_LAUNCH_CHECK();
-  mean_kernel<<<1, kThreads, 0, s>>>(loss, per_sample, N);
+  RN_LAUNCH(1, kThreads, s, mean_kernel)(loss, per_sample, N);
   RN_CUDA_LAUNCH_CHECK();
 }
 
 void launch_softmax_ce_backward(float* dlogits, const float* probs, const int32_t* labels, int64_t N, int64_t K,
                                 float smoothing, float grad_scale, const float* scale_source, cudaStream_t s) {
-  softmax_ce_backward_kernel<<<blocks_for(N * K, kThreads), kThreads, 0, s>>>(dlogits, probs, labels, N, K, smoothing,
+  RN_LAUNCH(blocks_for(N * K, kThreads), kThreads, s, softmax_ce_backward_kernel)(dlogits, probs, labels, N, K, smoothing,
                                                                               grad_scale, scale_source);
   RN_CUDA_LAUNCH_CHECK();
 }

@@ -1,0 +1,2 @@
+// fused_step.cu compiled by the host compiler for the CPU emulation (sim.h is force-included).
+#include "backends/cuda/fused_step.cu"

@@ -1,0 +1,2 @@
+// kernels.cu compiled by the host compiler for the CPU emulation (sim.h is force-included).
+#include "backends/cuda/kernels.cu"

@@ -1,0 +1,377 @@
+// The CPU emulation's scheduler (one fiber per CUDA thread, switched by a few instructions of
+// x86-64 assembly) and the few CUDA runtime calls our kernels' launchers and tests make, on
+// host memory. See sim.h.
+#include "backends/cuda/sim/sim.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#if !defined(__x86_64__)
+#error "the CUDA kernel emulation switches fibers in x86-64 assembly (CMake builds it only there)"
+#endif
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#define RN_SIM_ASAN 1
+#endif
+
+// rn_sim_switch(&save, to): saves the callee-saved registers and the SSE/x87 control words
+// on the current stack, stores the stack pointer in *save, and resumes the stack `to`
+// (x86-64 System V). No system call, unlike swapcontext, which sets the signal mask at every
+// switch: the emulation switches at every barrier of every thread.
+extern "C" void rn_sim_switch(void** save, void* to);
+asm(R"(
+  .text
+  .globl rn_sim_switch
+  .type rn_sim_switch, @function
+rn_sim_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size rn_sim_switch, .-rn_sim_switch
+  .section .note.GNU-stack,"",@progbits
+  .text
+)");
+
+namespace rn::cuda::sim {
+
+thread_local uint3 thread_idx, block_idx;
+thread_local dim3 block_dim, grid_dim;
+
+namespace {
+
+constexpr size_t kStackBytes = 256 * 1024;  // the address sanitizer's frames are large
+
+enum class State { ready, waiting, done, faulted };
+
+struct Fiber {
+  void* sp = nullptr;  // the saved stack pointer while the fiber is switched out
+  std::unique_ptr<char[]> stack;
+  State state = State::ready;
+  uint3 index{};
+  bool pred = false;
+  std::source_location site;
+};
+
+// The launch running on this host thread.
+struct Block {
+  const char* kernel = "";
+  const std::function<void()>* body = nullptr;
+  std::vector<Fiber> fibers;  // kept between launches: the stacks are reused
+  size_t current = 0;
+  void* scheduler_sp = nullptr;
+  bool faulted = false;
+  bool abandoned_stacks = false;  // a fault left fibers unfinished on their stacks
+#ifdef RN_SIM_ASAN
+  const void* scheduler_stack = nullptr;
+  size_t scheduler_stack_size = 0;
+#endif
+};
+
+thread_local Block t_block;
+
+// The runtime's error state: the last error, sticky once a kernel faulted (as a GPU's is).
+struct ErrorState {
+  cudaError_t last = cudaSuccess;
+  bool sticky = false;
+  std::string message;
+};
+thread_local ErrorState t_error;
+
+void set_error(cudaError_t code, std::string message, bool sticky) {
+  if (t_error.sticky) return;
+  t_error.last = code;
+  t_error.message = std::move(message);
+  t_error.sticky = sticky;
+}
+
+std::string dims(const uint3& d) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "(%u,%u,%u)", d.x, d.y, d.z);
+  return buf;
+}
+std::string dims(const dim3& d) { return dims(uint3{d.x, d.y, d.z}); }
+
+// Fiber <-> scheduler switches, told to the address sanitizer (it tracks one stack per
+// fiber).
+void to_fiber(Fiber& f) {
+#ifdef RN_SIM_ASAN
+  void* fake = nullptr;
+  __sanitizer_start_switch_fiber(&fake, f.stack.get(), kStackBytes);
+  rn_sim_switch(&t_block.scheduler_sp, f.sp);
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#else
+  rn_sim_switch(&t_block.scheduler_sp, f.sp);
+#endif
+}
+
+void to_scheduler(Fiber& f, bool finished) {
+#ifdef RN_SIM_ASAN
+  void* fake = nullptr;
+  __sanitizer_start_switch_fiber(finished ? nullptr : &fake, t_block.scheduler_stack, t_block.scheduler_stack_size);
+  rn_sim_switch(&f.sp, t_block.scheduler_sp);
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#else
+  (void)finished;
+  rn_sim_switch(&f.sp, t_block.scheduler_sp);
+#endif
+}
+
+[[noreturn]] void fiber_main() {
+  Fiber& f = t_block.fibers[t_block.current];
+#ifdef RN_SIM_ASAN
+  __sanitizer_finish_switch_fiber(nullptr, &t_block.scheduler_stack, &t_block.scheduler_stack_size);
+#endif
+  (*t_block.body)();
+  f.state = State::done;
+  to_scheduler(f, true);
+  std::abort();  // a finished fiber is never resumed
+}
+
+// A fresh fiber's stack as rn_sim_switch leaves a switched-out one: the control words, six
+// callee-saved registers and, as the return address, fiber_main. Entered by `ret`, with the
+// stack pointer 8 off a 16-byte boundary, as after a call.
+void* fresh_stack(char* stack) {
+  auto top = reinterpret_cast<uintptr_t>(stack + kStackBytes) & ~uintptr_t{15};
+  auto* slot = reinterpret_cast<uint64_t*>(top - 16);
+  slot[0] = reinterpret_cast<uint64_t>(&fiber_main);
+  for (int r = 1; r <= 6; ++r) slot[-r] = 0;  // rbp, rbx, r12-r15
+  uint32_t mxcsr = 0;
+  uint16_t fpucw = 0;
+  asm volatile("stmxcsr %0" : "=m"(mxcsr));
+  asm volatile("fnstcw %0" : "=m"(fpucw));
+  auto* control = reinterpret_cast<uint32_t*>(&slot[-7]);
+  control[0] = mxcsr;
+  control[1] = fpucw;
+  return &slot[-7];
+}
+
+void launch_fault(cudaError_t code, const std::string& what) {
+  if (!t_block.faulted)
+    set_error(code, std::string(t_block.kernel) + ": " + what, /*sticky=*/true);
+  t_block.faulted = true;
+  t_block.abandoned_stacks = true;
+}
+
+bool same_site(const std::source_location& a, const std::source_location& b) {
+  return a.line() == b.line() && a.column() == b.column() && std::strcmp(a.file_name(), b.file_name()) == 0;
+}
+
+std::string site_str(const std::source_location& s) {
+  return std::string(s.file_name()) + ":" + std::to_string(s.line());
+}
+
+// Runs one block to its end; false when it faulted.
+bool run_block(size_t n) {
+  Block& b = t_block;
+  for (size_t i = 0; i < n; ++i) {
+    Fiber& f = b.fibers[i];
+    if (!f.stack) f.stack.reset(new char[kStackBytes]);  // not zeroed: untouched pages cost nothing
+#ifdef RN_SIM_ASAN
+    // A fiber abandoned at a fault left its frames' redzones poisoned on this stack.
+    if (b.abandoned_stacks) ASAN_UNPOISON_MEMORY_REGION(f.stack.get(), kStackBytes);
+#endif
+    f.state = State::ready;
+    f.pred = false;
+    f.index = uint3{static_cast<unsigned>(i % block_dim.x), static_cast<unsigned>(i / block_dim.x % block_dim.y),
+                    static_cast<unsigned>(i / (block_dim.x * block_dim.y))};
+    f.sp = fresh_stack(f.stack.get());
+  }
+  b.abandoned_stacks = false;
+  for (;;) {
+    size_t done = 0, waiting = 0;
+    for (size_t i = 0; i < n; ++i) {
+      Fiber& f = b.fibers[i];
+      if (f.state == State::ready) {
+        b.current = i;
+        thread_idx = f.index;
+        to_fiber(f);
+      }
+      if (f.state == State::faulted || b.faulted) return false;
+      if (f.state == State::done) ++done;
+      if (f.state == State::waiting) ++waiting;
+    }
+    if (done == n) return true;
+    // Every live thread waits at a barrier: it must be all of them, at one call.
+    const Fiber* first = nullptr;
+    bool any = false;
+    for (size_t i = 0; i < n; ++i) {
+      const Fiber& f = b.fibers[i];
+      if (f.state != State::waiting) continue;
+      if (!first) first = &f;
+      if (!same_site(first->site, f.site)) {
+        launch_fault(cudaErrorIllegalInstruction, "threads " + dims(first->index) + " and " + dims(f.index) +
+                                                      " of block " + dims(block_idx) + " wait at different barriers (" +
+                                                      site_str(first->site) + ", " + site_str(f.site) + ")");
+        return false;
+      }
+      any = any || f.pred;
+    }
+    if (done > 0) {
+      launch_fault(cudaErrorIllegalInstruction, std::to_string(done) + " of the " + std::to_string(n) +
+                                                    " threads of block " + dims(block_idx) +
+                                                    " ended without reaching the barrier at " +
+                                                    site_str(first->site));
+      return false;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      Fiber& f = b.fibers[i];
+      f.pred = any;
+      f.state = State::ready;
+    }
+  }
+}
+
+}  // namespace
+
+bool barrier(bool pred, const std::source_location& site) {
+  Block& b = t_block;
+  Fiber& f = b.fibers[b.current];
+  f.state = State::waiting;
+  f.pred = pred;
+  f.site = site;
+  to_scheduler(f, false);
+  thread_idx = f.index;
+  return f.pred;
+}
+
+void fault(cudaError_t code, const char* what) {
+  Block& b = t_block;
+  Fiber& f = b.fibers[b.current];
+  launch_fault(code, std::string(what) + " in thread " + dims(f.index) + " of block " + dims(block_idx));
+  f.state = State::faulted;
+  to_scheduler(f, false);
+  std::abort();  // a faulted fiber is never resumed
+}
+
+void run(const char* name, dim3 grid, dim3 block, const std::function<void()>& body) {
+  const std::string cfg = std::string(name) + " <<<" + dims(grid) + ", " + dims(block) + ">>>";
+  if (t_error.sticky) return;  // as on a GPU: nothing runs after a fault
+  const uint64_t threads = uint64_t{block.x} * block.y * block.z;
+  if (threads == 0 || grid.x == 0 || grid.y == 0 || grid.z == 0) {
+    set_error(cudaErrorInvalidConfiguration, cfg + ": an empty grid or block", false);
+    return;
+  }
+  if (threads > 1024 || block.x > 1024 || block.y > 1024 || block.z > 64 || grid.y > 65535 || grid.z > 65535 ||
+      grid.x > 2147483647u) {
+    set_error(cudaErrorInvalidConfiguration, cfg + ": beyond the GPU's launch limits", false);
+    return;
+  }
+  Block& b = t_block;
+  if (b.body) {
+    set_error(cudaErrorNotSupported, cfg + ": a launch from inside a kernel", true);
+    return;
+  }
+  b.kernel = name;
+  b.body = &body;
+  b.faulted = false;
+  if (b.fibers.size() < threads) b.fibers.resize(threads);
+  grid_dim = grid;
+  block_dim = block;
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) {
+        block_idx = uint3{x, y, z};
+        if (!run_block(threads)) {
+          b.body = nullptr;
+          return;
+        }
+      }
+  b.body = nullptr;
+}
+
+}  // namespace rn::cuda::sim
+
+// ---- the CUDA runtime calls we use, on host memory ---------------------------------------
+using rn::cuda::sim::t_error;
+
+extern "C" {
+
+cudaError_t cudaGetLastError(void) {
+  const cudaError_t e = t_error.last;
+  if (!t_error.sticky) {
+    t_error.last = cudaSuccess;
+    t_error.message.clear();
+  }
+  return e;
+}
+
+cudaError_t cudaPeekAtLastError(void) { return t_error.last; }
+
+const char* cudaGetErrorName(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorMisalignedAddress: return "cudaErrorMisalignedAddress";
+    case cudaErrorIllegalInstruction: return "cudaErrorIllegalInstruction";
+    case cudaErrorNotSupported: return "cudaErrorNotSupported";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    default: return "cudaError (emulation)";
+  }
+}
+
+// The emulation's message for the current error names the kernel and the thread.
+const char* cudaGetErrorString(cudaError_t error) {
+  if (error != cudaSuccess && error == t_error.last && !t_error.message.empty()) return t_error.message.c_str();
+  return cudaGetErrorName(error);
+}
+
+cudaError_t cudaMalloc(void** p, size_t bytes) {
+  if (!p) return cudaErrorInvalidValue;
+  // 256-byte aligned, as cudaMalloc's are, and exactly `bytes` long for the sanitizer.
+  *p = nullptr;
+  if (bytes && posix_memalign(p, 256, bytes) != 0) return cudaErrorMemoryAllocation;
+  return t_error.sticky ? t_error.last : cudaSuccess;
+}
+
+cudaError_t cudaFree(void* p) {
+  std::free(p);
+  return t_error.sticky ? t_error.last : cudaSuccess;
+}
+
+cudaError_t cudaMemset(void* p, int value, size_t bytes) {
+  if (t_error.sticky) return t_error.last;
+  if (bytes) std::memset(p, value, bytes);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
+  if (t_error.sticky) return t_error.last;
+  if (bytes) std::memmove(dst, src, bytes);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
+  return cudaMemcpy(dst, src, bytes, kind);
+}
+
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) { return cudaMemset(p, value, bytes); }
+
+cudaError_t cudaDeviceSynchronize(void) { return t_error.sticky ? t_error.last : cudaSuccess; }
+
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return t_error.sticky ? t_error.last : cudaSuccess; }
+
+}  // extern "C"

@@ -1,0 +1,116 @@
+// The CPU emulation of our CUDA kernels. A .cu file compiled by the host compiler with this
+// header force-included (-include backends/cuda/sim/sim.h) runs its kernels on the host:
+// every CUDA thread of a block is a fiber, __syncthreads() switches to the next fiber until
+// the whole block has arrived, and __shared__ memory is one static array per kernel. Blocks
+// run one after another on the launching thread; a launch returns when the grid is done.
+//
+// It exists so that CI, which has no GPU, runs the kernels themselves, not only their
+// arithmetic (ops/fused_math.h) and their division of work (tiling.h). Beyond the results it
+// checks what a GPU would fault on or leave undefined, and reports it through
+// cudaGetLastError() as a sticky error naming the kernel and the thread:
+//   - a launch configuration the GPU refuses (no threads, more than 1024 per block, grid
+//     limits);
+//   - a vector access at a misaligned address (RN_SIM_CHECK_ALIGNED, launch.h);
+//   - a barrier that not every thread of the block reaches, or that threads reach at
+//     different __syncthreads() calls (undefined behaviour in CUDA).
+// Out-of-bounds accesses are the address sanitizer's job: the emulation's tests are built
+// with -fsanitize=address,undefined, and cudaMalloc here is an exact-size host allocation.
+//
+// What it cannot show: timing, memory coalescing, races between threads that a barrier does
+// not order (fibers run in a fixed order), and anything of cuDNN, cuBLAS or NCCL.
+#pragma once
+
+#define RN_CUDA_SIM 1
+
+// CUDA's execution-space keywords, as plain C++. crt/host_defines.h keeps definitions made
+// before it. __shared__: one array per kernel instantiation and host thread, which every
+// fiber of the running block sees.
+#define __host__
+#define __device__
+#define __global__
+#define __shared__ static thread_local
+
+#include <cuda_runtime.h>  // dim3, uint3, cudaStream_t; sim.cpp defines the calls we use
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <source_location>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+namespace rn::cuda::sim {
+
+extern thread_local uint3 thread_idx, block_idx;
+extern thread_local dim3 block_dim, grid_dim;
+
+// Runs body() once per thread of every block of the grid. `name`: the kernel, for messages.
+void run(const char* name, dim3 grid, dim3 block, const std::function<void()>& body);
+
+// A barrier of the current block; `site` tells the __syncthreads() calls apart. Returns
+// whether any thread of the block arrived with pred != 0.
+bool barrier(bool pred, const std::source_location& site);
+
+// Records a fault for the running launch (the first one wins) and ends the calling thread's
+// part in it; the launch stops and cudaGetLastError() reports it.
+[[noreturn]] void fault(cudaError_t code, const char* what);
+
+inline void check_aligned(const void* p, size_t bytes) {
+  if (reinterpret_cast<uintptr_t>(p) % bytes != 0) fault(cudaErrorMisalignedAddress, "misaligned vector access");
+}
+
+template <typename... P>
+struct Launch {
+  const char* name;
+  dim3 grid, block;
+  void (*kernel)(P...);
+  // Every thread gets its own copies of the arguments, converted as a launch converts them.
+  template <typename... A>
+  void operator()(A&&... a) const {
+    const std::tuple<std::decay_t<A>...> args(std::forward<A>(a)...);
+    void (*k)(P...) = kernel;
+    run(name, grid, block, [&] { std::apply([k](const auto&... v) { k(v...); }, args); });
+  }
+};
+
+template <typename... P>
+Launch<P...> launch(const char* name, dim3 grid, dim3 block, cudaStream_t /*stream order is program order*/,
+                    void (*kernel)(P...)) {
+  return Launch<P...>{name, grid, block, kernel};
+}
+
+}  // namespace rn::cuda::sim
+
+#define threadIdx (::rn::cuda::sim::thread_idx)
+#define blockIdx (::rn::cuda::sim::block_idx)
+#define blockDim (::rn::cuda::sim::block_dim)
+#define gridDim (::rn::cuda::sim::grid_dim)
+
+inline void __syncthreads(const std::source_location site = std::source_location::current()) {
+  ::rn::cuda::sim::barrier(false, site);
+}
+inline int __syncthreads_or(int pred, const std::source_location site = std::source_location::current()) {
+  return ::rn::cuda::sim::barrier(pred != 0, site) ? 1 : 0;
+}
+
+inline unsigned int __float_as_uint(float f) {
+  unsigned int u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+inline float __int_as_float(int i) {
+  float f;
+  std::memcpy(&f, &i, sizeof f);
+  return f;
+}
+// Fibers of a block never run at once, so a plain read-modify-write is atomic here.
+inline int atomicCAS(int* address, int compare, int value) {
+  const int old = *address;
+  if (old == compare) *address = value;
+  return old;
+}
+// CUDA's integer min/max, which device code calls unqualified.
+using std::max;
+using std::min;

@@ -1,0 +1,202 @@
+// The CUDA fused training step (backends/cuda/fused_step.cu) against the host's reference
+// (ops/fused_step.h, make_host_fused_step), step by step from the same state: the overflow
+// check, the loss-scale rule and its counters on the device, the skipped step, the learning
+// rate from the device table, SGD (plain, Nesterov, weight decay on some parameters) and LARS
+// over parameters longer than one segment, the half copy, and the O3 rounding of the master.
+//
+// Built twice, as cuda_kernels_test.cpp is: CudaFusedStep.* on a GPU (test_ops) and
+// CudaFusedStepOnCpu.* in the CPU emulation (test_cuda_sim, every CI run).
+#if defined(RN_HAVE_CUDA) || defined(RN_CUDA_SIM)
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/memory_space.h"
+#include "core/rng.h"
+#include "ops/fused_step.h"
+
+#include "cuda_test_util.h"
+
+#ifdef RN_CUDA_SIM
+#include "backends/cuda/fused_step.h"
+#define CudaFusedStep CudaFusedStepOnCpu
+#else
+#include "ops/backend.h"
+#endif
+
+namespace rn::cuda {
+namespace {
+
+using namespace rn::cuda::testing;
+
+// The device's fused step: the emulation's on host memory, or the cuda backend's.
+struct DeviceStep {
+#ifdef RN_CUDA_SIM
+  explicit DeviceStep(const FusedStepDesc& d) : step(make_fused_step(host_memory(), nullptr, d)) {}
+#else
+  explicit DeviceStep(const FusedStepDesc& d) : backend(make_backend("cuda")), step(backend->make_fused_step(d)) {}
+  std::unique_ptr<Backend> backend;
+#endif
+  std::unique_ptr<FusedStepKernel> step;
+};
+
+Tensor flat(void* data, int64_t n, DType t, Device device) {
+  Tensor x;
+  x.data = data;
+  x.shape = {n};
+  x.dtype = t;
+  x.device = device;
+  return x;
+}
+
+float read_scale(const Tensor& t) {
+  float v = 0.0f;
+  RN_CUDA_CHECK(cudaMemcpy(&v, t.data, sizeof v, cudaMemcpyDeviceToHost));
+  return v;
+}
+
+// Parameters: a gap before the second one (flat buffers may hold padding the step must not
+// touch), and a second one over two segments (32768 elements each) long.
+FusedStepDesc make_desc(FusedOptimizer opt, bool nesterov, DType half, bool round_master) {
+  FusedStepDesc d;
+  d.params = {{0, 1000, 1e-4f, true}, {1024, 70000, 0.0f, false}, {71024, 300, 5e-5f, true}};
+  d.total = 71324;
+  d.optimizer = opt;
+  d.nesterov = nesterov;
+  d.momentum = 0.9f;
+  d.lars_eta = 0.02;
+  d.lars_eps = 1e-9;
+  d.loss_scale.dynamic = true;
+  d.loss_scale.growth_interval = 2;  // the scale grows within the test's steps
+  d.loss_scale.min_scale = 1.0;
+  d.loss_scale.max_scale = 65536.0;
+  d.half = half;
+  d.round_master_to_half = round_master;
+  return d;
+}
+
+struct Case {
+  const char* name;
+  FusedOptimizer opt;
+  bool nesterov;
+  DType half;
+  bool round_master;
+  bool lr_table;
+};
+
+// Runs the same steps through both and compares after each one. SGD is the same arithmetic
+// per element on both sides (ops/fused_math.h), so the bits must agree. LARS's norms are sums
+// in another order (per segment in a tree, then per parameter), so its trust ratio and the
+// weights may differ in the last fp32 bits.
+void compare_steps(const Case& c) {
+  SCOPED_TRACE(c.name);
+  const FusedStepDesc d = make_desc(c.opt, c.nesterov, c.half, c.round_master);
+  const auto n = static_cast<size_t>(d.total);
+  DeviceStep dev(d);
+  std::unique_ptr<FusedStepKernel> host = make_host_fused_step(d);
+  const fused::LossScaleCounters start{128.0, 0, 0, 0, 0};
+  dev.step->set_counters(start);
+  host->set_counters(start);
+  const std::vector<float> lrs = {0.1f, 0.2f, 0.3f, 0.25f, 0.125f, 0.0625f};
+  if (c.lr_table) dev.step->set_lr_table(lrs), host->set_lr_table(lrs);
+
+  Rng rng(21);
+  std::vector<float> w = random_values(DType::f32, n, rng, 0.0f, 0.5f);
+  if (c.round_master)
+    for (float& v : w) v = round_to_dtype(v, c.half);
+  std::vector<float> w_host = w;
+  std::vector<char> half_raw(n * elem_size(c.half));
+  convert(half_raw.data(), c.half, w.data(), DType::f32, n);
+
+  Buf wb(DType::f32, n), gb(DType::f32, n);
+  std::unique_ptr<Buf> hb;
+  wb.set(w);
+  if (c.half != DType::f32) {
+    hb = std::make_unique<Buf>(c.half, n);
+    hb->set(w);
+  }
+  const Device where = dev.step->loss_scale_tensor().device;
+  const Tensor wt = flat(wb.data(), d.total, DType::f32, where), gt = flat(gb.data(), d.total, DType::f32, where);
+  std::unique_ptr<Tensor> ht;
+  if (hb) ht = std::make_unique<Tensor>(flat(hb->data(), d.total, c.half, where));
+  const Tensor w_host_t = flat(w_host.data(), d.total, DType::f32, Device::cpu);
+  const Tensor half_host_t = flat(half_raw.data(), d.total, c.half, Device::cpu);
+
+  const double tol = c.opt == FusedOptimizer::lars ? 4e-6 : 0.0;  // relative, LARS only
+  for (int step = 0; step < 6; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const double scale = host->counters().scale;
+    std::vector<float> g = random_values(DType::f32, n, rng, 0.0f, 0.01f);
+    for (float& v : g) v *= static_cast<float>(scale);
+    // Step 2 overflows (an inf in the middle of a segment, a NaN at the last element on
+    // step 4): skipped, the scale halves, the lr table still advances.
+    if (step == 2) g[40000] = std::numeric_limits<float>::infinity();
+    if (step == 4) g[n - 1] = std::numeric_limits<float>::quiet_NaN();
+    gb.set(g);
+    std::vector<float> g_host = g;
+    const Tensor g_host_t = flat(g_host.data(), d.total, DType::f32, Device::cpu);
+    const float lr = c.lr_table ? -1.0f : 0.05f * static_cast<float>(step + 1);
+    dev.step->step(wt, gt, ht.get(), lr);
+    host->step(w_host_t, g_host_t, c.half != DType::f32 ? &half_host_t : nullptr, lr);
+
+    const fused::LossScaleCounters a = dev.step->counters(), b = host->counters();
+    EXPECT_EQ(a.scale, b.scale);
+    EXPECT_EQ(a.step, b.step);
+    EXPECT_EQ(a.clean_steps, b.clean_steps);
+    EXPECT_EQ(a.skipped_steps, b.skipped_steps);
+    EXPECT_EQ(a.consecutive_skips, b.consecutive_skips);
+    EXPECT_EQ(read_scale(dev.step->loss_scale_tensor()), static_cast<float>(b.scale));
+
+    std::vector<float> mom_dev(n), mom_host(n);
+    dev.step->read_momentum(mom_dev.data());
+    host->read_momentum(mom_host.data());
+    const std::vector<float> w_dev = wb.get();
+    std::string at;
+    if (tol == 0.0) {
+      EXPECT_TRUE(same_bits(w_dev, w_host, &at)) << "weights: " << at;
+      EXPECT_TRUE(same_bits(mom_dev, mom_host, &at)) << "momentum: " << at;
+    } else {
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_NEAR(w_dev[i], w_host[i], tol * (std::fabs(w_host[i]) + 1e-3)) << "weight " << i;
+        ASSERT_NEAR(mom_dev[i], mom_host[i], tol * (std::fabs(mom_host[i]) + 1e-3)) << "momentum " << i;
+      }
+    }
+    if (hb) {
+      std::vector<float> half_from_host(n);
+      convert(half_from_host.data(), DType::f32, half_raw.data(), c.half, n);
+      const std::vector<float> half_dev = hb->get();
+      if (tol == 0.0) {
+        EXPECT_TRUE(same_bits(half_dev, half_from_host, &at)) << "half copy: " << at;
+      } else {
+        // The half copy is the rounded master: at most one unit of the half type apart.
+        const double unit = c.half == DType::f16 ? 0x1p-10 : 0x1p-7;
+        for (size_t i = 0; i < n; ++i)
+          ASSERT_NEAR(half_dev[i], half_from_host[i], unit * (std::fabs(half_from_host[i]) + 1e-3)) << "half " << i;
+      }
+    }
+  }
+  const fused::LossScaleCounters end = dev.step->counters();
+  EXPECT_EQ(end.skipped_steps, 2);  // steps 2 and 4
+  EXPECT_EQ(end.step, 6);
+}
+
+TEST(CudaFusedStep, SgdMatchesTheHostBitForBit) {
+  RN_REQUIRE_GPU();
+  compare_steps({"sgd, f32", FusedOptimizer::sgd, false, DType::f32, false, false});
+  compare_steps({"sgd nesterov, fp16 copy, lr table", FusedOptimizer::sgd, true, DType::f16, false, true});
+  compare_steps({"sgd, bf16 copy, O3 master rounding", FusedOptimizer::sgd, false, DType::bf16, true, false});
+}
+
+TEST(CudaFusedStep, LarsMatchesTheHost) {
+  RN_REQUIRE_GPU();
+  compare_steps({"lars, f32", FusedOptimizer::lars, false, DType::f32, false, true});
+  compare_steps({"lars nesterov, fp16 copy", FusedOptimizer::lars, true, DType::f16, false, false});
+}
+
+}  // namespace
+}  // namespace rn::cuda
+#endif  // RN_HAVE_CUDA || RN_CUDA_SIM
