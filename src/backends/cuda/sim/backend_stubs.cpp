@@ -1,0 +1,125 @@
+// The rest of what the cuda backend's host code calls, for the CPU emulation of the whole
+// backend (sim.h): one device, streams and events that are plain tokens (work runs when it
+// is queued, so a stream is always idle and an event always complete), pinned memory that
+// is host memory, and cuDNN/cuBLAS handles that can be made and configured but run nothing.
+// Convolutions and linear layers, which are cuDNN and cuBLAS, are refused as unsupported
+// (make_conv2d, make_linear below): the harness reports them as such and checks every other
+// op. CUDA graphs are refused the same way (cudaStreamBeginCapture).
+#include <cstdlib>
+#include <cstring>
+
+#include "backends/cuda/context.h"
+#include "core/check.h"
+
+namespace rn::cuda {
+
+std::unique_ptr<Conv2dKernel> make_conv2d(const ContextPtr&, const Conv2dDesc& d) {
+  RN_UNSUPPORTED() << "cuda emulation: " << d.str() << " runs in cuDNN, which the CPU emulation does not have";
+}
+
+std::unique_ptr<LinearKernel> make_linear(const ContextPtr&, const LinearDesc& d) {
+  RN_UNSUPPORTED() << "cuda emulation: " << d.str() << " runs in cuBLAS, which the CPU emulation does not have";
+}
+
+}  // namespace rn::cuda
+
+namespace {
+// A distinct non-null token per stream or event.
+template <typename T>
+T make_token() {
+  return reinterpret_cast<T>(new char[1]);
+}
+template <typename T>
+void drop_token(T t) {
+  delete[] reinterpret_cast<char*>(t);
+}
+}  // namespace
+
+extern "C" {
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (device != 0) return cudaErrorInvalidDevice;
+  *prop = cudaDeviceProp{};
+  std::strncpy(prop->name, "CUDA emulation on the CPU", sizeof prop->name - 1);
+  prop->major = 9;
+  prop->minor = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetPCIBusId(char* id, int len, int device) {
+  if (device != 0 || len < 1) return cudaErrorInvalidValue;
+  std::strncpy(id, "emulation", static_cast<size_t>(len) - 1);
+  id[len - 1] = '\0';
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) {
+  *s = make_token<cudaStream_t>();
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  drop_token(s);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) { return cudaPeekAtLastError(); }
+cudaError_t cudaStreamBeginCapture(cudaStream_t, cudaStreamCaptureMode) { return cudaErrorStreamCaptureUnsupported; }
+cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t* g) {
+  *g = nullptr;
+  return cudaErrorStreamCaptureUnsupported;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t*, cudaGraph_t, unsigned long long) { return cudaErrorNotSupported; }
+cudaError_t cudaGraphLaunch(cudaGraphExec_t, cudaStream_t) { return cudaErrorNotSupported; }
+cudaError_t cudaGraphDestroy(cudaGraph_t) { return cudaSuccess; }
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t) { return cudaSuccess; }
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) {
+  *e = make_token<cudaEvent_t>();
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  drop_token(e);
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaPeekAtLastError(); }
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaPeekAtLastError(); }
+
+cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int) {
+  *p = std::malloc(bytes ? bytes : 1);
+  return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+cudaError_t cudaFreeHost(void* p) {
+  std::free(p);
+  return cudaSuccess;
+}
+
+cudnnStatus_t cudnnCreate(cudnnHandle_t* h) {
+  *h = make_token<cudnnHandle_t>();
+  return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t cudnnDestroy(cudnnHandle_t h) {
+  drop_token(h);
+  return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t cudnnSetStream(cudnnHandle_t, cudaStream_t) { return CUDNN_STATUS_SUCCESS; }
+size_t cudnnGetVersion(void) { return CUDNN_VERSION; }
+const char* cudnnGetErrorString(cudnnStatus_t) { return "cuDNN is not part of the CUDA emulation"; }
+
+cublasStatus_t cublasCreate(cublasHandle_t* h) {
+  *h = make_token<cublasHandle_t>();
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasDestroy(cublasHandle_t h) {
+  drop_token(h);
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetStream(cublasHandle_t, cudaStream_t) { return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasSetMathMode(cublasHandle_t, cublasMath_t) { return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasSetWorkspace(cublasHandle_t, void*, size_t) { return CUBLAS_STATUS_SUCCESS; }
+const char* cublasGetStatusName(cublasStatus_t) { return "CUBLAS_STATUS_NOT_SUPPORTED"; }
+const char* cublasGetStatusString(cublasStatus_t) { return "cuBLAS is not part of the CUDA emulation"; }
+
+}  // extern "C"
