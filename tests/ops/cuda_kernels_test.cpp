@@ -361,6 +361,57 @@ TEST(CudaKernels, MaxPoolingMatchesTheHost) {
   }
 }
 
+// The weight layout kernels of every convolution call (PyTorch's KCRS to cuDNN's KRSC, and
+// the KRSC gradient added into the fp32 KCRS one) and the linear layer's bias kernels.
+TEST(CudaKernels, WeightLayoutAndBiasKernelsMatchTheHost) {
+  RN_REQUIRE_GPU();
+  Rng rng(16);
+  for (DType t : kTypes) {
+    SCOPED_TRACE(dtype_name(t));
+    const int64_t K = 5, C = 6, R = 3, S = 2, n = K * C * R * S;
+    const std::vector<float> w = random_values(t, static_cast<size_t>(n), rng);
+    std::vector<float> krsc(static_cast<size_t>(n)), acc(static_cast<size_t>(n));
+    const std::vector<float> base = random_values(DType::f32, static_cast<size_t>(n), rng);
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t c = 0; c < C; ++c)
+        for (int64_t r = 0; r < R; ++r)
+          for (int64_t q = 0; q < S; ++q) {
+            const int64_t kcrs = ((k * C + c) * R + r) * S + q, at = ((k * R + r) * S + q) * C + c;
+            krsc[at] = w[kcrs];
+            acc[kcrs] = base[kcrs] + w[at];  // w read as a KRSC gradient
+          }
+    Buf src(t, w.size()), dst(t, w.size()), accb(DType::f32, w.size());
+    src.set(w), accb.set(base);
+    launch_kcrs_to_krsc(dst.data(), src.data(), t, K, C, R, S, nullptr);
+    launch_accumulate_krsc_to_kcrs(accb.f(), src.data(), t, K, C, R, S, nullptr);
+    std::string where;
+    EXPECT_TRUE(same_bits(dst.get(), krsc, &where)) << "KCRS to KRSC: " << where;
+    EXPECT_TRUE(same_bits(accb.get(), acc, &where)) << "KRSC gradient into KCRS: " << where;
+
+    for (const Shape& sh : {Shape{7, 10}, Shape{300, 16}, Shape{130, 2048}}) {
+      SCOPED_TRACE(label(t, sh));
+      const auto m = static_cast<size_t>(sh.M * sh.C);
+      const std::vector<float> y = random_values(t, m, rng), b = random_values(DType::f32, sh.C, rng),
+                               dy = random_values(t, m, rng);
+      std::vector<float> want_y(m);
+      std::vector<double> want_db(sh.C, 0.0);
+      for (size_t i = 0; i < m; ++i) {
+        want_y[i] = round_to_dtype(y[i] + b[i % sh.C], t);
+        want_db[i % sh.C] += dy[i];
+      }
+      for (int64_t c = 0; c < sh.C; ++c) want_db[c] += 1.0;  // db starts at 1: the kernel adds
+      Buf yb(t, m), bb(DType::f32, sh.C), gb(t, m), db(DType::f32, sh.C),
+          parts(DType::f32, static_cast<size_t>(channel_partials_floats(sh.M, sh.C)));
+      yb.set(y), bb.set(b), gb.set(dy), db.set(std::vector<float>(sh.C, 1.0f));
+      launch_bias_add(yb.data(), bb.f(), t, sh.M, sh.C, nullptr);
+      launch_bias_grad(db.f(), gb.data(), t, sh.M, sh.C, parts.f(), nullptr);
+      EXPECT_TRUE(same_bits(yb.get(), want_y, &where)) << "bias add: " << where;
+      EXPECT_TRUE(near(db.get(), want_db, 16, 16 * eps_of(DType::f32) * std::sqrt(static_cast<double>(sh.M))))
+          << "bias gradient";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace rn::cuda
 #endif  // RN_HAVE_CUDA || RN_CUDA_SIM
