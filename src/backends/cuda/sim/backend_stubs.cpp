@@ -1,27 +1,14 @@
 // The rest of what the cuda backend's host code calls, for the CPU emulation of the whole
 // backend (sim.h): one device, streams and events that are plain tokens (work runs when it
 // is queued, so a stream is always idle and an event always complete), pinned memory that
-// is host memory, and cuDNN/cuBLAS handles that can be made and configured but run nothing.
-// Convolutions and linear layers, which are cuDNN and cuBLAS, are refused as unsupported
-// (make_conv2d, make_linear below): the harness reports them as such and checks every other
-// op. CUDA graphs are refused the same way (cudaStreamBeginCapture).
+// is host memory, and cuDNN/cuBLAS handles. The convolutions and the GEMM themselves are in
+// cudnn_cublas.cpp. CUDA graphs are refused (cudaStreamBeginCapture): sink mode does not run
+// in the emulation.
 #include <cstdlib>
 #include <cstring>
 
-#include "backends/cuda/context.h"
-#include "core/check.h"
+#include "backends/cuda/cuda_check.h"
 
-namespace rn::cuda {
-
-std::unique_ptr<Conv2dKernel> make_conv2d(const ContextPtr&, const Conv2dDesc& d) {
-  RN_UNSUPPORTED() << "cuda emulation: " << d.str() << " runs in cuDNN, which the CPU emulation does not have";
-}
-
-std::unique_ptr<LinearKernel> make_linear(const ContextPtr&, const LinearDesc& d) {
-  RN_UNSUPPORTED() << "cuda emulation: " << d.str() << " runs in cuBLAS, which the CPU emulation does not have";
-}
-
-}  // namespace rn::cuda
 
 namespace {
 // A distinct non-null token per stream or event.
@@ -106,7 +93,15 @@ cudnnStatus_t cudnnDestroy(cudnnHandle_t h) {
 }
 cudnnStatus_t cudnnSetStream(cudnnHandle_t, cudaStream_t) { return CUDNN_STATUS_SUCCESS; }
 size_t cudnnGetVersion(void) { return CUDNN_VERSION; }
-const char* cudnnGetErrorString(cudnnStatus_t) { return "cuDNN is not part of the CUDA emulation"; }
+const char* cudnnGetErrorString(cudnnStatus_t status) {
+  switch (status) {
+    case CUDNN_STATUS_SUCCESS: return "CUDNN_STATUS_SUCCESS";
+    case CUDNN_STATUS_BAD_PARAM: return "CUDNN_STATUS_BAD_PARAM (emulation: the descriptors or arguments do not describe one convolution)";
+    case CUDNN_STATUS_NOT_SUPPORTED_LAYOUT: return "CUDNN_STATUS_NOT_SUPPORTED_LAYOUT (emulation: NHWC activations and KRSC filters only)";
+    case CUDNN_STATUS_NOT_SUPPORTED_DATA_TYPE: return "CUDNN_STATUS_NOT_SUPPORTED_DATA_TYPE";
+    default: return "CUDNN_STATUS_NOT_SUPPORTED (emulation)";
+  }
+}
 
 cublasStatus_t cublasCreate(cublasHandle_t* h) {
   *h = make_token<cublasHandle_t>();
@@ -119,7 +114,15 @@ cublasStatus_t cublasDestroy(cublasHandle_t h) {
 cublasStatus_t cublasSetStream(cublasHandle_t, cudaStream_t) { return CUBLAS_STATUS_SUCCESS; }
 cublasStatus_t cublasSetMathMode(cublasHandle_t, cublasMath_t) { return CUBLAS_STATUS_SUCCESS; }
 cublasStatus_t cublasSetWorkspace(cublasHandle_t, void*, size_t) { return CUBLAS_STATUS_SUCCESS; }
-const char* cublasGetStatusName(cublasStatus_t) { return "CUBLAS_STATUS_NOT_SUPPORTED"; }
-const char* cublasGetStatusString(cublasStatus_t) { return "cuBLAS is not part of the CUDA emulation"; }
+const char* cublasGetStatusName(cublasStatus_t status) {
+  switch (status) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    default: return "CUBLAS_STATUS_NOT_SUPPORTED";
+  }
+}
+const char* cublasGetStatusString(cublasStatus_t status) {
+  return status == CUBLAS_STATUS_SUCCESS ? "success" : "refused by the emulation's GEMM (sim/cudnn_cublas.cpp)";
+}
 
 }  // extern "C"

@@ -5,9 +5,10 @@
 // run one after another on the launching thread; a launch returns when the grid is done.
 //
 // It exists so that CI, which has no GPU, runs the kernels themselves, not only their
-// arithmetic (ops/fused_math.h) and their division of work (tiling.h); with backend_stubs.cpp
-// the backend's host code runs too, so make_backend("cuda") works in the emulation for every
-// op but those of cuDNN and cuBLAS (docs/gpu.md, "Our kernels on the CPU"). Beyond the results it
+// arithmetic (ops/fused_math.h) and their division of work (tiling.h). With backend_stubs.cpp
+// and cudnn_cublas.cpp (cuDNN's convolutions and cuBLAS's GEMM as plain loops) the backend's
+// host code runs too: make_backend("cuda") works in the emulation (docs/gpu.md, "Our kernels
+// on the CPU"). Beyond the results it
 // checks what a GPU would fault on or leave undefined, and reports it through
 // cudaGetLastError() as a sticky error naming the kernel and the thread:
 //   - a launch configuration the GPU refuses (no threads, more than 1024 per block, grid

@@ -1,0 +1,322 @@
+// The cuDNN convolutions and the cuBLAS GEMM our backend calls (conv2d.cpp, linear.cpp), as
+// plain loops for the CPU emulation (sim.h). They are not cuDNN or cuBLAS: they read the same
+// descriptors and arguments as the documented APIs define them and compute the result in
+// double, so the emulation checks how we call the libraries (layouts, shapes, groups,
+// strides, leading dimensions, transposes, where the workspace parts go) and everything
+// around the calls, never the libraries themselves. What cuDNN would refuse, they refuse:
+// another layout than NHWC activations with KRSC filters, descriptors that do not describe
+// one convolution, a compute type other than fp32, a workspace smaller than the algorithm's.
+#include <cublas_v2.h>
+#include <cudnn.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "core/dtype.h"
+
+struct cudnnTensorStruct {
+  cudnnTensorFormat_t format = CUDNN_TENSOR_NCHW;
+  cudnnDataType_t type = CUDNN_DATA_FLOAT;
+  int n = 0, c = 0, h = 0, w = 0;
+  bool set = false;
+};
+struct cudnnFilterStruct {
+  cudnnDataType_t type = CUDNN_DATA_FLOAT;
+  cudnnTensorFormat_t format = CUDNN_TENSOR_NCHW;
+  int k = 0, c = 0, r = 0, s = 0;
+  bool set = false;
+};
+struct cudnnConvolutionStruct {
+  int pad_h = 0, pad_w = 0, stride_h = 1, stride_w = 1, dil_h = 1, dil_w = 1, groups = 1;
+  cudnnConvolutionMode_t mode = CUDNN_CONVOLUTION;
+  cudnnDataType_t compute = CUDNN_DATA_FLOAT;
+  cudnnMathType_t math = CUDNN_DEFAULT_MATH;
+  bool set = false;
+};
+
+namespace {
+
+bool to_dtype(cudnnDataType_t t, rn::DType* out) {
+  switch (t) {
+    case CUDNN_DATA_FLOAT: *out = rn::DType::f32; return true;
+    case CUDNN_DATA_HALF: *out = rn::DType::f16; return true;
+    case CUDNN_DATA_BFLOAT16: *out = rn::DType::bf16; return true;
+    default: return false;
+  }
+}
+
+bool to_dtype(cudaDataType_t t, rn::DType* out) {
+  switch (t) {
+    case CUDA_R_32F: *out = rn::DType::f32; return true;
+    case CUDA_R_16F: *out = rn::DType::f16; return true;
+    case CUDA_R_16BF: *out = rn::DType::bf16; return true;
+    default: return false;
+  }
+}
+
+std::vector<double> load(const void* p, rn::DType t, size_t n) {
+  std::vector<float> f(n);
+  rn::convert(f.data(), rn::DType::f32, p, t, n);
+  return std::vector<double>(f.begin(), f.end());
+}
+
+// out = alpha * acc + beta * out (beta 0: out is not read, as the libraries define it).
+void store(void* p, rn::DType t, const std::vector<double>& acc, double alpha, double beta) {
+  std::vector<float> f(acc.size());
+  if (beta != 0.0) rn::convert(f.data(), rn::DType::f32, p, t, acc.size());
+  for (size_t i = 0; i < acc.size(); ++i)
+    f[i] = static_cast<float>(alpha * acc[i] + (beta != 0.0 ? beta * f[i] : 0.0));
+  rn::convert(p, t, f.data(), rn::DType::f32, acc.size());
+}
+
+// One convolution as the descriptors describe it, or why not.
+struct Conv {
+  int N, C, H, W, K, P, Q, R, S, Cg, Kg;
+  const cudnnConvolutionStruct* cd;
+  rn::DType type;
+};
+
+cudnnStatus_t describe(const cudnnTensorStruct* x, const cudnnFilterStruct* w, const cudnnConvolutionStruct* cd,
+                       const cudnnTensorStruct* y, Conv* out) {
+  if (!x || !w || !cd || !y || !x->set || !w->set || !cd->set || !y->set) return CUDNN_STATUS_BAD_PARAM;
+  if (x->format != CUDNN_TENSOR_NHWC || y->format != CUDNN_TENSOR_NHWC || w->format != CUDNN_TENSOR_NHWC)
+    return CUDNN_STATUS_NOT_SUPPORTED_LAYOUT;  // what our backend uses; the emulation runs nothing else
+  if (x->type != y->type || x->type != w->type || cd->compute != CUDNN_DATA_FLOAT) return CUDNN_STATUS_BAD_PARAM;
+  if (cd->mode != CUDNN_CROSS_CORRELATION) return CUDNN_STATUS_NOT_SUPPORTED;
+  Conv c{x->n, x->c, x->h, x->w, w->k, y->h, y->w, w->r, w->s, w->c, 0, cd, rn::DType::f32};
+  if (!to_dtype(x->type, &c.type)) return CUDNN_STATUS_NOT_SUPPORTED_DATA_TYPE;
+  if (cd->groups < 1 || c.C != c.Cg * cd->groups || c.K % cd->groups != 0) return CUDNN_STATUS_BAD_PARAM;
+  c.Kg = c.K / cd->groups;
+  const int p = (c.H + 2 * cd->pad_h - cd->dil_h * (c.R - 1) - 1) / cd->stride_h + 1;
+  const int q = (c.W + 2 * cd->pad_w - cd->dil_w * (c.S - 1) - 1) / cd->stride_w + 1;
+  if (y->n != c.N || y->c != c.K || p != c.P || q != c.Q) return CUDNN_STATUS_BAD_PARAM;
+  *out = c;
+  return CUDNN_STATUS_SUCCESS;
+}
+
+// f(x index, w index, y index) for every term of the convolution's sum.
+template <typename F>
+void for_each_term(const Conv& c, F&& f) {
+  const cudnnConvolutionStruct& d = *c.cd;
+  for (int n = 0; n < c.N; ++n)
+    for (int p = 0; p < c.P; ++p)
+      for (int q = 0; q < c.Q; ++q)
+        for (int k = 0; k < c.K; ++k) {
+          const int g = k / c.Kg;
+          const size_t yi = ((static_cast<size_t>(n) * c.P + p) * c.Q + q) * c.K + k;
+          for (int r = 0; r < c.R; ++r) {
+            const int h = p * d.stride_h - d.pad_h + r * d.dil_h;
+            if (h < 0 || h >= c.H) continue;
+            for (int s = 0; s < c.S; ++s) {
+              const int w = q * d.stride_w - d.pad_w + s * d.dil_w;
+              if (w < 0 || w >= c.W) continue;
+              const size_t xrow = ((static_cast<size_t>(n) * c.H + h) * c.W + w) * c.C + static_cast<size_t>(g) * c.Cg;
+              const size_t wrow = ((static_cast<size_t>(k) * c.R + r) * c.S + s) * c.Cg;
+              for (int cc = 0; cc < c.Cg; ++cc) f(xrow + cc, wrow + cc, yi);
+            }
+          }
+        }
+}
+
+size_t x_elems(const Conv& c) { return static_cast<size_t>(c.N) * c.H * c.W * c.C; }
+size_t y_elems(const Conv& c) { return static_cast<size_t>(c.N) * c.P * c.Q * c.K; }
+size_t w_elems(const Conv& c) { return static_cast<size_t>(c.K) * c.R * c.S * c.Cg; }
+
+// One algorithm, needing no workspace, deterministic, with the descriptor's math type.
+template <typename Perf>
+void one_result(const cudnnConvolutionStruct* cd, int requested, int* returned, Perf* perf) {
+  *returned = requested > 0 ? 1 : 0;
+  if (requested <= 0) return;
+  perf[0] = Perf{};
+  perf[0].status = CUDNN_STATUS_SUCCESS;
+  perf[0].memory = 0;
+  perf[0].determinism = CUDNN_DETERMINISTIC;
+  perf[0].mathType = cd->math;
+}
+
+double scalar(const void* p) { return static_cast<double>(*static_cast<const float*>(p)); }
+
+}  // namespace
+
+extern "C" {
+
+cudnnStatus_t cudnnCreateTensorDescriptor(cudnnTensorDescriptor_t* d) {
+  *d = new cudnnTensorStruct;
+  return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t cudnnDestroyTensorDescriptor(cudnnTensorDescriptor_t d) {
+  delete d;
+  return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t cudnnSetTensor4dDescriptor(cudnnTensorDescriptor_t d, cudnnTensorFormat_t format,
+                                         cudnnDataType_t type, int n, int c, int h, int w) {
+  if (n <= 0 || c <= 0 || h <= 0 || w <= 0) return CUDNN_STATUS_BAD_PARAM;
+  *d = cudnnTensorStruct{format, type, n, c, h, w, true};
+  return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t cudnnCreateFilterDescriptor(cudnnFilterDescriptor_t* d) {
+  *d = new cudnnFilterStruct;
+  return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t cudnnDestroyFilterDescriptor(cudnnFilterDescriptor_t d) {
+  delete d;
+  return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t cudnnSetFilter4dDescriptor(cudnnFilterDescriptor_t d, cudnnDataType_t type, cudnnTensorFormat_t format,
+                                         int k, int c, int h, int w) {
+  if (k <= 0 || c <= 0 || h <= 0 || w <= 0) return CUDNN_STATUS_BAD_PARAM;
+  *d = cudnnFilterStruct{type, format, k, c, h, w, true};
+  return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t cudnnCreateConvolutionDescriptor(cudnnConvolutionDescriptor_t* d) {
+  *d = new cudnnConvolutionStruct;
+  return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t cudnnDestroyConvolutionDescriptor(cudnnConvolutionDescriptor_t d) {
+  delete d;
+  return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t cudnnSetConvolution2dDescriptor(cudnnConvolutionDescriptor_t d, int pad_h, int pad_w, int u, int v,
+                                              int dilation_h, int dilation_w, cudnnConvolutionMode_t mode,
+                                              cudnnDataType_t compute) {
+  if (pad_h < 0 || pad_w < 0 || u <= 0 || v <= 0 || dilation_h <= 0 || dilation_w <= 0) return CUDNN_STATUS_BAD_PARAM;
+  d->pad_h = pad_h, d->pad_w = pad_w, d->stride_h = u, d->stride_w = v, d->dil_h = dilation_h, d->dil_w = dilation_w;
+  d->mode = mode;
+  d->compute = compute;
+  d->set = true;
+  return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t cudnnSetConvolutionGroupCount(cudnnConvolutionDescriptor_t d, int groups) {
+  if (groups < 1) return CUDNN_STATUS_BAD_PARAM;
+  d->groups = groups;
+  return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t cudnnSetConvolutionMathType(cudnnConvolutionDescriptor_t d, cudnnMathType_t math) {
+  d->math = math;
+  return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t cudnnFindConvolutionForwardAlgorithm(cudnnHandle_t, const cudnnTensorDescriptor_t x,
+                                                   const cudnnFilterDescriptor_t w,
+                                                   const cudnnConvolutionDescriptor_t cd,
+                                                   const cudnnTensorDescriptor_t y, const int requested, int* returned,
+                                                   cudnnConvolutionFwdAlgoPerf_t* perf) {
+  Conv c;
+  if (const cudnnStatus_t st = describe(x, w, cd, y, &c); st != CUDNN_STATUS_SUCCESS) return st;
+  one_result(cd, requested, returned, perf);
+  perf[0].algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
+  return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithm(cudnnHandle_t, const cudnnFilterDescriptor_t w,
+                                                        const cudnnTensorDescriptor_t dy,
+                                                        const cudnnConvolutionDescriptor_t cd,
+                                                        const cudnnTensorDescriptor_t dx, const int requested,
+                                                        int* returned, cudnnConvolutionBwdDataAlgoPerf_t* perf) {
+  Conv c;
+  if (const cudnnStatus_t st = describe(dx, w, cd, dy, &c); st != CUDNN_STATUS_SUCCESS) return st;
+  one_result(cd, requested, returned, perf);
+  perf[0].algo = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
+  return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithm(cudnnHandle_t, const cudnnTensorDescriptor_t x,
+                                                          const cudnnTensorDescriptor_t dy,
+                                                          const cudnnConvolutionDescriptor_t cd,
+                                                          const cudnnFilterDescriptor_t dw, const int requested,
+                                                          int* returned, cudnnConvolutionBwdFilterAlgoPerf_t* perf) {
+  Conv c;
+  if (const cudnnStatus_t st = describe(x, dw, cd, dy, &c); st != CUDNN_STATUS_SUCCESS) return st;
+  one_result(cd, requested, returned, perf);
+  perf[0].algo = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
+  return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t, const void* alpha, const cudnnTensorDescriptor_t xd,
+                                      const void* x, const cudnnFilterDescriptor_t wd, const void* w,
+                                      const cudnnConvolutionDescriptor_t cd, cudnnConvolutionFwdAlgo_t algo, void*,
+                                      size_t, const void* beta, const cudnnTensorDescriptor_t yd, void* y) {
+  Conv c;
+  if (const cudnnStatus_t st = describe(xd, wd, cd, yd, &c); st != CUDNN_STATUS_SUCCESS) return st;
+  if (algo != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM) return CUDNN_STATUS_BAD_PARAM;  // not what the search gave
+  const std::vector<double> xv = load(x, c.type, x_elems(c)), wv = load(w, c.type, w_elems(c));
+  std::vector<double> acc(y_elems(c), 0.0);
+  for_each_term(c, [&](size_t xi, size_t wi, size_t yi) { acc[yi] += xv[xi] * wv[wi]; });
+  store(y, c.type, acc, scalar(alpha), scalar(beta));
+  return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t, const void* alpha, const cudnnFilterDescriptor_t wd,
+                                           const void* w, const cudnnTensorDescriptor_t dyd, const void* dy,
+                                           const cudnnConvolutionDescriptor_t cd, cudnnConvolutionBwdDataAlgo_t algo,
+                                           void*, size_t, const void* beta, const cudnnTensorDescriptor_t dxd,
+                                           void* dx) {
+  Conv c;
+  if (const cudnnStatus_t st = describe(dxd, wd, cd, dyd, &c); st != CUDNN_STATUS_SUCCESS) return st;
+  if (algo != CUDNN_CONVOLUTION_BWD_DATA_ALGO_1) return CUDNN_STATUS_BAD_PARAM;
+  const std::vector<double> gv = load(dy, c.type, y_elems(c)), wv = load(w, c.type, w_elems(c));
+  std::vector<double> acc(x_elems(c), 0.0);
+  for_each_term(c, [&](size_t xi, size_t wi, size_t yi) { acc[xi] += gv[yi] * wv[wi]; });
+  store(dx, c.type, acc, scalar(alpha), scalar(beta));
+  return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t, const void* alpha, const cudnnTensorDescriptor_t xd,
+                                             const void* x, const cudnnTensorDescriptor_t dyd, const void* dy,
+                                             const cudnnConvolutionDescriptor_t cd,
+                                             cudnnConvolutionBwdFilterAlgo_t algo, void*, size_t, const void* beta,
+                                             const cudnnFilterDescriptor_t dwd, void* dw) {
+  Conv c;
+  if (const cudnnStatus_t st = describe(xd, dwd, cd, dyd, &c); st != CUDNN_STATUS_SUCCESS) return st;
+  if (algo != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1) return CUDNN_STATUS_BAD_PARAM;
+  const std::vector<double> xv = load(x, c.type, x_elems(c)), gv = load(dy, c.type, y_elems(c));
+  std::vector<double> acc(w_elems(c), 0.0);
+  for_each_term(c, [&](size_t xi, size_t wi, size_t yi) { acc[wi] += xv[xi] * gv[yi]; });
+  store(dw, c.type, acc, scalar(alpha), scalar(beta));
+  return CUDNN_STATUS_SUCCESS;
+}
+
+// Column-major C(m, n) = alpha op(A)(m, k) op(B)(k, n) + beta C, scalars on the host, fp32
+// compute (what linear.cpp asks for; anything else is refused).
+cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                            const void* alpha, const void* A, cudaDataType_t at, int lda, const void* B,
+                            cudaDataType_t bt, int ldb, const void* beta, void* C, cudaDataType_t ct, int ldc,
+                            cublasComputeType_t compute, cublasGemmAlgo_t) {
+  if (compute != CUBLAS_COMPUTE_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (m < 0 || n < 0 || k < 0) return CUBLAS_STATUS_INVALID_VALUE;
+  const bool a_t = ta == CUBLAS_OP_T, b_t = tb == CUBLAS_OP_T;
+  if ((ta != CUBLAS_OP_N && !a_t) || (tb != CUBLAS_OP_N && !b_t)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  // Leading dimensions at least the stored rows, as cuBLAS requires.
+  if (lda < (a_t ? k : m) || ldb < (b_t ? n : k) || ldc < m || lda < 1 || ldb < 1 || ldc < 1)
+    return CUBLAS_STATUS_INVALID_VALUE;
+  rn::DType a, b, c;
+  if (!to_dtype(at, &a) || !to_dtype(bt, &b) || !to_dtype(ct, &c) || a != b) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+  const size_t a_cols = static_cast<size_t>(a_t ? m : k), b_cols = static_cast<size_t>(b_t ? k : n);
+  // Read exactly what the call may read: the last column up to its stored rows.
+  const std::vector<double> av = load(A, a, (a_cols - 1) * lda + (a_t ? k : m));
+  const std::vector<double> bv = load(B, b, (b_cols - 1) * ldb + (b_t ? n : k));
+  std::vector<double> acc(static_cast<size_t>(ldc) * (n - 1) + m, 0.0);
+  for (int j = 0; j < n; ++j)
+    for (int i = 0; i < m; ++i) {
+      double s = 0.0;
+      for (int l = 0; l < k; ++l) {
+        const double x = a_t ? av[static_cast<size_t>(i) * lda + l] : av[static_cast<size_t>(l) * lda + i];
+        const double y = b_t ? bv[static_cast<size_t>(l) * ldb + j] : bv[static_cast<size_t>(j) * ldb + l];
+        s += x * y;
+      }
+      acc[static_cast<size_t>(j) * ldc + i] = s;
+    }
+  // Write column by column: rows beyond m of a column (ldc > m) are not C's.
+  const double al = scalar(alpha), be = scalar(beta);
+  for (int j = 0; j < n; ++j) {
+    const size_t at_col = static_cast<size_t>(j) * ldc;
+    const std::vector<double> col(acc.begin() + static_cast<std::ptrdiff_t>(at_col),
+                                  acc.begin() + static_cast<std::ptrdiff_t>(at_col + m));
+    store(static_cast<char*>(C) + at_col * rn::dtype_size(c), c, col, al, be);
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+}  // extern "C"
