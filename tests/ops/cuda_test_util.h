@@ -46,10 +46,14 @@ class Buf {
   Buf& operator=(const Buf&) = delete;
   void* data() const { return static_cast<char*>(base_) + offset_ * elem_size(t_); }
   float* f() const { return static_cast<float*>(data()); }
+  // Waits until the data is on the device: a copy from pageable memory may return before
+  // it lands, and the backend's kernels run on a stream of their own that does not wait for
+  // the default stream.
   void set(const std::vector<float>& v) {
     std::vector<char> raw(v.size() * elem_size(t_));
     convert(raw.data(), t_, v.data(), DType::f32, v.size());
     RN_CUDA_CHECK(cudaMemcpy(data(), raw.data(), raw.size(), cudaMemcpyHostToDevice));
+    RN_CUDA_CHECK(cudaDeviceSynchronize());
   }
   std::vector<float> get() const {
     RN_CUDA_CHECK(cudaDeviceSynchronize());

@@ -2,7 +2,6 @@
 // arithmetic of fused::crop_flip_source_x / normalize_u8 (tested on the CPU against the
 // loader's Normalizer), the per-channel mean and std in device memory.
 #include <memory>
-#include <utility>
 #include <vector>
 
 #include "backends/cuda/context.h"
@@ -33,16 +32,14 @@ __global__ void crop_flip_normalize_kernel(T* y, const uint8_t* x, const int32_t
 
 class CudaCropFlipNormalize final : public CropFlipNormalizeKernel {
  public:
-  CudaCropFlipNormalize(MemorySpace& memory, cudaStream_t stream, const CropFlipNormalizeDesc& d,
-                        std::shared_ptr<const void> owner)
-      : CropFlipNormalizeKernel(d), owner_(std::move(owner)), stream_(stream) {
+  CudaCropFlipNormalize(const ContextPtr& ctx, const CropFlipNormalizeDesc& d) : CropFlipNormalizeKernel(d), ctx_(ctx) {
     std::vector<float> stats(static_cast<size_t>(2 * d.channels));
     for (int64_t c = 0; c < d.channels; ++c) {
       stats[static_cast<size_t>(c)] = d.mean_of(c);
       stats[static_cast<size_t>(d.channels + c)] = d.std_of(c);
     }
-    stats_ = DeviceBuffer(memory, stats.size() * sizeof(float));
-    memory.copy(stats_.data(), stats.data(), stats.size() * sizeof(float));
+    stats_ = DeviceBuffer(ctx_->memory(), stats.size() * sizeof(float));
+    ctx_->memory().copy(stats_.data(), stats.data(), stats.size() * sizeof(float));
   }
 
  protected:
@@ -51,7 +48,7 @@ class CudaCropFlipNormalize final : public CropFlipNormalizeKernel {
     const float* mean = static_cast<const float*>(stats_.data());
     const int64_t n = d.batch * d.out_h * d.out_w * d.channels;
     RN_DISPATCH_FLOAT(d.dtype, T, {
-      RN_LAUNCH(blocks_for(n, kThreads), kThreads, stream_, crop_flip_normalize_kernel<T>)(
+      RN_LAUNCH(blocks_for(n, kThreads), kThreads, ctx_->stream(), crop_flip_normalize_kernel<T>)(
           static_cast<T*>(y.data), x.ptr<uint8_t>(), crops.ptr<int32_t>(), mean, mean + d.channels, d.batch, d.channels,
           d.src_h, d.src_w, d.out_h, d.out_w);
       RN_CUDA_LAUNCH_CHECK();
@@ -59,19 +56,17 @@ class CudaCropFlipNormalize final : public CropFlipNormalizeKernel {
   }
 
  private:
-  std::shared_ptr<const void> owner_;  // keeps the memory and the stream alive (the backend's Context)
-  cudaStream_t stream_;
+  ContextPtr ctx_;
   DeviceBuffer stats_;
 };
 
 }  // namespace
 
-std::unique_ptr<CropFlipNormalizeKernel> make_crop_flip_normalize(MemorySpace& memory, cudaStream_t stream,
-                                                                  const CropFlipNormalizeDesc& d,
-                                                                  std::shared_ptr<const void> owner) {
+std::unique_ptr<CropFlipNormalizeKernel> make_crop_flip_normalize(const ContextPtr& ctx,
+                                                                  const CropFlipNormalizeDesc& d) {
   d.validate();
   require_nhwc(d.layout, d.str());
-  return std::make_unique<CudaCropFlipNormalize>(memory, stream, d, std::move(owner));
+  return std::make_unique<CudaCropFlipNormalize>(ctx, d);
 }
 
 }  // namespace rn::cuda

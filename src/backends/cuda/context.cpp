@@ -167,5 +167,9 @@ cudaDataType_t cuda_dtype(DType t) {
   }
 }
 
+void require_nhwc(Layout l, const std::string& op) {
+  if (l != Layout::nhwc) RN_UNSUPPORTED() << "cuda backend, " << op << ": runs NHWC activations only";
+}
+
 }  // namespace cuda
 }  // namespace rn

@@ -86,9 +86,7 @@ cudnnDataType_t cudnn_dtype(DType t);
 cudaDataType_t cuda_dtype(DType t);
 
 // Refuses what the backend does not run, naming the op: NCHW activations, non-floating types.
-inline void require_nhwc(Layout l, const std::string& op) {
-  if (l != Layout::nhwc) RN_UNSUPPORTED() << "cuda backend, " << op << ": runs NHWC activations only";
-}
+void require_nhwc(Layout l, const std::string& op);
 
 // Kernel factories (one file per op family).
 std::unique_ptr<Conv2dKernel> make_conv2d(const ContextPtr& ctx, const Conv2dDesc& d);
@@ -101,15 +99,8 @@ std::unique_ptr<MaxPoolKernel> make_max_pool(const ContextPtr& ctx, const MaxPoo
 std::unique_ptr<GlobalAvgPoolKernel> make_global_avg_pool(const ContextPtr& ctx, const GlobalAvgPoolDesc& d);
 std::unique_ptr<SoftmaxCrossEntropyKernel> make_softmax_cross_entropy(const ContextPtr& ctx,
                                                                       const SoftmaxCrossEntropyDesc& d);
-// crop_flip_normalize on `memory`'s device memory and `stream`; `owner` (the Context) stays
-// alive as long as the kernel. The CPU emulation (sim/) makes one on host memory.
-std::unique_ptr<CropFlipNormalizeKernel> make_crop_flip_normalize(MemorySpace& memory, cudaStream_t stream,
-                                                                  const CropFlipNormalizeDesc& d,
-                                                                  std::shared_ptr<const void> owner = nullptr);
-inline std::unique_ptr<CropFlipNormalizeKernel> make_crop_flip_normalize(const ContextPtr& ctx,
-                                                                         const CropFlipNormalizeDesc& d) {
-  return make_crop_flip_normalize(ctx->memory(), ctx->stream(), d, ctx);
-}
+std::unique_ptr<CropFlipNormalizeKernel> make_crop_flip_normalize(const ContextPtr& ctx,
+                                                                  const CropFlipNormalizeDesc& d);
 // The input path (upload.cpp): pinned host memory and the copy-stream uploader.
 MemorySpace& pinned_memory();
 std::unique_ptr<Uploader> make_uploader(const ContextPtr& ctx, size_t bytes);

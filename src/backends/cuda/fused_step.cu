@@ -4,7 +4,6 @@
 // does); LARS norms are summed per segment in double and then per parameter in segment
 // order, so results are the same on every run.
 #include <memory>
-#include <utility>
 #include <vector>
 
 #include "backends/cuda/device_types.cuh"
@@ -111,8 +110,8 @@ __global__ void update_kernel(float* w, float* buf, const float* g, H* half, con
 
 class CudaFusedStep final : public FusedStepKernel {
  public:
-  CudaFusedStep(MemorySpace& memory, cudaStream_t stream, const FusedStepDesc& d, std::shared_ptr<const void> owner)
-      : FusedStepKernel(d), owner_(std::move(owner)), mem_(memory), stream_(stream) {
+  CudaFusedStep(const ContextPtr& ctx, const FusedStepDesc& d)
+      : FusedStepKernel(d), ctx_(ctx), mem_(ctx->memory()), stream_(ctx->stream()) {
     std::vector<Segment> segs;
     std::vector<int> first(1, 0), adapt;
     std::vector<float> wd;
@@ -222,7 +221,7 @@ class CudaFusedStep final : public FusedStepKernel {
   double* seg_w2() const { return static_cast<double*>(seg_w2_.data()); }
   double* seg_g2() const { return static_cast<double*>(seg_g2_.data()); }
 
-  std::shared_ptr<const void> owner_;  // keeps the memory and the stream alive (the backend's Context)
+  ContextPtr ctx_;  // first: outlives the buffers below, which its memory frees
   MemorySpace& mem_;
   cudaStream_t stream_;
   int segments_ = 0, n_params_ = 0, lr_table_size_ = 0;
@@ -231,9 +230,8 @@ class CudaFusedStep final : public FusedStepKernel {
 
 }  // namespace
 
-std::unique_ptr<FusedStepKernel> make_fused_step(MemorySpace& memory, cudaStream_t stream, const FusedStepDesc& d,
-                                                 std::shared_ptr<const void> owner) {
-  return std::make_unique<CudaFusedStep>(memory, stream, d, std::move(owner));
+std::unique_ptr<FusedStepKernel> make_fused_step(const ContextPtr& ctx, const FusedStepDesc& d) {
+  return std::make_unique<CudaFusedStep>(ctx, d);
 }
 
 }  // namespace rn::cuda

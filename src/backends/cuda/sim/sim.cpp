@@ -6,11 +6,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #if !defined(__x86_64__)
 #error "the CUDA kernel emulation switches fibers in x86-64 assembly (CMake builds it only there)"
+#endif
+#if defined(__CET__) && (__CET__ & 2)
+#error "the CUDA kernel emulation's fiber switch returns into another stack: build it without shadow stacks"
 #endif
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -25,7 +29,7 @@
 // switch: the emulation switches at every barrier of every thread.
 extern "C" void rn_sim_switch(void** save, void* to);
 asm(R"(
-  .text
+  .pushsection .text
   .globl rn_sim_switch
   .type rn_sim_switch, @function
 rn_sim_switch:
@@ -51,8 +55,7 @@ rn_sim_switch:
   popq %rbp
   ret
   .size rn_sim_switch, .-rn_sim_switch
-  .section .note.GNU-stack,"",@progbits
-  .text
+  .popsection
 )");
 
 namespace rn::cuda::sim {
@@ -83,7 +86,6 @@ struct Block {
   size_t current = 0;
   void* scheduler_sp = nullptr;
   bool faulted = false;
-  bool abandoned_stacks = false;  // a fault left fibers unfinished on their stacks
 #ifdef RN_SIM_ASAN
   const void* scheduler_stack = nullptr;
   size_t scheduler_stack_size = 0;
@@ -139,7 +141,7 @@ void to_scheduler(Fiber& f, bool finished) {
 #endif
 }
 
-[[noreturn]] void fiber_main() {
+[[noreturn]] void fiber_main() noexcept {
   Fiber& f = t_block.fibers[t_block.current];
 #ifdef RN_SIM_ASAN
   __sanitizer_finish_switch_fiber(nullptr, &t_block.scheduler_stack, &t_block.scheduler_stack_size);
@@ -155,6 +157,10 @@ void to_scheduler(Fiber& f, bool finished) {
 // stack pointer 8 off a 16-byte boundary, as after a call.
 void* fresh_stack(char* stack) {
   auto top = reinterpret_cast<uintptr_t>(stack + kStackBytes) & ~uintptr_t{15};
+#ifdef RN_SIM_ASAN
+  // An earlier fiber's frames may have left redzones poisoned where this one starts.
+  ASAN_UNPOISON_MEMORY_REGION(reinterpret_cast<void*>(top - 128), 128);
+#endif
   auto* slot = reinterpret_cast<uint64_t*>(top - 16);
   slot[0] = reinterpret_cast<uint64_t>(&fiber_main);
   for (int r = 1; r <= 6; ++r) slot[-r] = 0;  // rbp, rbx, r12-r15
@@ -172,7 +178,6 @@ void launch_fault(cudaError_t code, const std::string& what) {
   if (!t_block.faulted)
     set_error(code, std::string(t_block.kernel) + ": " + what, /*sticky=*/true);
   t_block.faulted = true;
-  t_block.abandoned_stacks = true;
 }
 
 bool same_site(const std::source_location& a, const std::source_location& b) {
@@ -189,17 +194,12 @@ bool run_block(size_t n) {
   for (size_t i = 0; i < n; ++i) {
     Fiber& f = b.fibers[i];
     if (!f.stack) f.stack.reset(new char[kStackBytes]);  // not zeroed: untouched pages cost nothing
-#ifdef RN_SIM_ASAN
-    // A fiber abandoned at a fault left its frames' redzones poisoned on this stack.
-    if (b.abandoned_stacks) ASAN_UNPOISON_MEMORY_REGION(f.stack.get(), kStackBytes);
-#endif
     f.state = State::ready;
     f.pred = false;
     f.index = uint3{static_cast<unsigned>(i % block_dim.x), static_cast<unsigned>(i / block_dim.x % block_dim.y),
                     static_cast<unsigned>(i / (block_dim.x * block_dim.y))};
     f.sp = fresh_stack(f.stack.get());
   }
-  b.abandoned_stacks = false;
   for (;;) {
     size_t done = 0, waiting = 0;
     for (size_t i = 0; i < n; ++i) {
@@ -262,7 +262,7 @@ void fault(cudaError_t code, const char* what) {
   Fiber& f = b.fibers[b.current];
   launch_fault(code, std::string(what) + " in thread " + dims(f.index) + " of block " + dims(block_idx));
   f.state = State::faulted;
-  to_scheduler(f, false);
+  to_scheduler(f, /*finished=*/true);  // never resumed: the sanitizer may drop its fake stack
   std::abort();  // a faulted fiber is never resumed
 }
 
@@ -284,6 +284,9 @@ void run(const char* name, dim3 grid, dim3 block, const std::function<void()>& b
     set_error(cudaErrorNotSupported, cfg + ": a launch from inside a kernel", true);
     return;
   }
+  // __shared__ arrays are plain statics (sim.h): launches from several host threads take turns.
+  static std::mutex launch_mutex;
+  const std::lock_guard lock(launch_mutex);
   b.kernel = name;
   b.body = &body;
   b.faulted = false;
@@ -341,10 +344,11 @@ const char* cudaGetErrorString(cudaError_t error) {
 
 cudaError_t cudaMalloc(void** p, size_t bytes) {
   if (!p) return cudaErrorInvalidValue;
-  // 256-byte aligned, as cudaMalloc's are, and exactly `bytes` long for the sanitizer.
   *p = nullptr;
+  if (t_error.sticky) return t_error.last;
+  // 256-byte aligned, as cudaMalloc's are, and exactly `bytes` long for the sanitizer.
   if (bytes && posix_memalign(p, 256, bytes) != 0) return cudaErrorMemoryAllocation;
-  return t_error.sticky ? t_error.last : cudaSuccess;
+  return cudaSuccess;
 }
 
 cudaError_t cudaFree(void* p) {

@@ -15,7 +15,9 @@
 //     limits);
 //   - a vector access at a misaligned address (RN_SIM_CHECK_ALIGNED, launch.h);
 //   - a barrier that not every thread of the block reaches, or that threads reach at
-//     different __syncthreads() calls (undefined behaviour in CUDA).
+//     different __syncthreads() calls (undefined behaviour in CUDA). A call is told apart by
+//     its source line only: threads waiting at one __syncthreads() in a helper called from
+//     two places are not told apart.
 // Out-of-bounds accesses are the address sanitizer's job: the emulation's tests are built
 // with -fsanitize=address,undefined, and cudaMalloc here is an exact-size host allocation.
 //
@@ -26,12 +28,13 @@
 #define RN_CUDA_SIM 1
 
 // CUDA's execution-space keywords, as plain C++. crt/host_defines.h keeps definitions made
-// before it. __shared__: one array per kernel instantiation and host thread, which every
-// fiber of the running block sees.
+// before it. __shared__: one static array per kernel instantiation, which every fiber of the
+// running block sees (a plain static, not thread_local, so that the address sanitizer
+// guards it; launches from several host threads take turns, sim.cpp).
 #define __host__
 #define __device__
 #define __global__
-#define __shared__ static thread_local
+#define __shared__ static
 
 #include <cuda_runtime.h>  // dim3, uint3, cudaStream_t; sim.cpp defines the calls we use
 
