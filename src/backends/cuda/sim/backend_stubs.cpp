@@ -2,12 +2,12 @@
 // backend (sim.h): one device, streams and events that are plain tokens (work runs when it
 // is queued, so a stream is always idle and an event always complete), pinned memory that
 // is host memory, and cuDNN/cuBLAS handles. The convolutions and the GEMM themselves are in
-// cudnn_cublas.cpp. CUDA graphs are refused (cudaStreamBeginCapture): sink mode does not run
-// in the emulation.
+// cudnn_cublas.cpp; stream capture and graphs in sim.cpp.
 #include <cstdlib>
 #include <cstring>
 
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/sim/handles.h"
 
 
 namespace {
@@ -53,15 +53,6 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   return cudaSuccess;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) { return cudaPeekAtLastError(); }
-cudaError_t cudaStreamBeginCapture(cudaStream_t, cudaStreamCaptureMode) { return cudaErrorStreamCaptureUnsupported; }
-cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t* g) {
-  *g = nullptr;
-  return cudaErrorStreamCaptureUnsupported;
-}
-cudaError_t cudaGraphInstantiate(cudaGraphExec_t*, cudaGraph_t, unsigned long long) { return cudaErrorNotSupported; }
-cudaError_t cudaGraphLaunch(cudaGraphExec_t, cudaStream_t) { return cudaErrorNotSupported; }
-cudaError_t cudaGraphDestroy(cudaGraph_t) { return cudaSuccess; }
-cudaError_t cudaGraphExecDestroy(cudaGraphExec_t) { return cudaSuccess; }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) {
   *e = make_token<cudaEvent_t>();
@@ -84,14 +75,17 @@ cudaError_t cudaFreeHost(void* p) {
 }
 
 cudnnStatus_t cudnnCreate(cudnnHandle_t* h) {
-  *h = make_token<cudnnHandle_t>();
+  *h = new cudnnContext;
   return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnDestroy(cudnnHandle_t h) {
-  drop_token(h);
+  delete h;
   return CUDNN_STATUS_SUCCESS;
 }
-cudnnStatus_t cudnnSetStream(cudnnHandle_t, cudaStream_t) { return CUDNN_STATUS_SUCCESS; }
+cudnnStatus_t cudnnSetStream(cudnnHandle_t h, cudaStream_t s) {
+  h->stream = s;
+  return CUDNN_STATUS_SUCCESS;
+}
 size_t cudnnGetVersion(void) { return CUDNN_VERSION; }
 const char* cudnnGetErrorString(cudnnStatus_t status) {
   switch (status) {
@@ -104,14 +98,17 @@ const char* cudnnGetErrorString(cudnnStatus_t status) {
 }
 
 cublasStatus_t cublasCreate(cublasHandle_t* h) {
-  *h = make_token<cublasHandle_t>();
+  *h = new cublasContext;
   return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasDestroy(cublasHandle_t h) {
-  drop_token(h);
+  delete h;
   return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasSetStream(cublasHandle_t, cudaStream_t) { return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s) {
+  h->stream = s;
+  return CUBLAS_STATUS_SUCCESS;
+}
 cublasStatus_t cublasSetMathMode(cublasHandle_t, cublasMath_t) { return CUBLAS_STATUS_SUCCESS; }
 cublasStatus_t cublasSetWorkspace(cublasHandle_t, void*, size_t) { return CUBLAS_STATUS_SUCCESS; }
 const char* cublasGetStatusName(cublasStatus_t status) {

@@ -13,6 +13,8 @@
 #include <cstring>
 #include <vector>
 
+#include "backends/cuda/sim/handles.h"
+#include "backends/cuda/sim/sim.h"
 #include "core/dtype.h"
 
 struct cudnnTensorStruct {
@@ -70,10 +72,11 @@ void store(void* p, rn::DType t, const std::vector<double>& acc, double alpha, d
   rn::convert(p, t, f.data(), rn::DType::f32, acc.size());
 }
 
-// One convolution as the descriptors describe it, or why not.
+// One convolution as the descriptors describe it, or why not. A copy of the convolution
+// descriptor: captured work keeps the parameters of its capture, as a graph node does.
 struct Conv {
   int N, C, H, W, K, P, Q, R, S, Cg, Kg;
-  const cudnnConvolutionStruct* cd;
+  cudnnConvolutionStruct cd;
   rn::DType type;
 };
 
@@ -84,7 +87,7 @@ cudnnStatus_t describe(const cudnnTensorStruct* x, const cudnnFilterStruct* w, c
     return CUDNN_STATUS_NOT_SUPPORTED_LAYOUT;  // what our backend uses; the emulation runs nothing else
   if (x->type != y->type || x->type != w->type || cd->compute != CUDNN_DATA_FLOAT) return CUDNN_STATUS_BAD_PARAM;
   if (cd->mode != CUDNN_CROSS_CORRELATION) return CUDNN_STATUS_NOT_SUPPORTED;
-  Conv c{x->n, x->c, x->h, x->w, w->k, y->h, y->w, w->r, w->s, w->c, 0, cd, rn::DType::f32};
+  Conv c{x->n, x->c, x->h, x->w, w->k, y->h, y->w, w->r, w->s, w->c, 0, *cd, rn::DType::f32};
   if (!to_dtype(x->type, &c.type)) return CUDNN_STATUS_NOT_SUPPORTED_DATA_TYPE;
   if (cd->groups < 1 || c.C != c.Cg * cd->groups || c.K % cd->groups != 0) return CUDNN_STATUS_BAD_PARAM;
   c.Kg = c.K / cd->groups;
@@ -98,7 +101,7 @@ cudnnStatus_t describe(const cudnnTensorStruct* x, const cudnnFilterStruct* w, c
 // f(x index, w index, y index) for every term of the convolution's sum.
 template <typename F>
 void for_each_term(const Conv& c, F&& f) {
-  const cudnnConvolutionStruct& d = *c.cd;
+  const cudnnConvolutionStruct& d = c.cd;
   for (int n = 0; n < c.N; ++n)
     for (int p = 0; p < c.P; ++p)
       for (int q = 0; q < c.Q; ++q)
@@ -136,6 +139,14 @@ void one_result(const cudnnConvolutionStruct* cd, int requested, int* returned, 
 }
 
 double scalar(const void* p) { return static_cast<double>(*static_cast<const float*>(p)); }
+
+// Runs `op` now, or records it when the handle's stream is being captured (sim.h).
+void queue(cudaStream_t stream, const std::function<void()>& op, const char* what) {
+  if (!rn::cuda::sim::capture(stream, op, what)) op();
+}
+
+void gemm(bool a_t, bool b_t, int m, int n, int k, double al, const void* A, rn::DType a, int lda, const void* B,
+          rn::DType b, int ldb, double be, void* C, rn::DType c, int ldc);
 
 }  // namespace
 
@@ -233,21 +244,24 @@ cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithm(cudnnHandle_t, const c
   return CUDNN_STATUS_SUCCESS;
 }
 
-cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t, const void* alpha, const cudnnTensorDescriptor_t xd,
+cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t h, const void* alpha, const cudnnTensorDescriptor_t xd,
                                       const void* x, const cudnnFilterDescriptor_t wd, const void* w,
                                       const cudnnConvolutionDescriptor_t cd, cudnnConvolutionFwdAlgo_t algo, void*,
                                       size_t, const void* beta, const cudnnTensorDescriptor_t yd, void* y) {
   Conv c;
   if (const cudnnStatus_t st = describe(xd, wd, cd, yd, &c); st != CUDNN_STATUS_SUCCESS) return st;
   if (algo != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM) return CUDNN_STATUS_BAD_PARAM;  // not what the search gave
-  const std::vector<double> xv = load(x, c.type, x_elems(c)), wv = load(w, c.type, w_elems(c));
-  std::vector<double> acc(y_elems(c), 0.0);
-  for_each_term(c, [&](size_t xi, size_t wi, size_t yi) { acc[yi] += xv[xi] * wv[wi]; });
-  store(y, c.type, acc, scalar(alpha), scalar(beta));
+  const double al = scalar(alpha), be = scalar(beta);  // host scalars: read at the call
+  queue(h->stream, [=] {
+    const std::vector<double> xv = load(x, c.type, x_elems(c)), wv = load(w, c.type, w_elems(c));
+    std::vector<double> acc(y_elems(c), 0.0);
+    for_each_term(c, [&](size_t xi, size_t wi, size_t yi) { acc[yi] += xv[xi] * wv[wi]; });
+    store(y, c.type, acc, al, be);
+  }, "cudnnConvolutionForward");
   return CUDNN_STATUS_SUCCESS;
 }
 
-cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t, const void* alpha, const cudnnFilterDescriptor_t wd,
+cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t h, const void* alpha, const cudnnFilterDescriptor_t wd,
                                            const void* w, const cudnnTensorDescriptor_t dyd, const void* dy,
                                            const cudnnConvolutionDescriptor_t cd, cudnnConvolutionBwdDataAlgo_t algo,
                                            void*, size_t, const void* beta, const cudnnTensorDescriptor_t dxd,
@@ -255,14 +269,17 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t, const void* alpha, con
   Conv c;
   if (const cudnnStatus_t st = describe(dxd, wd, cd, dyd, &c); st != CUDNN_STATUS_SUCCESS) return st;
   if (algo != CUDNN_CONVOLUTION_BWD_DATA_ALGO_1) return CUDNN_STATUS_BAD_PARAM;
-  const std::vector<double> gv = load(dy, c.type, y_elems(c)), wv = load(w, c.type, w_elems(c));
-  std::vector<double> acc(x_elems(c), 0.0);
-  for_each_term(c, [&](size_t xi, size_t wi, size_t yi) { acc[xi] += gv[yi] * wv[wi]; });
-  store(dx, c.type, acc, scalar(alpha), scalar(beta));
+  const double al = scalar(alpha), be = scalar(beta);
+  queue(h->stream, [=] {
+    const std::vector<double> gv = load(dy, c.type, y_elems(c)), wv = load(w, c.type, w_elems(c));
+    std::vector<double> acc(x_elems(c), 0.0);
+    for_each_term(c, [&](size_t xi, size_t wi, size_t yi) { acc[xi] += gv[yi] * wv[wi]; });
+    store(dx, c.type, acc, al, be);
+  }, "cudnnConvolutionBackwardData");
   return CUDNN_STATUS_SUCCESS;
 }
 
-cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t, const void* alpha, const cudnnTensorDescriptor_t xd,
+cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t h, const void* alpha, const cudnnTensorDescriptor_t xd,
                                              const void* x, const cudnnTensorDescriptor_t dyd, const void* dy,
                                              const cudnnConvolutionDescriptor_t cd,
                                              cudnnConvolutionBwdFilterAlgo_t algo, void*, size_t, const void* beta,
@@ -270,16 +287,19 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t, const void* alpha, c
   Conv c;
   if (const cudnnStatus_t st = describe(xd, dwd, cd, dyd, &c); st != CUDNN_STATUS_SUCCESS) return st;
   if (algo != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1) return CUDNN_STATUS_BAD_PARAM;
-  const std::vector<double> xv = load(x, c.type, x_elems(c)), gv = load(dy, c.type, y_elems(c));
-  std::vector<double> acc(w_elems(c), 0.0);
-  for_each_term(c, [&](size_t xi, size_t wi, size_t yi) { acc[wi] += xv[xi] * gv[yi]; });
-  store(dw, c.type, acc, scalar(alpha), scalar(beta));
+  const double al = scalar(alpha), be = scalar(beta);
+  queue(h->stream, [=] {
+    const std::vector<double> xv = load(x, c.type, x_elems(c)), gv = load(dy, c.type, y_elems(c));
+    std::vector<double> acc(w_elems(c), 0.0);
+    for_each_term(c, [&](size_t xi, size_t wi, size_t yi) { acc[wi] += xv[xi] * gv[yi]; });
+    store(dw, c.type, acc, al, be);
+  }, "cudnnConvolutionBackwardFilter");
   return CUDNN_STATUS_SUCCESS;
 }
 
 // Column-major C(m, n) = alpha op(A)(m, k) op(B)(k, n) + beta C, scalars on the host, fp32
 // compute (what linear.cpp asks for; anything else is refused).
-cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
                             const void* alpha, const void* A, cudaDataType_t at, int lda, const void* B,
                             cudaDataType_t bt, int ldb, const void* beta, void* C, cudaDataType_t ct, int ldc,
                             cublasComputeType_t compute, cublasGemmAlgo_t) {
@@ -293,6 +313,17 @@ cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasOperatio
   rn::DType a, b, c;
   if (!to_dtype(at, &a) || !to_dtype(bt, &b) || !to_dtype(ct, &c) || a != b) return CUBLAS_STATUS_NOT_SUPPORTED;
   if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+  const double al = scalar(alpha), be = scalar(beta);
+  queue(h->stream, [=] { gemm(ta == CUBLAS_OP_T, tb == CUBLAS_OP_T, m, n, k, al, A, a, lda, B, b, ldb, be, C, c, ldc); },
+        "cublasGemmEx");
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+}  // extern "C"
+
+namespace {
+void gemm(bool a_t, bool b_t, int m, int n, int k, double al, const void* A, rn::DType a, int lda, const void* B,
+          rn::DType b, int ldb, double be, void* C, rn::DType c, int ldc) {
   const size_t a_cols = static_cast<size_t>(a_t ? m : k), b_cols = static_cast<size_t>(b_t ? k : n);
   // Read exactly what the call may read: the last column up to its stored rows.
   const std::vector<double> av = load(A, a, (a_cols - 1) * lda + (a_t ? k : m));
@@ -309,14 +340,11 @@ cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasOperatio
       acc[static_cast<size_t>(j) * ldc + i] = s;
     }
   // Write column by column: rows beyond m of a column (ldc > m) are not C's.
-  const double al = scalar(alpha), be = scalar(beta);
   for (int j = 0; j < n; ++j) {
     const size_t at_col = static_cast<size_t>(j) * ldc;
     const std::vector<double> col(acc.begin() + static_cast<std::ptrdiff_t>(at_col),
                                   acc.begin() + static_cast<std::ptrdiff_t>(at_col + m));
     store(static_cast<char*>(C) + at_col * rn::dtype_size(c), c, col, al, be);
   }
-  return CUBLAS_STATUS_SUCCESS;
 }
-
-}  // extern "C"
+}  // namespace

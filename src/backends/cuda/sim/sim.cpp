@@ -305,10 +305,48 @@ void run(const char* name, dim3 grid, dim3 block, const std::function<void()>& b
   b.body = nullptr;
 }
 
+// ---- stream capture -----------------------------------------------------------------------
+namespace {
+
+using Ops = std::vector<std::function<void()>>;
+
+// The capture this host thread runs (cudaStreamCaptureModeThreadLocal, as step_graph.cpp
+// asks): what is queued on `stream` is recorded; what a GPU refuses during a capture (a
+// synchronisation with the captured stream, the legacy default stream, an allocation)
+// invalidates it, and the call returns the GPU's error.
+struct CaptureState {
+  bool active = false, invalidated = false;
+  cudaStream_t stream = nullptr;
+  Ops ops;
+};
+thread_local CaptureState t_capture;
+
+cudaError_t invalidate_capture(cudaError_t code, const std::string& what) {
+  t_capture.invalidated = true;
+  set_error(code, what + " during a stream capture (not allowed on a GPU; the capture is invalidated)", false);
+  return code;
+}
+
+}  // namespace
+
+bool capture(cudaStream_t stream, const std::function<void()>& op, const char* what) {
+  if (!t_capture.active) return false;
+  if (stream == t_capture.stream) {
+    if (!t_capture.invalidated) t_capture.ops.push_back(op);
+    return true;
+  }
+  if (stream == nullptr) {  // the legacy default stream synchronises with every blocking stream
+    invalidate_capture(cudaErrorStreamCaptureImplicit, std::string(what) + " on the legacy default stream");
+    return true;
+  }
+  return false;  // a stream the capture does not include runs its work now
+}
+
 }  // namespace rn::cuda::sim
 
 // ---- the CUDA runtime calls we use, on host memory ---------------------------------------
 using rn::cuda::sim::t_error;
+using rn::cuda::sim::t_capture;
 
 extern "C" {
 
@@ -332,6 +370,11 @@ const char* cudaGetErrorName(cudaError_t error) {
     case cudaErrorNotSupported: return "cudaErrorNotSupported";
     case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
     case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorIllegalState: return "cudaErrorIllegalState";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
     default: return "cudaError (emulation)";
   }
 }
@@ -346,6 +389,7 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   if (!p) return cudaErrorInvalidValue;
   *p = nullptr;
   if (t_error.sticky) return t_error.last;
+  if (t_capture.active) return rn::cuda::sim::invalidate_capture(cudaErrorStreamCaptureUnsupported, "cudaMalloc");
   // 256-byte aligned, as cudaMalloc's are, and exactly `bytes` long for the sanitizer.
   if (bytes && posix_memalign(p, 256, bytes) != 0) return cudaErrorMemoryAllocation;
   return cudaSuccess;
@@ -358,24 +402,102 @@ cudaError_t cudaFree(void* p) {
 
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
   if (t_error.sticky) return t_error.last;
+  if (t_capture.active) return rn::cuda::sim::invalidate_capture(cudaErrorStreamCaptureImplicit, "cudaMemset");
   if (bytes) std::memset(p, value, bytes);
   return cudaSuccess;
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
   if (t_error.sticky) return t_error.last;
+  if (t_capture.active) return rn::cuda::sim::invalidate_capture(cudaErrorStreamCaptureImplicit, "cudaMemcpy");
   if (bytes) std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
 
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
-  return cudaMemcpy(dst, src, bytes, kind);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t s) {
+  if (t_error.sticky) return t_error.last;
+  const auto op = [=] {
+    if (bytes) std::memmove(dst, src, bytes);
+  };
+  if (!rn::cuda::sim::capture(s, op, "cudaMemcpyAsync")) op();
+  return t_error.last == cudaErrorStreamCaptureImplicit ? cudaGetLastError() : cudaSuccess;
 }
 
-cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) { return cudaMemset(p, value, bytes); }
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s) {
+  if (t_error.sticky) return t_error.last;
+  const auto op = [=] {
+    if (bytes) std::memset(p, value, bytes);
+  };
+  if (!rn::cuda::sim::capture(s, op, "cudaMemsetAsync")) op();
+  return t_error.last == cudaErrorStreamCaptureImplicit ? cudaGetLastError() : cudaSuccess;
+}
 
-cudaError_t cudaDeviceSynchronize(void) { return t_error.sticky ? t_error.last : cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) {
+  if (t_error.sticky) return t_error.last;
+  if (t_capture.active)
+    return rn::cuda::sim::invalidate_capture(cudaErrorStreamCaptureUnsupported, "cudaDeviceSynchronize");
+  return cudaSuccess;
+}
 
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return t_error.sticky ? t_error.last : cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  if (t_error.sticky) return t_error.last;
+  if (t_capture.active && (s == t_capture.stream || s == nullptr))
+    return rn::cuda::sim::invalidate_capture(cudaErrorStreamCaptureUnsupported, "cudaStreamSynchronize");
+  return cudaSuccess;
+}
+
+// Graphs: a recording of the captured work, run in order by cudaGraphLaunch.
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
+  if (t_error.sticky) return t_error.last;
+  if (t_capture.active || s == nullptr) return cudaErrorIllegalState;
+  t_capture = {};
+  t_capture.active = true;
+  t_capture.stream = s;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
+  *graph = nullptr;
+  if (!t_capture.active || s != t_capture.stream) return cudaErrorIllegalState;
+  const bool invalidated = t_capture.invalidated;
+  auto* ops = new rn::cuda::sim::Ops(std::move(t_capture.ops));
+  t_capture = {};
+  if (invalidated) {
+    delete ops;
+    return cudaErrorStreamCaptureInvalidated;
+  }
+  *graph = reinterpret_cast<cudaGraph_t>(ops);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* status) {
+  *status = !t_capture.active || s != t_capture.stream ? cudaStreamCaptureStatusNone
+            : t_capture.invalidated                    ? cudaStreamCaptureStatusInvalidated
+                                                       : cudaStreamCaptureStatusActive;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  if (!graph) return cudaErrorInvalidValue;
+  *exec = reinterpret_cast<cudaGraphExec_t>(new rn::cuda::sim::Ops(*reinterpret_cast<rn::cuda::sim::Ops*>(graph)));
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t) {
+  if (t_error.sticky) return t_error.last;
+  if (!exec) return cudaErrorInvalidValue;
+  for (const auto& op : *reinterpret_cast<rn::cuda::sim::Ops*>(exec)) op();
+  return t_error.sticky ? t_error.last : cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete reinterpret_cast<rn::cuda::sim::Ops*>(graph);
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete reinterpret_cast<rn::cuda::sim::Ops*>(exec);
+  return cudaSuccess;
+}
 
 }  // extern "C"

@@ -42,6 +42,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <source_location>
 #include <tuple>
 #include <type_traits>
@@ -63,6 +64,12 @@ bool barrier(bool pred, const std::source_location& site);
 // part in it; the launch stops and cudaGetLastError() reports it.
 [[noreturn]] void fault(cudaError_t code, const char* what);
 
+// Stream capture (CUDA graphs): while this host thread captures `stream`, work queued on it
+// is recorded, not run, and cudaGraphLaunch runs the recording. Returns whether `op` was
+// recorded (or refused: work on the legacy default stream during a capture breaks it, as on
+// a GPU); false: run it now.
+bool capture(cudaStream_t stream, const std::function<void()>& op, const char* what);
+
 inline void check_aligned(const void* p, size_t bytes) {
   if (reinterpret_cast<uintptr_t>(p) % bytes != 0) fault(cudaErrorMisalignedAddress, "misaligned vector access");
 }
@@ -71,20 +78,26 @@ template <typename... P>
 struct Launch {
   const char* name;
   dim3 grid, block;
+  cudaStream_t stream;
   void (*kernel)(P...);
   // Every thread gets its own copies of the arguments, converted as a launch converts them.
+  // Outside a capture the grid runs now (work runs in program order: one stream).
   template <typename... A>
   void operator()(A&&... a) const {
-    const std::tuple<std::decay_t<A>...> args(std::forward<A>(a)...);
+    auto args = std::make_shared<const std::tuple<std::decay_t<A>...>>(std::forward<A>(a)...);
     void (*k)(P...) = kernel;
-    run(name, grid, block, [&] { std::apply([k](const auto&... v) { k(v...); }, args); });
+    const char* n = name;
+    const dim3 g = grid, b = block;
+    const std::function<void()> go = [=] {
+      run(n, g, b, [&] { std::apply([k](const auto&... v) { k(v...); }, *args); });
+    };
+    if (!capture(stream, go, n)) go();
   }
 };
 
 template <typename... P>
-Launch<P...> launch(const char* name, dim3 grid, dim3 block, cudaStream_t /*stream order is program order*/,
-                    void (*kernel)(P...)) {
-  return Launch<P...>{name, grid, block, kernel};
+Launch<P...> launch(const char* name, dim3 grid, dim3 block, cudaStream_t stream, void (*kernel)(P...)) {
+  return Launch<P...>{name, grid, block, stream, kernel};
 }
 
 }  // namespace rn::cuda::sim
