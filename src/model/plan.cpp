@@ -506,6 +506,8 @@ float Plan::loss() const {
   return v;
 }
 
+Tensor Plan::loss_tensor() const { return view(loss_); }
+
 void Plan::copy_from_host(const Tensor& dst, const void* host) const {
   RN_CHECK(backend_) << "plan: a dry plan has no memory";
   backend_->memory().copy(dst.data, host, dst.bytes());

@@ -95,6 +95,7 @@ class Plan {
   Tensor logits() const;  // fp32 [N, K], valid after forward()
   Tensor probs() const;   // fp32 [N, K] softmax, valid after forward()
   float loss() const;     // mean loss of the batch, valid after forward()
+  Tensor loss_tensor() const;  // where forward() leaves it: fp32 [1] in the plan's memory
   // Copies between host memory and a tensor of this plan (input, labels, logits, probs),
   // wherever the backend keeps it.
   void copy_from_host(const Tensor& dst, const void* host) const;

@@ -21,6 +21,11 @@ void FusedStepDesc::validate() const {
       << "fused step: bad dynamic loss-scale rule";
 }
 
+void FusedStepKernel::set_loss_source(const Tensor& loss) {
+  check_tensor(loss, {1}, DType::f32, "loss", "fused step");
+  loss_source_ = loss.ptr<float>();
+}
+
 void FusedStepKernel::step(const Tensor& weights, const Tensor& grads, const Tensor* half_weights, float lr) {
   const std::string op = "fused step";
   check_tensor(weights, {desc_.total}, DType::f32, "weights", op);
@@ -51,6 +56,12 @@ class HostFusedStep final : public FusedStepKernel {
     RN_CHECK(!lrs.empty()) << "fused step: empty learning-rate table";
     lr_table_ = lrs;
     lr_index_ = 0;
+    losses_.assign(lrs.size(), 0.0f);
+  }
+  std::vector<float> table_losses(int n) const override {
+    RN_CHECK(n >= 0 && static_cast<size_t>(n) <= losses_.size())
+        << "fused step: losses of " << n << " steps asked, the table holds " << losses_.size();
+    return std::vector<float>(losses_.begin(), losses_.begin() + n);
   }
   fused::LossScaleCounters counters() const override { return counters_; }
   void set_counters(const fused::LossScaleCounters& c) override {
@@ -75,7 +86,9 @@ class HostFusedStep final : public FusedStepKernel {
     loss_scale_ = static_cast<float>(counters_.scale);
     if (lr < 0.0f) {
       RN_CHECK(!lr_table_.empty()) << "fused step: no learning-rate table set";
-      lr = lr_table_[std::min(lr_index_++, lr_table_.size() - 1)];
+      const size_t at = std::min(lr_index_++, lr_table_.size() - 1);
+      lr = lr_table_[at];
+      if (loss_source_) losses_[at] = *loss_source_;
     }
     if (!applied) return;
     const bool lars = desc_.optimizer == FusedOptimizer::lars;
@@ -110,7 +123,7 @@ class HostFusedStep final : public FusedStepKernel {
   std::vector<double> trust_;
   fused::LossScaleCounters counters_;
   float loss_scale_ = 1.0f;
-  std::vector<float> lr_table_;
+  std::vector<float> lr_table_, losses_;
   size_t lr_index_ = 0;
 };
 

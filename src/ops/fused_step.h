@@ -58,6 +58,14 @@ class FusedStepKernel {
   void step(const Tensor& weights, const Tensor& grads, const Tensor* half_weights, float lr);
   // Uploads the rates of the next steps (synchronous); the table index restarts at 0.
   virtual void set_lr_table(const std::vector<float>& lrs) = 0;
+  // Sink mode's record of the losses: with a source set (fp32 [1] in device memory, where the
+  // loss kernel leaves the batch's mean loss), every step that takes its rate from the table
+  // also copies the loss into that entry's slot, so the host reads the losses of all the
+  // steps between two synchronisations at the second one. Set it before a step is captured.
+  void set_loss_source(const Tensor& loss);
+  // The recorded losses of the first n entries of the current table (synchronous; n at most
+  // the table's size).
+  virtual std::vector<float> table_losses(int n) const = 0;
 
   // Synchronising reads and writes of the device state (for logs and checkpoints).
   virtual fused::LossScaleCounters counters() const = 0;
@@ -68,6 +76,7 @@ class FusedStepKernel {
  protected:
   virtual void do_step(const Tensor& weights, const Tensor& grads, const Tensor* half_weights, float lr) = 0;
   FusedStepDesc desc_;
+  const float* loss_source_ = nullptr;  // set_loss_source
 };
 
 class StepGraph {

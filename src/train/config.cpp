@@ -476,7 +476,8 @@ std::vector<Field> build_fields() {
   f.push_back(RN_CONFIG_FIELD(run.sink_size,
                               "GPU sink mode: capture the training step as a CUDA graph and replay it, "
                               "synchronising with the host (loss read-back, next learning rates) every sink_size "
-                              "steps; 0: eager steps",
+                              "steps; every step's loss is recorded on the device and read at those "
+                              "synchronisations and at log lines; 0: eager steps",
                               at_least(0)));
   f.push_back(RN_CONFIG_FIELD(run.out_dir, "run folder: train.log, metrics.jsonl, config.yaml, checkpoints"));
   f.push_back(RN_CONFIG_FIELD(run.log_interval_steps, "steps between progress lines", at_least(1)));

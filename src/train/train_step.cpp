@@ -1,5 +1,8 @@
 #include "train/train_step.h"
 
+#include <algorithm>
+#include <utility>
+
 #include "core/log.h"
 #include "core/thread_pool.h"
 #include "dist/activity.h"
@@ -41,7 +44,10 @@ TrainStep::TrainStep(Plan& plan, Optimizer& optimizer, LossScaler& scaler, const
   fused_->write_momentum(optimizer.state().data());
   const Tensor scale = fused_->loss_scale_tensor();
   plan.set_loss_scale_source(&scale);
-  if (sink_size > 0) graph_ = backend->make_step_graph();
+  if (sink_size > 0) {
+    graph_ = backend->make_step_graph();
+    fused_->set_loss_source(plan.loss_tensor());
+  }
 }
 
 TrainStep::~TrainStep() {
@@ -49,9 +55,26 @@ TrainStep::~TrainStep() {
 }
 
 void TrainStep::set_lr_source(std::function<double(int64_t)> lr_at, int64_t first_step) {
+  harvest_losses();  // a table that ends here keeps its losses for take_losses()
   lr_at_ = std::move(lr_at);
   next_step_ = first_step;
   window_end_ = -1;
+}
+
+void TrainStep::harvest_losses() {
+  if (!fused_ || sink_size_ == 0 || window_end_ < 0) return;
+  const int64_t run_so_far = std::min(next_step_, window_end_) - window_start_;
+  if (run_so_far <= losses_read_) return;
+  const std::vector<float> all = fused_->table_losses(static_cast<int>(run_so_far));
+  untaken_.insert(untaken_.end(), all.begin() + losses_read_, all.end());
+  losses_read_ = run_so_far;
+}
+
+std::vector<float> TrainStep::take_losses() {
+  if (!fused_ || sink_size_ == 0) return {};
+  wait_for_gradients();  // the read below synchronises
+  harvest_losses();
+  return std::exchange(untaken_, {});
 }
 
 void TrainStep::queue_device_step(float lr) {
@@ -95,10 +118,13 @@ bool TrainStep::run(double lr) {
   if (fused_) {
     RN_CHECK(lr_at_) << "sink mode: set_lr_source() first";
     if (next_step_ >= window_end_) {  // a new window: the only synchronisation
+      harvest_losses();  // the ending table's losses, before the new one replaces them
       std::vector<float> table(static_cast<size_t>(sink_size_));
       for (int i = 0; i < sink_size_; ++i) table[static_cast<size_t>(i)] = static_cast<float>(lr_at_(next_step_ + i));
       fused_->set_lr_table(table);
+      window_start_ = next_step_;
       window_end_ = next_step_ + sink_size_;
+      losses_read_ = 0;
     }
     if (!warmed_up_) {
       // The first step runs eagerly (libraries finish their lazy set-up outside the

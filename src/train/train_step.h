@@ -19,11 +19,14 @@
 // step replays it; the learning rate
 // comes from a device table of the next sink_size rates, uploaded every sink_size steps,
 // which is the only host synchronisation. Eager and sink modes queue the same kernels in
-// the same order, so they give the same results.
+// the same order, so they give the same results. Each step also records its loss in the
+// table's slot, and take_losses() reads those of the steps since the last read, so that the
+// host knows every step's loss without reading it at every step.
 #pragma once
 
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "dist/grad_buckets.h"
 #include "model/plan.h"
@@ -44,6 +47,9 @@ class TrainStep {
   bool run(double lr);
   // Sink mode: the rate of global step s (the table is filled from it); run()'s lr is ignored.
   void set_lr_source(std::function<double(int64_t)> lr_at, int64_t first_step);
+  // Sink mode: the losses of the steps run since the last call, in order; a synchronisation
+  // (it waits for those steps, as a read of the loss does). Empty outside sink mode.
+  std::vector<float> take_losses();
 
   bool on_device() const { return fused_ != nullptr; }
   int sink_size() const { return sink_size_; }
@@ -73,6 +79,8 @@ class TrainStep {
 
  private:
   void queue_device_step(float lr);
+  // Sink mode: moves the current table's recorded losses not yet read into untaken_.
+  void harvest_losses();
 
   Plan& plan_;
   Optimizer& optimizer_;
@@ -84,6 +92,9 @@ class TrainStep {
   std::function<double(int64_t)> lr_at_;
   int64_t next_step_ = 0;  // sink mode: global step of the next run()
   int64_t window_end_ = -1;
+  int64_t window_start_ = 0;  // the step of the table's first entry
+  int64_t losses_read_ = 0;   // entries of the table already moved to untaken_
+  std::vector<float> untaken_;
   bool warmed_up_ = false;
   int captures_ = 0;
   GradientReducer* reducer_ = nullptr;

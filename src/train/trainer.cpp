@@ -432,8 +432,8 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
     train_loader.start_epoch(st.epoch, st.batch_in_epoch);
     diag.begin_epoch(train_loader.epoch_wait_seconds());
     // Interval statistics for the log lines.
-    double interval_loss = 0;
-    int64_t interval_steps = 0, interval_images = 0;
+    double interval_loss = 0;  // the sum of the interval's known step losses
+    int64_t interval_steps = 0, interval_images = 0, interval_losses = 0;
     double interval_wait0 = train_loader.epoch_wait_seconds();
     auto interval_t0 = std::chrono::steady_clock::now();
     // The input-pipeline analyser's view of the epoch: copy and step time on this thread.
@@ -480,9 +480,19 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
       // device step waits for its gradient all-reduces under dist.timeout_s (that wait ends
       // before the read's would: the update queued behind them is still running).
       const auto sync_t0 = std::chrono::steady_clock::now();
-      if (sink_size == 0 || st.step % sink_size == 0 || interval_steps == 0) {
+      // The step losses known now: this step's (eager), or in sink mode, at a sync point or a
+      // log line, those of every step since the last read (the device records them).
+      const bool log_point = st.step % cfg.run.log_interval_steps == 0;
+      std::vector<float> step_losses;
+      if (sink_size == 0) {
         step->wait_for_gradients();
         last_loss = plan->loss();
+        step_losses.push_back(last_loss);
+      } else if (st.step % sink_size == 0 || log_point) {
+        step_losses = step->take_losses();
+        double sum = 0;
+        for (float l : step_losses) sum += l;
+        if (!step_losses.empty()) last_loss = static_cast<float>(sum / static_cast<double>(step_losses.size()));
       }
       // The step's communication: known after the wait above on a device (CUDA events),
       // after run() on the host.
@@ -521,7 +531,9 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
            .comm_seconds = reducer ? step->last_comm().exposed : 0.0,  // 0 where untimed
            .host_sync_seconds = host_sync_s,
            .sync_point = sink_size == 0 || st.step % sink_size == 0});
-      interval_loss += loss;
+      // The agreed (rank-averaged) mean of the losses read now, once per step it covers.
+      interval_loss += static_cast<double>(loss) * static_cast<double>(step_losses.size());
+      interval_losses += static_cast<int64_t>(step_losses.size());
       ++interval_steps;
       interval_images += b->size * world.size;  // every rank takes a batch of this size
       RN_CHECK(std::isfinite(loss) || scaler.consecutive_skips() > 0)
@@ -535,7 +547,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
       pf.steps_per_epoch = steps_per_epoch;
       pf.step = st.step;
       pf.total_steps = epochs * steps_per_epoch;
-      pf.loss = interval_loss / static_cast<double>(interval_steps);
+      pf.loss = interval_losses > 0 ? interval_loss / static_cast<double>(interval_losses) : static_cast<double>(loss);
       pf.lr = lr;
       if (step->on_device() && st.step % cfg.run.log_interval_steps == 0) step->sync_scaler_state();
       pf.loss_scale = scaler.scale();
@@ -561,7 +573,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
         comm_interval = {};
         metrics.log_train(m);
         interval_loss = 0;
-        interval_steps = interval_images = 0;
+        interval_steps = interval_images = interval_losses = 0;
         interval_wait0 = train_loader.epoch_wait_seconds();
         interval_t0 = std::chrono::steady_clock::now();
       }

@@ -177,6 +177,33 @@ TEST(CudaFusedStep, LarsMatchesTheHostBitForBit) {
   compare_steps({"lars nesterov, fp16 copy", FusedOptimizer::lars, true, DType::f16, false, false});
 }
 
+// Sink mode's record: each step that takes its rate from the table copies the loss into the
+// entry's slot; a step given its rate (eager) records nothing.
+TEST(CudaFusedStep, TableStepsRecordTheirLoss) {
+  RN_REQUIRE_GPU();
+  FusedStepDesc d;
+  d.total = 64;
+  d.params = {{0, 64, 0.0f, false}};
+  DeviceStep dev(d);
+  const Device where = dev.step->loss_scale_tensor().device;
+  Buf wb(DType::f32, 64), gb(DType::f32, 64), loss(DType::f32, 1);
+  gb.set(std::vector<float>(64, 0.5f));
+  const Tensor wt = flat(wb.data(), 64, DType::f32, where), gt = flat(gb.data(), 64, DType::f32, where);
+  dev.step->set_loss_source(flat(loss.data(), 1, DType::f32, where));
+  dev.step->set_lr_table({0.1f, 0.2f, 0.3f});
+  // Each step waits for the last: the step reads the loss on the backend's own stream.
+  for (int k = 0; k < 3; ++k) {
+    loss.set({1.5f + static_cast<float>(k)});
+    dev.step->step(wt, gt, nullptr, -1.0f);
+    RN_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  loss.set({9.0f});
+  dev.step->step(wt, gt, nullptr, 0.1f);  // eager: the table's slots keep their values
+  RN_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(dev.step->table_losses(3), (std::vector<float>{1.5f, 2.5f, 3.5f}));
+  EXPECT_THROW(dev.step->table_losses(4), Error);
+}
+
 }  // namespace
 }  // namespace rn::cuda
 #endif  // RN_HAVE_CUDA || RN_CUDA_SIM

@@ -31,42 +31,75 @@ struct RunResult {
 double g_lr_shift = 0.0;  // a different schedule, to show the comparison notices
 double lr_at(int64_t step) { return 0.05 - 0.004 * static_cast<double>(step) + g_lr_shift; }
 
-// `steps` steps of resnet20 (3x16x16, batch 8) from the same weights and batches.
-RunResult train(Backend& backend, int sink, OptimizerKind kind, int steps) {
-  ModelOptions o;
-  o.in_channels = 3, o.height = o.width = 16, o.num_classes = 10;
-  Model model(build_model("resnet20", o));
-  model.init(5);
-  PlanOptions po;
-  po.batch = 8;
-  po.layout = Layout::nhwc;
-  Plan plan(model, &backend, po);
-  OptimizerConfig oc;
-  oc.name = kind;
-  oc.momentum = 0.9;
-  oc.nesterov = kind == OptimizerKind::sgd;
-  oc.weight_decay = 1e-3;
-  ParamTable table = model.params();
-  apply_optimizer_param_policy(table, oc);
-  Optimizer opt(oc, table);
+// resnet20 (3x16x16, batch 8) from fixed weights, SGD/LARS with momentum and weight decay,
+// a dynamic loss scale that grows during a run, and the training step over them.
+struct Rig {
+  static Model make_model() {
+    ModelOptions o;
+    o.in_channels = 3, o.height = o.width = 16, o.num_classes = 10;
+    Model m(build_model("resnet20", o));
+    m.init(5);
+    return m;
+  }
+  static PlanOptions plan_options() {
+    PlanOptions po;
+    po.batch = 8;
+    po.layout = Layout::nhwc;
+    return po;
+  }
+  static OptimizerConfig optimizer_config(OptimizerKind kind) {
+    OptimizerConfig oc;
+    oc.name = kind;
+    oc.momentum = 0.9;
+    oc.nesterov = kind == OptimizerKind::sgd;
+    oc.weight_decay = 1e-3;
+    return oc;
+  }
+  static ParamTable params(const Model& m, const OptimizerConfig& oc) {
+    ParamTable table = m.params();
+    apply_optimizer_param_policy(table, oc);
+    return table;
+  }
+  static PrecisionPolicy precision() {
+    PrecisionPolicy p;
+    p.loss_scale.policy = LossScalePolicy::dynamic;
+    p.loss_scale.initial = 128;
+    p.loss_scale.growth_interval = 2;  // the scale changes during the run
+    return p;
+  }
+
+  Rig(Backend& backend, int sink, OptimizerKind kind)
+      : model(make_model()),
+        plan(model, &backend, plan_options()),
+        opt(optimizer_config(kind), params(model, optimizer_config(kind))),
+        policy(precision()),
+        scaler(policy.loss_scale),
+        step(plan, opt, scaler, policy, sink) {
+    if (sink > 0) step.set_lr_source(lr_at, 0);
+  }
+
+  Model model;
+  Plan plan;
+  Optimizer opt;
   PrecisionPolicy policy;
-  policy.loss_scale.policy = LossScalePolicy::dynamic;
-  policy.loss_scale.initial = 128;
-  policy.loss_scale.growth_interval = 2;  // the scale changes during the run
-  LossScaler scaler(policy.loss_scale);
-  TrainStep step(plan, opt, scaler, policy, sink);
-  if (sink > 0) step.set_lr_source(lr_at, 0);
+  LossScaler scaler;
+  TrainStep step;
+};
+
+// `steps` steps from the same weights and batches.
+RunResult train(Backend& backend, int sink, OptimizerKind kind, int steps) {
+  Rig rig(backend, sink, kind);
   Rng rng(11);
   RunResult r;
   for (int k = 0; k < steps; ++k) {
-    testing::fill_random_batch(plan, rng, 10);
-    step.run(lr_at(k));
-    r.losses.push_back(plan.loss());
+    testing::fill_random_batch(rig.plan, rng, 10);
+    rig.step.run(lr_at(k));
+    r.losses.push_back(rig.plan.loss());
   }
-  step.sync_host_state();
-  r.weights.assign(model.param_data(), model.param_data() + model.params().total);
-  r.momentum = opt.state();
-  r.scaler = scaler.state();
+  rig.step.sync_host_state();
+  r.weights.assign(rig.model.param_data(), rig.model.param_data() + rig.model.params().total);
+  r.momentum = rig.opt.state();
+  r.scaler = rig.scaler.state();
   return r;
 }
 
@@ -96,6 +129,30 @@ TEST(DeviceStep, EagerAndSinkMatchTheHostOptimizerBitForBit) {
   EXPECT_NE(std::memcmp(shifted.weights.data(), sink.weights.data(), sink.weights.size() * 4), 0);
   std::printf("[device-step] %zu weights; a schedule shifted by 1e-4 changes the first weight by %.3g\n",
               sink.weights.size(), static_cast<double>(shifted.weights[0] - sink.weights[0]));
+}
+
+// Sink mode reads the loss only at synchronisations, so each step records its own on the
+// device: take_losses() returns those of every step since the last read, in order, at a
+// window's end or in its middle, and they are the losses an eager run reads step by step.
+TEST(DeviceStep, SinkModeRecordsEveryStepsLossForItsSynchronisations) {
+  FakeDevice dev;
+  const RunResult eager = train(dev, 0, OptimizerKind::sgd, 8);
+  Rig rig(dev, /*sink=*/3, OptimizerKind::sgd);
+  Rng rng(11);
+  std::vector<float> read;
+  std::vector<size_t> sizes;
+  for (int k = 0; k < 8; ++k) {
+    testing::fill_random_batch(rig.plan, rng, 10);
+    rig.step.run(lr_at(k));
+    if (k == 2 || k == 4 || k == 7) {  // a window's end, its middle, the last step
+      const std::vector<float> l = rig.step.take_losses();
+      sizes.push_back(l.size());
+      read.insert(read.end(), l.begin(), l.end());
+    }
+  }
+  EXPECT_EQ(sizes, (std::vector<size_t>{3, 2, 3}));
+  EXPECT_EQ(read, eager.losses) << "every step's loss, once, in order";
+  EXPECT_TRUE(rig.step.take_losses().empty());
 }
 
 // A graph that goes stale (the CUDA one does when the shared workspace it captured is

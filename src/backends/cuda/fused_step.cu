@@ -39,8 +39,9 @@ __global__ void overflow_check_kernel(int* overflow, const float* g, int64_t n) 
   if (__syncthreads_or(bad) && threadIdx.x == 0) *overflow = 1;
 }
 
+// From the table: this step's rate, and the batch's loss recorded in the same slot.
 __global__ void scale_update_kernel(StepState* st, fused::LossScaleRule rule, float lr, const float* lr_table,
-                                    int lr_table_size) {
+                                    int lr_table_size, const float* loss, float* losses) {
   st->inv_scale_used = static_cast<float>(1.0 / st->counters.scale);
   st->applied = fused::loss_scale_update(st->counters, rule, st->overflow != 0) ? 1 : 0;
   st->overflow = 0;  // ready for the next step
@@ -48,6 +49,7 @@ __global__ void scale_update_kernel(StepState* st, fused::LossScaleRule rule, fl
   if (lr_table) {
     const int i = st->lr_index < lr_table_size ? st->lr_index : lr_table_size - 1;
     st->lr = lr_table[i];
+    if (loss) losses[i] = *loss;
     ++st->lr_index;
   } else {
     st->lr = lr;
@@ -155,13 +157,25 @@ class CudaFusedStep final : public FusedStepKernel {
     return t;
   }
 
+  // A captured step holds the table's and the losses' addresses: they grow, never move, so
+  // windows of one size reuse them.
   void set_lr_table(const std::vector<float>& lrs) override {
     RN_CHECK(!lrs.empty()) << "fused step: empty learning-rate table";
-    if (lr_table_.bytes() < lrs.size() * sizeof(float)) lr_table_ = DeviceBuffer(mem_, lrs.size() * 4);
+    if (lr_table_.bytes() < lrs.size() * sizeof(float)) {
+      lr_table_ = DeviceBuffer(mem_, lrs.size() * 4);
+      losses_ = DeviceBuffer(mem_, lrs.size() * 4);
+    }
     mem_.copy(lr_table_.data(), lrs.data(), lrs.size() * sizeof(float));
     lr_table_size_ = static_cast<int>(lrs.size());
     const int zero = 0;
     mem_.copy(&state()->lr_index, &zero, sizeof(int));
+  }
+  std::vector<float> table_losses(int n) const override {
+    RN_CHECK(n >= 0 && n <= lr_table_size_)
+        << "fused step: losses of " << n << " steps asked, the table holds " << lr_table_size_;
+    std::vector<float> v(static_cast<size_t>(n));
+    if (n > 0) mem_.copy(v.data(), losses_.data(), v.size() * sizeof(float));
+    return v;
   }
 
   fused::LossScaleCounters counters() const override {
@@ -189,7 +203,8 @@ class CudaFusedStep final : public FusedStepKernel {
     const bool from_table = lr < 0.0f;
     RN_CHECK(!from_table || lr_table_size_ > 0) << "fused step: no learning-rate table set";
     RN_LAUNCH(1, 1, s, scale_update_kernel)(
-        st, desc_.loss_scale, lr, from_table ? static_cast<const float*>(lr_table_.data()) : nullptr, lr_table_size_);
+        st, desc_.loss_scale, lr, from_table ? static_cast<const float*>(lr_table_.data()) : nullptr, lr_table_size_,
+        from_table ? loss_source_ : nullptr, static_cast<float*>(losses_.data()));
     RN_CUDA_LAUNCH_CHECK();
     if (segments_ == 0) return;
     const bool lars = desc_.optimizer == FusedOptimizer::lars;
@@ -225,7 +240,7 @@ class CudaFusedStep final : public FusedStepKernel {
   MemorySpace& mem_;
   cudaStream_t stream_;
   int segments_ = 0, n_params_ = 0, lr_table_size_ = 0;
-  DeviceBuffer segs_, first_, adapt_, wd_, seg_w2_, seg_g2_, trust_, momentum_, state_, lr_table_;
+  DeviceBuffer segs_, first_, adapt_, wd_, seg_w2_, seg_g2_, trust_, momentum_, state_, lr_table_, losses_;
 };
 
 }  // namespace
