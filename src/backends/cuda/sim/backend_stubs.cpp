@@ -2,7 +2,7 @@
 // backend (sim.h): one device, streams and events that are plain tokens (work runs when it
 // is queued, so a stream is always idle and an event always complete), pinned memory that
 // is host memory, and cuDNN/cuBLAS handles. The convolutions and the GEMM themselves are in
-// cudnn_cublas.cpp; stream capture and graphs in sim.cpp.
+// cudnn_cublas.cpp; streams, memory, stream capture and graphs in sim.cpp.
 #include <cstdlib>
 #include <cstring>
 
@@ -44,14 +44,7 @@ cudaError_t cudaDeviceGetPCIBusId(char* id, int len, int device) {
   return cudaSuccess;
 }
 
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) {
-  *s = make_token<cudaStream_t>();
-  return cudaSuccess;
-}
-cudaError_t cudaStreamDestroy(cudaStream_t s) {
-  drop_token(s);
-  return cudaSuccess;
-}
+
 cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) { return cudaPeekAtLastError(); }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) {
@@ -65,14 +58,6 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaPeekAtLastError(); }
 cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaPeekAtLastError(); }
 
-cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int) {
-  *p = std::malloc(bytes ? bytes : 1);
-  return *p ? cudaSuccess : cudaErrorMemoryAllocation;
-}
-cudaError_t cudaFreeHost(void* p) {
-  std::free(p);
-  return cudaSuccess;
-}
 
 cudnnStatus_t cudnnCreate(cudnnHandle_t* h) {
   *h = new cudnnContext;

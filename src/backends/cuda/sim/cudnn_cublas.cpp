@@ -91,8 +91,10 @@ cudnnStatus_t describe(const cudnnTensorStruct* x, const cudnnFilterStruct* w, c
   if (!to_dtype(x->type, &c.type)) return CUDNN_STATUS_NOT_SUPPORTED_DATA_TYPE;
   if (cd->groups < 1 || c.C != c.Cg * cd->groups || c.K % cd->groups != 0) return CUDNN_STATUS_BAD_PARAM;
   c.Kg = c.K / cd->groups;
-  const int p = (c.H + 2 * cd->pad_h - cd->dil_h * (c.R - 1) - 1) / cd->stride_h + 1;
-  const int q = (c.W + 2 * cd->pad_w - cd->dil_w * (c.S - 1) - 1) / cd->stride_w + 1;
+  const int span_h = c.H + 2 * cd->pad_h - cd->dil_h * (c.R - 1) - 1;
+  const int span_w = c.W + 2 * cd->pad_w - cd->dil_w * (c.S - 1) - 1;
+  if (span_h < 0 || span_w < 0) return CUDNN_STATUS_BAD_PARAM;  // the filter does not fit
+  const int p = span_h / cd->stride_h + 1, q = span_w / cd->stride_w + 1;
   if (y->n != c.N || y->c != c.K || p != c.P || q != c.Q) return CUDNN_STATUS_BAD_PARAM;
   *out = c;
   return CUDNN_STATUS_SUCCESS;
@@ -126,17 +128,28 @@ size_t x_elems(const Conv& c) { return static_cast<size_t>(c.N) * c.H * c.W * c.
 size_t y_elems(const Conv& c) { return static_cast<size_t>(c.N) * c.P * c.Q * c.K; }
 size_t w_elems(const Conv& c) { return static_cast<size_t>(c.K) * c.R * c.S * c.Cg; }
 
-// One algorithm, needing no workspace, deterministic, with the descriptor's math type.
-template <typename Perf>
-void one_result(const cudnnConvolutionStruct* cd, int requested, int* returned, Perf* perf) {
+// The workspace the emulated algorithms ask for: some, depending on the shape, so that the
+// caller must size and place it (conv2d.cpp keeps it beside the KRSC weights in one scratch
+// block); each call scribbles over all of it first, so a workspace that overlaps another part
+// of the scratch corrupts that part and the result.
+size_t workspace_bytes(const Conv& c) { return 256 + 4 * w_elems(c); }
+
+// One algorithm, deterministic, with the descriptor's math type.
+template <typename Perf, typename Algo>
+void one_result(const Conv& c, Algo algo, int requested, int* returned, Perf* perf) {
   *returned = requested > 0 ? 1 : 0;
   if (requested <= 0) return;
   perf[0] = Perf{};
+  perf[0].algo = algo;
   perf[0].status = CUDNN_STATUS_SUCCESS;
-  perf[0].memory = 0;
+  perf[0].memory = workspace_bytes(c);
   perf[0].determinism = CUDNN_DETERMINISTIC;
-  perf[0].mathType = cd->math;
+  perf[0].mathType = c.cd.math;
 }
+
+// The workspace the call was given must hold what the algorithm asked for.
+bool workspace_ok(const Conv& c, const void* ws, size_t bytes) { return ws && bytes >= workspace_bytes(c); }
+void scribble(const Conv& c, void* ws) { std::memset(ws, 0xA5, workspace_bytes(c)); }
 
 double scalar(const void* p) { return static_cast<double>(*static_cast<const float*>(p)); }
 
@@ -217,8 +230,7 @@ cudnnStatus_t cudnnFindConvolutionForwardAlgorithm(cudnnHandle_t, const cudnnTen
                                                    cudnnConvolutionFwdAlgoPerf_t* perf) {
   Conv c;
   if (const cudnnStatus_t st = describe(x, w, cd, y, &c); st != CUDNN_STATUS_SUCCESS) return st;
-  one_result(cd, requested, returned, perf);
-  perf[0].algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
+  one_result(c, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, requested, returned, perf);
   return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithm(cudnnHandle_t, const cudnnFilterDescriptor_t w,
@@ -228,8 +240,7 @@ cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithm(cudnnHandle_t, const cud
                                                         int* returned, cudnnConvolutionBwdDataAlgoPerf_t* perf) {
   Conv c;
   if (const cudnnStatus_t st = describe(dx, w, cd, dy, &c); st != CUDNN_STATUS_SUCCESS) return st;
-  one_result(cd, requested, returned, perf);
-  perf[0].algo = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
+  one_result(c, CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, requested, returned, perf);
   return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithm(cudnnHandle_t, const cudnnTensorDescriptor_t x,
@@ -239,20 +250,21 @@ cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithm(cudnnHandle_t, const c
                                                           int* returned, cudnnConvolutionBwdFilterAlgoPerf_t* perf) {
   Conv c;
   if (const cudnnStatus_t st = describe(x, dw, cd, dy, &c); st != CUDNN_STATUS_SUCCESS) return st;
-  one_result(cd, requested, returned, perf);
-  perf[0].algo = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
+  one_result(c, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, requested, returned, perf);
   return CUDNN_STATUS_SUCCESS;
 }
 
 cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t h, const void* alpha, const cudnnTensorDescriptor_t xd,
                                       const void* x, const cudnnFilterDescriptor_t wd, const void* w,
-                                      const cudnnConvolutionDescriptor_t cd, cudnnConvolutionFwdAlgo_t algo, void*,
-                                      size_t, const void* beta, const cudnnTensorDescriptor_t yd, void* y) {
+                                      const cudnnConvolutionDescriptor_t cd, cudnnConvolutionFwdAlgo_t algo, void* ws,
+                                      size_t ws_bytes, const void* beta, const cudnnTensorDescriptor_t yd, void* y) {
   Conv c;
   if (const cudnnStatus_t st = describe(xd, wd, cd, yd, &c); st != CUDNN_STATUS_SUCCESS) return st;
-  if (algo != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM) return CUDNN_STATUS_BAD_PARAM;  // not what the search gave
+  // The algorithm the search gave, and the workspace it asked for.
+  if (algo != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM || !workspace_ok(c, ws, ws_bytes)) return CUDNN_STATUS_BAD_PARAM;
   const double al = scalar(alpha), be = scalar(beta);  // host scalars: read at the call
   queue(h->stream, [=] {
+    scribble(c, ws);
     const std::vector<double> xv = load(x, c.type, x_elems(c)), wv = load(w, c.type, w_elems(c));
     std::vector<double> acc(y_elems(c), 0.0);
     for_each_term(c, [&](size_t xi, size_t wi, size_t yi) { acc[yi] += xv[xi] * wv[wi]; });
@@ -264,13 +276,14 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t h, const void* alpha, const 
 cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t h, const void* alpha, const cudnnFilterDescriptor_t wd,
                                            const void* w, const cudnnTensorDescriptor_t dyd, const void* dy,
                                            const cudnnConvolutionDescriptor_t cd, cudnnConvolutionBwdDataAlgo_t algo,
-                                           void*, size_t, const void* beta, const cudnnTensorDescriptor_t dxd,
+                                           void* ws, size_t ws_bytes, const void* beta, const cudnnTensorDescriptor_t dxd,
                                            void* dx) {
   Conv c;
   if (const cudnnStatus_t st = describe(dxd, wd, cd, dyd, &c); st != CUDNN_STATUS_SUCCESS) return st;
-  if (algo != CUDNN_CONVOLUTION_BWD_DATA_ALGO_1) return CUDNN_STATUS_BAD_PARAM;
+  if (algo != CUDNN_CONVOLUTION_BWD_DATA_ALGO_1 || !workspace_ok(c, ws, ws_bytes)) return CUDNN_STATUS_BAD_PARAM;
   const double al = scalar(alpha), be = scalar(beta);
   queue(h->stream, [=] {
+    scribble(c, ws);
     const std::vector<double> gv = load(dy, c.type, y_elems(c)), wv = load(w, c.type, w_elems(c));
     std::vector<double> acc(x_elems(c), 0.0);
     for_each_term(c, [&](size_t xi, size_t wi, size_t yi) { acc[xi] += gv[yi] * wv[wi]; });
@@ -282,13 +295,14 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t h, const void* alpha, c
 cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t h, const void* alpha, const cudnnTensorDescriptor_t xd,
                                              const void* x, const cudnnTensorDescriptor_t dyd, const void* dy,
                                              const cudnnConvolutionDescriptor_t cd,
-                                             cudnnConvolutionBwdFilterAlgo_t algo, void*, size_t, const void* beta,
+                                             cudnnConvolutionBwdFilterAlgo_t algo, void* ws, size_t ws_bytes, const void* beta,
                                              const cudnnFilterDescriptor_t dwd, void* dw) {
   Conv c;
   if (const cudnnStatus_t st = describe(xd, dwd, cd, dyd, &c); st != CUDNN_STATUS_SUCCESS) return st;
-  if (algo != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1) return CUDNN_STATUS_BAD_PARAM;
+  if (algo != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1 || !workspace_ok(c, ws, ws_bytes)) return CUDNN_STATUS_BAD_PARAM;
   const double al = scalar(alpha), be = scalar(beta);
   queue(h->stream, [=] {
+    scribble(c, ws);
     const std::vector<double> xv = load(x, c.type, x_elems(c)), gv = load(dy, c.type, y_elems(c));
     std::vector<double> acc(w_elems(c), 0.0);
     for_each_term(c, [&](size_t xi, size_t wi, size_t yi) { acc[wi] += xv[xi] * gv[yi]; });
@@ -325,9 +339,10 @@ namespace {
 void gemm(bool a_t, bool b_t, int m, int n, int k, double al, const void* A, rn::DType a, int lda, const void* B,
           rn::DType b, int ldb, double be, void* C, rn::DType c, int ldc) {
   const size_t a_cols = static_cast<size_t>(a_t ? m : k), b_cols = static_cast<size_t>(b_t ? k : n);
-  // Read exactly what the call may read: the last column up to its stored rows.
-  const std::vector<double> av = load(A, a, (a_cols - 1) * lda + (a_t ? k : m));
-  const std::vector<double> bv = load(B, b, (b_cols - 1) * ldb + (b_t ? n : k));
+  // Read exactly what the call may read: the last column up to its stored rows (nothing when
+  // k == 0: C = beta C).
+  const std::vector<double> av = k == 0 ? std::vector<double>() : load(A, a, (a_cols - 1) * lda + (a_t ? k : m));
+  const std::vector<double> bv = k == 0 ? std::vector<double>() : load(B, b, (b_cols - 1) * ldb + (b_t ? n : k));
   std::vector<double> acc(static_cast<size_t>(ldc) * (n - 1) + m, 0.0);
   for (int j = 0; j < n; ++j)
     for (int i = 0; i < m; ++i) {

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -305,6 +306,47 @@ void run(const char* name, dim3 grid, dim3 block, const std::function<void()>& b
   b.body = nullptr;
 }
 
+// ---- memory and streams ---------------------------------------------------------------------
+namespace {
+
+// What cudaMalloc and cudaHostAlloc handed out: the only memory a captured copy may touch
+// (ordinary, pageable host memory cannot be a node of a graph).
+struct Allocations {
+  std::mutex mutex;
+  std::map<uintptr_t, size_t> blocks;  // begin -> bytes
+  void add(const void* p, size_t n) {
+    const std::lock_guard lock(mutex);
+    blocks[reinterpret_cast<uintptr_t>(p)] = n;
+  }
+  void remove(const void* p) {
+    const std::lock_guard lock(mutex);
+    blocks.erase(reinterpret_cast<uintptr_t>(p));
+  }
+  bool covers(const void* p, size_t n) {
+    const std::lock_guard lock(mutex);
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    auto it = blocks.upper_bound(a);
+    if (it == blocks.begin()) return false;
+    --it;
+    return a + n <= it->first + std::max<size_t>(it->second, 1);
+  }
+};
+Allocations& allocations() {
+  static Allocations a;
+  return a;
+}
+
+// Streams made non-blocking do not synchronise with the legacy default stream.
+std::mutex g_streams_mutex;
+std::map<cudaStream_t, bool> g_non_blocking;
+bool non_blocking(cudaStream_t s) {
+  const std::lock_guard lock(g_streams_mutex);
+  const auto it = g_non_blocking.find(s);
+  return it != g_non_blocking.end() && it->second;
+}
+
+}  // namespace
+
 // ---- stream capture -----------------------------------------------------------------------
 namespace {
 
@@ -335,7 +377,8 @@ bool capture(cudaStream_t stream, const std::function<void()>& op, const char* w
     if (!t_capture.invalidated) t_capture.ops.push_back(op);
     return true;
   }
-  if (stream == nullptr) {  // the legacy default stream synchronises with every blocking stream
+  if (stream == nullptr && !non_blocking(t_capture.stream)) {
+    // The legacy default stream would wait for the (blocking) captured stream.
     invalidate_capture(cudaErrorStreamCaptureImplicit, std::string(what) + " on the legacy default stream");
     return true;
   }
@@ -392,12 +435,45 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   if (t_capture.active) return rn::cuda::sim::invalidate_capture(cudaErrorStreamCaptureUnsupported, "cudaMalloc");
   // 256-byte aligned, as cudaMalloc's are, and exactly `bytes` long for the sanitizer.
   if (bytes && posix_memalign(p, 256, bytes) != 0) return cudaErrorMemoryAllocation;
+  if (*p) rn::cuda::sim::allocations().add(*p, bytes);
   return cudaSuccess;
 }
 
 cudaError_t cudaFree(void* p) {
+  if (t_capture.active) return rn::cuda::sim::invalidate_capture(cudaErrorStreamCaptureUnsupported, "cudaFree");
+  rn::cuda::sim::allocations().remove(p);
   std::free(p);
   return t_error.sticky ? t_error.last : cudaSuccess;
+}
+
+// Pinned host memory: host memory the emulation knows (captured copies may use it).
+cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int) {
+  *p = std::malloc(bytes ? bytes : 1);
+  if (!*p) return cudaErrorMemoryAllocation;
+  rn::cuda::sim::allocations().add(*p, bytes);
+  return cudaSuccess;
+}
+
+cudaError_t cudaFreeHost(void* p) {
+  rn::cuda::sim::allocations().remove(p);
+  std::free(p);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
+  *s = reinterpret_cast<cudaStream_t>(new char[1]);  // a distinct token
+  const std::lock_guard lock(rn::cuda::sim::g_streams_mutex);
+  rn::cuda::sim::g_non_blocking[*s] = (flags & cudaStreamNonBlocking) != 0;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  {
+    const std::lock_guard lock(rn::cuda::sim::g_streams_mutex);
+    rn::cuda::sim::g_non_blocking.erase(s);
+  }
+  delete[] reinterpret_cast<char*>(s);
+  return cudaSuccess;
 }
 
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
@@ -416,6 +492,10 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind)
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t s) {
   if (t_error.sticky) return t_error.last;
+  if (t_capture.active && s == t_capture.stream && bytes &&
+      !(rn::cuda::sim::allocations().covers(src, bytes) && rn::cuda::sim::allocations().covers(dst, bytes)))
+    return rn::cuda::sim::invalidate_capture(cudaErrorStreamCaptureUnsupported,
+                                             "cudaMemcpyAsync to or from pageable host memory");
   const auto op = [=] {
     if (bytes) std::memmove(dst, src, bytes);
   };
@@ -486,8 +566,11 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsig
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t) {
   if (t_error.sticky) return t_error.last;
   if (!exec) return cudaErrorInvalidValue;
-  for (const auto& op : *reinterpret_cast<rn::cuda::sim::Ops*>(exec)) op();
-  return t_error.sticky ? t_error.last : cudaSuccess;
+  for (const auto& op : *reinterpret_cast<rn::cuda::sim::Ops*>(exec)) {
+    op();
+    if (t_error.last != cudaSuccess) return cudaGetLastError();  // a replayed launch failed
+  }
+  return cudaSuccess;
 }
 
 cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
