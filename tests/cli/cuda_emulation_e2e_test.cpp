@@ -180,6 +180,21 @@ TEST(CudaEmulationE2E, SinkModeEndsWithTheEagerWeightsBitForBit) {
   for (const auto& [step, loss] : la) EXPECT_NEAR(lb.at(step), loss, 1e-6 * std::fabs(loss)) << "step " << step;
 }
 
+// The doctor's mixed-precision run on the device (issue 7's GPU part): fp16 gradients
+// measured through the cuda backend, not only the analytic ranges.
+TEST(CudaEmulationE2E, DoctorMeasuresTheMixedRunOnTheDevice) {
+  const fs::path dir = fresh_dir("cuda_emulation/doctor");
+  fs::create_directories(dir);
+  std::vector<std::string> args = tiny_run(dir, "cuda", {"precision.level=O2", "precision.half_dtype=fp16"});
+  args[0] = "doctor";
+  args.insert(args.end(), {"--steps", "2", "--json", (dir / "doctor.json").string()});
+  const int rc = run(resnet_sim_path(), args, dir);
+  ASSERT_TRUE(rc == 0 || rc == 2) << "exit " << rc << ": " << test::read_all(dir.string() + ".log");
+  const std::string json = test::read_all(dir / "doctor.json");
+  EXPECT_NE(json.find("\"mixed_ran\": true"), std::string::npos) << json.substr(0, 400);
+  EXPECT_NE(test::read_all(dir.string() + ".log").find("verdict:"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace rn
 #endif  // RN_HAVE_RESNET_SIM
