@@ -161,6 +161,40 @@ void queue(cudaStream_t stream, const std::function<void()>& op, const char* wha
 void gemm(bool a_t, bool b_t, int m, int n, int k, double al, const void* A, rn::DType a, int lda, const void* B,
           rn::DType b, int ldb, double be, void* C, rn::DType c, int ldc);
 
+// The algorithm search of every direction: the one emulated algorithm, if the descriptors
+// make one convolution.
+template <typename Perf, typename Algo>
+cudnnStatus_t find(const cudnnTensorStruct* x, const cudnnFilterStruct* w, const cudnnConvolutionStruct* cd,
+                   const cudnnTensorStruct* y, Algo algo, int requested, int* returned, Perf* perf) {
+  Conv c;
+  if (const cudnnStatus_t st = describe(x, w, cd, y, &c); st != CUDNN_STATUS_SUCCESS) return st;
+  one_result(c, algo, requested, returned, perf);
+  return CUDNN_STATUS_SUCCESS;
+}
+
+// One direction of a convolution on the handle's stream: out = alpha * (the sum of the
+// terms of `in0` and `in1`) + beta * out, where add(acc, v0, v1, xi, wi, yi) adds one term.
+// The call must name the searched algorithm and give its workspace.
+template <typename Add>
+cudnnStatus_t convolve(cudnnHandle_t h, const cudnnTensorStruct* x, const cudnnFilterStruct* w,
+                       const cudnnConvolutionStruct* cd, const cudnnTensorStruct* y, bool algo_ok, void* ws,
+                       size_t ws_bytes, const void* alpha, const void* beta, const void* in0,
+                       size_t (*in0_elems)(const Conv&), const void* in1, size_t (*in1_elems)(const Conv&), void* out,
+                       size_t (*out_elems)(const Conv&), Add add, const char* what) {
+  Conv c;
+  if (const cudnnStatus_t st = describe(x, w, cd, y, &c); st != CUDNN_STATUS_SUCCESS) return st;
+  if (!algo_ok || !workspace_ok(c, ws, ws_bytes)) return CUDNN_STATUS_BAD_PARAM;
+  const double al = scalar(alpha), be = scalar(beta);  // host scalars: read at the call
+  queue(h->stream, [=] {
+    scribble(c, ws);
+    const std::vector<double> v0 = load(in0, c.type, in0_elems(c)), v1 = load(in1, c.type, in1_elems(c));
+    std::vector<double> acc(out_elems(c), 0.0);
+    for_each_term(c, [&](size_t xi, size_t wi, size_t yi) { add(acc, v0, v1, xi, wi, yi); });
+    store(out, c.type, acc, al, be);
+  }, what);
+  return CUDNN_STATUS_SUCCESS;
+}
+
 }  // namespace
 
 extern "C" {
@@ -228,49 +262,32 @@ cudnnStatus_t cudnnFindConvolutionForwardAlgorithm(cudnnHandle_t, const cudnnTen
                                                    const cudnnConvolutionDescriptor_t cd,
                                                    const cudnnTensorDescriptor_t y, const int requested, int* returned,
                                                    cudnnConvolutionFwdAlgoPerf_t* perf) {
-  Conv c;
-  if (const cudnnStatus_t st = describe(x, w, cd, y, &c); st != CUDNN_STATUS_SUCCESS) return st;
-  one_result(c, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, requested, returned, perf);
-  return CUDNN_STATUS_SUCCESS;
+  return find(x, w, cd, y, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, requested, returned, perf);
 }
 cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithm(cudnnHandle_t, const cudnnFilterDescriptor_t w,
                                                         const cudnnTensorDescriptor_t dy,
                                                         const cudnnConvolutionDescriptor_t cd,
                                                         const cudnnTensorDescriptor_t dx, const int requested,
                                                         int* returned, cudnnConvolutionBwdDataAlgoPerf_t* perf) {
-  Conv c;
-  if (const cudnnStatus_t st = describe(dx, w, cd, dy, &c); st != CUDNN_STATUS_SUCCESS) return st;
-  one_result(c, CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, requested, returned, perf);
-  return CUDNN_STATUS_SUCCESS;
+  return find(dx, w, cd, dy, CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, requested, returned, perf);
 }
 cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithm(cudnnHandle_t, const cudnnTensorDescriptor_t x,
                                                           const cudnnTensorDescriptor_t dy,
                                                           const cudnnConvolutionDescriptor_t cd,
                                                           const cudnnFilterDescriptor_t dw, const int requested,
                                                           int* returned, cudnnConvolutionBwdFilterAlgoPerf_t* perf) {
-  Conv c;
-  if (const cudnnStatus_t st = describe(x, dw, cd, dy, &c); st != CUDNN_STATUS_SUCCESS) return st;
-  one_result(c, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, requested, returned, perf);
-  return CUDNN_STATUS_SUCCESS;
+  return find(x, dw, cd, dy, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, requested, returned, perf);
 }
 
 cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t h, const void* alpha, const cudnnTensorDescriptor_t xd,
                                       const void* x, const cudnnFilterDescriptor_t wd, const void* w,
                                       const cudnnConvolutionDescriptor_t cd, cudnnConvolutionFwdAlgo_t algo, void* ws,
                                       size_t ws_bytes, const void* beta, const cudnnTensorDescriptor_t yd, void* y) {
-  Conv c;
-  if (const cudnnStatus_t st = describe(xd, wd, cd, yd, &c); st != CUDNN_STATUS_SUCCESS) return st;
-  // The algorithm the search gave, and the workspace it asked for.
-  if (algo != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM || !workspace_ok(c, ws, ws_bytes)) return CUDNN_STATUS_BAD_PARAM;
-  const double al = scalar(alpha), be = scalar(beta);  // host scalars: read at the call
-  queue(h->stream, [=] {
-    scribble(c, ws);
-    const std::vector<double> xv = load(x, c.type, x_elems(c)), wv = load(w, c.type, w_elems(c));
-    std::vector<double> acc(y_elems(c), 0.0);
-    for_each_term(c, [&](size_t xi, size_t wi, size_t yi) { acc[yi] += xv[xi] * wv[wi]; });
-    store(y, c.type, acc, al, be);
-  }, "cudnnConvolutionForward");
-  return CUDNN_STATUS_SUCCESS;
+  return convolve(h, xd, wd, cd, yd, algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, ws, ws_bytes, alpha, beta, x,
+                  x_elems, w, w_elems, y, y_elems,
+                  [](std::vector<double>& acc, const std::vector<double>& xv, const std::vector<double>& wv, size_t xi,
+                     size_t wi, size_t yi) { acc[yi] += xv[xi] * wv[wi]; },
+                  "cudnnConvolutionForward");
 }
 
 cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t h, const void* alpha, const cudnnFilterDescriptor_t wd,
@@ -278,18 +295,11 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t h, const void* alpha, c
                                            const cudnnConvolutionDescriptor_t cd, cudnnConvolutionBwdDataAlgo_t algo,
                                            void* ws, size_t ws_bytes, const void* beta, const cudnnTensorDescriptor_t dxd,
                                            void* dx) {
-  Conv c;
-  if (const cudnnStatus_t st = describe(dxd, wd, cd, dyd, &c); st != CUDNN_STATUS_SUCCESS) return st;
-  if (algo != CUDNN_CONVOLUTION_BWD_DATA_ALGO_1 || !workspace_ok(c, ws, ws_bytes)) return CUDNN_STATUS_BAD_PARAM;
-  const double al = scalar(alpha), be = scalar(beta);
-  queue(h->stream, [=] {
-    scribble(c, ws);
-    const std::vector<double> gv = load(dy, c.type, y_elems(c)), wv = load(w, c.type, w_elems(c));
-    std::vector<double> acc(x_elems(c), 0.0);
-    for_each_term(c, [&](size_t xi, size_t wi, size_t yi) { acc[xi] += gv[yi] * wv[wi]; });
-    store(dx, c.type, acc, al, be);
-  }, "cudnnConvolutionBackwardData");
-  return CUDNN_STATUS_SUCCESS;
+  return convolve(h, dxd, wd, cd, dyd, algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, ws, ws_bytes, alpha, beta, dy,
+                  y_elems, w, w_elems, dx, x_elems,
+                  [](std::vector<double>& acc, const std::vector<double>& gv, const std::vector<double>& wv, size_t xi,
+                     size_t wi, size_t yi) { acc[xi] += gv[yi] * wv[wi]; },
+                  "cudnnConvolutionBackwardData");
 }
 
 cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t h, const void* alpha, const cudnnTensorDescriptor_t xd,
@@ -297,18 +307,11 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t h, const void* alpha,
                                              const cudnnConvolutionDescriptor_t cd,
                                              cudnnConvolutionBwdFilterAlgo_t algo, void* ws, size_t ws_bytes, const void* beta,
                                              const cudnnFilterDescriptor_t dwd, void* dw) {
-  Conv c;
-  if (const cudnnStatus_t st = describe(xd, dwd, cd, dyd, &c); st != CUDNN_STATUS_SUCCESS) return st;
-  if (algo != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1 || !workspace_ok(c, ws, ws_bytes)) return CUDNN_STATUS_BAD_PARAM;
-  const double al = scalar(alpha), be = scalar(beta);
-  queue(h->stream, [=] {
-    scribble(c, ws);
-    const std::vector<double> xv = load(x, c.type, x_elems(c)), gv = load(dy, c.type, y_elems(c));
-    std::vector<double> acc(w_elems(c), 0.0);
-    for_each_term(c, [&](size_t xi, size_t wi, size_t yi) { acc[wi] += xv[xi] * gv[yi]; });
-    store(dw, c.type, acc, al, be);
-  }, "cudnnConvolutionBackwardFilter");
-  return CUDNN_STATUS_SUCCESS;
+  return convolve(h, xd, dwd, cd, dyd, algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, ws, ws_bytes, alpha, beta, x,
+                  x_elems, dy, y_elems, dw, w_elems,
+                  [](std::vector<double>& acc, const std::vector<double>& xv, const std::vector<double>& gv, size_t xi,
+                     size_t wi, size_t yi) { acc[wi] += xv[xi] * gv[yi]; },
+                  "cudnnConvolutionBackwardFilter");
 }
 
 // Column-major C(m, n) = alpha op(A)(m, k) op(B)(k, n) + beta C, scalars on the host, fp32
