@@ -1,26 +1,11 @@
 // The rest of what the cuda backend's host code calls, for the CPU emulation of the whole
-// backend (sim.h): one device, streams and events that are plain tokens (work runs when it
-// is queued, so a stream is always idle and an event always complete), pinned memory that
-// is host memory, and cuDNN/cuBLAS handles. The convolutions and the GEMM themselves are in
-// cudnn_cublas.cpp; streams, memory, stream capture and graphs in sim.cpp.
-#include <cstdlib>
+// backend (sim.h): one device and its properties, and cuDNN/cuBLAS handles that hold their
+// stream. The convolutions and the GEMM themselves are in cudnn_cublas.cpp; streams, events,
+// memory, stream capture and graphs in sim.cpp.
 #include <cstring>
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/sim/handles.h"
-
-
-namespace {
-// A distinct non-null token per stream or event.
-template <typename T>
-T make_token() {
-  return reinterpret_cast<T>(new char[1]);
-}
-template <typename T>
-void drop_token(T t) {
-  delete[] reinterpret_cast<char*>(t);
-}
-}  // namespace
 
 extern "C" {
 
@@ -43,20 +28,6 @@ cudaError_t cudaDeviceGetPCIBusId(char* id, int len, int device) {
   id[len - 1] = '\0';
   return cudaSuccess;
 }
-
-
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) { return cudaPeekAtLastError(); }
-
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) {
-  *e = make_token<cudaEvent_t>();
-  return cudaSuccess;
-}
-cudaError_t cudaEventDestroy(cudaEvent_t e) {
-  drop_token(e);
-  return cudaSuccess;
-}
-cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaPeekAtLastError(); }
-cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaPeekAtLastError(); }
 
 
 cudnnStatus_t cudnnCreate(cudnnHandle_t* h) {

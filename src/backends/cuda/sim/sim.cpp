@@ -460,8 +460,10 @@ cudaError_t cudaFreeHost(void* p) {
   return cudaSuccess;
 }
 
+// Streams and events are distinct non-null tokens: work runs when it is queued (or is
+// recorded by a capture), so a stream is always idle and an event always complete.
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
-  *s = reinterpret_cast<cudaStream_t>(new char[1]);  // a distinct token
+  *s = reinterpret_cast<cudaStream_t>(new char[1]);
   const std::lock_guard lock(rn::cuda::sim::g_streams_mutex);
   rn::cuda::sim::g_non_blocking[*s] = (flags & cudaStreamNonBlocking) != 0;
   return cudaSuccess;
@@ -475,6 +477,20 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   delete[] reinterpret_cast<char*>(s);
   return cudaSuccess;
 }
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) {
+  *e = reinterpret_cast<cudaEvent_t>(new char[1]);
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  delete[] reinterpret_cast<char*>(e);
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaPeekAtLastError(); }
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaPeekAtLastError(); }
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) { return cudaPeekAtLastError(); }
 
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
   if (t_error.sticky) return t_error.last;
