@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -193,6 +194,22 @@ TEST(CudaEmulationE2E, DoctorMeasuresTheMixedRunOnTheDevice) {
   const std::string json = test::read_all(dir / "doctor.json");
   EXPECT_NE(json.find("\"mixed_ran\": true"), std::string::npos) << json.substr(0, 400);
   EXPECT_NE(test::read_all(dir.string() + ".log").find("verdict:"), std::string::npos);
+}
+
+// Every CUDA, cuDNN, cuBLAS and NCCL call of resnet_sim resolves to the emulation: the
+// program does not even load the real libraries (a call that slipped past the emulation
+// would go to them, mixing real and emulated state, as NCCL's and four CUDA event calls once
+// did).
+TEST(CudaEmulationE2E, TheEmulatedCliLoadsNoCudaLibrary) {
+  FILE* p = popen((std::string("readelf -d ") + resnet_sim_path() + " 2>&1").c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  ASSERT_EQ(pclose(p), 0) << out;
+  ASSERT_NE(out.find("(NEEDED)"), std::string::npos) << out;
+  for (const char* lib : {"libcudart", "libcudnn", "libcublas", "libnccl", "libcuda."})
+    EXPECT_EQ(out.find(lib), std::string::npos) << "resnet_sim needs " << lib << ":\n" << out;
 }
 
 }  // namespace

@@ -1,34 +1,66 @@
 // The rest of what the cuda backend's host code calls, for the CPU emulation of the whole
-// backend (sim.h): one device and its properties, and cuDNN/cuBLAS handles that hold their
+// backend (sim.h): the devices and their properties, and cuDNN/cuBLAS handles that hold their
 // stream. The convolutions and the GEMM themselves are in cudnn_cublas.cpp; streams, events,
 // memory, stream capture and graphs in sim.cpp.
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/sim/handles.h"
 
+namespace rn::cuda::sim {
+
+thread_local int t_device = 0;
+
+int current_device() { return t_device; }
+
+// $RN_SIM_DEVICES devices (1 to 64; default 1), so that the ranks of a data-parallel job on
+// one host each have their own (as NCCL requires). Read at every call: a test may change it.
+int device_count() {
+  const char* v = std::getenv("RN_SIM_DEVICES");
+  if (!v || !*v) return 1;
+  char* end = nullptr;
+  const long k = std::strtol(v, &end, 10);
+  if (*end != '\0' || k < 1 || k > 64) {
+    std::fprintf(stderr, "RN_SIM_DEVICES=%s: expected the number of emulated devices, 1 to 64\n", v);
+    std::exit(2);
+  }
+  return static_cast<int>(k);
+}
+
+}  // namespace rn::cuda::sim
+
 extern "C" {
 
 cudaError_t cudaGetDeviceCount(int* count) {
-  *count = 1;
+  *count = rn::cuda::sim::device_count();
   return cudaSuccess;
 }
-cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
+cudaError_t cudaSetDevice(int device) {
+  if (device < 0 || device >= rn::cuda::sim::device_count()) return cudaErrorInvalidDevice;
+  rn::cuda::sim::t_device = device;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int* device) {
+  *device = rn::cuda::sim::t_device;
+  return cudaSuccess;
+}
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
-  if (device != 0) return cudaErrorInvalidDevice;
+  if (device < 0 || device >= rn::cuda::sim::device_count()) return cudaErrorInvalidDevice;
   *prop = cudaDeviceProp{};
   std::strncpy(prop->name, "CUDA emulation on the CPU", sizeof prop->name - 1);
   prop->major = 9;
   prop->minor = 0;
+  prop->pciBusID = device;
   return cudaSuccess;
 }
 cudaError_t cudaDeviceGetPCIBusId(char* id, int len, int device) {
-  if (device != 0 || len < 1) return cudaErrorInvalidValue;
-  std::strncpy(id, "emulation", static_cast<size_t>(len) - 1);
-  id[len - 1] = '\0';
+  if (device < 0 || device >= rn::cuda::sim::device_count() || len < 1) return cudaErrorInvalidValue;
+  std::snprintf(id, static_cast<size_t>(len), "emulation:%d", device);
   return cudaSuccess;
 }
-
 
 cudnnStatus_t cudnnCreate(cudnnHandle_t* h) {
   *h = new cudnnContext;

@@ -3,6 +3,9 @@
 // host memory. See sim.h.
 #include "backends/cuda/sim/sim.h"
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -100,8 +103,14 @@ struct ErrorState {
   cudaError_t last = cudaSuccess;
   bool sticky = false;
   std::string message;
+  // The error cudaGetLastError() last handed out and cleared, whose message
+  // cudaGetErrorString() still gives (RN_CUDA_CHECK(cudaGetLastError()) asks after clearing).
+  cudaError_t cleared = cudaSuccess;
+  std::string cleared_message;
 };
 thread_local ErrorState t_error;
+
+}  // namespace
 
 void set_error(cudaError_t code, std::string message, bool sticky) {
   if (t_error.sticky) return;
@@ -109,6 +118,8 @@ void set_error(cudaError_t code, std::string message, bool sticky) {
   t_error.message = std::move(message);
   t_error.sticky = sticky;
 }
+
+namespace {
 
 std::string dims(const uint3& d) {
   char buf[48];
@@ -306,7 +317,7 @@ void run(const char* name, dim3 grid, dim3 block, const std::function<void()>& b
   b.body = nullptr;
 }
 
-// ---- memory and streams ---------------------------------------------------------------------
+// ---- memory, streams and events ------------------------------------------------------------
 namespace {
 
 // What cudaMalloc and cudaHostAlloc handed out: the only memory a captured copy may touch
@@ -336,16 +347,61 @@ Allocations& allocations() {
   return a;
 }
 
-// Streams made non-blocking do not synchronise with the legacy default stream.
-std::mutex g_streams_mutex;
-std::map<cudaStream_t, bool> g_non_blocking;
+// Work runs when it is queued (or is recorded by a capture), so a stream is always idle and
+// an event complete when its record returns. What they keep is what a GPU would check.
+struct StreamInfo {
+  bool non_blocking = false;  // does not synchronise with the legacy default stream
+  int device = 0;
+};
+struct EventInfo {
+  bool timing = true;  // not made with cudaEventDisableTiming
+  int device = 0;
+  bool recorded = false;
+  double when_ms = 0;  // the host clock when it was recorded (its work was done then)
+  // Last recorded in a capture (its id; 0: not): it only orders captured work, and what
+  // examines its completion is refused (cudaErrorCapturedEvent).
+  uint64_t capture = 0;
+  cudaStream_t stream = nullptr;  // the captured stream it was recorded in
+  uint64_t position = 0;          // that stream's last captured node then
+};
+std::mutex g_streams_mutex;  // guards both maps
+std::map<cudaStream_t, StreamInfo> g_streams;
+std::map<cudaEvent_t, EventInfo> g_events;
+
 bool non_blocking(cudaStream_t s) {
   const std::lock_guard lock(g_streams_mutex);
-  const auto it = g_non_blocking.find(s);
-  return it != g_non_blocking.end() && it->second;
+  const auto it = g_streams.find(s);
+  return it != g_streams.end() && it->second.non_blocking;
+}
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 }  // namespace
+
+bool is_allocated(const void* p, size_t bytes) { return allocations().covers(p, bytes); }
+
+int stream_device(cudaStream_t s) {
+  if (s == nullptr) return current_device();
+  const std::lock_guard lock(g_streams_mutex);
+  const auto it = g_streams.find(s);
+  return it == g_streams.end() ? -1 : it->second.device;
+}
+
+bool device_failed() { return t_error.sticky; }
+
+bool launchable(cudaStream_t stream, const char* what) {
+  const int device = stream_device(stream);
+  if (device == current_device()) return true;
+  set_error(cudaErrorInvalidResourceHandle,
+            std::string(what) + ": launched into " +
+                (device < 0 ? std::string("a stream the emulation does not know (destroyed?)")
+                            : "a stream of device " + std::to_string(device)) +
+                " while device " + std::to_string(current_device()) +
+                " is current on this host thread (a GPU refuses it: invalid resource handle)",
+            false);
+  return false;
+}
 
 // ---- stream capture -----------------------------------------------------------------------
 namespace {
@@ -353,15 +409,30 @@ namespace {
 using Ops = std::vector<std::function<void()>>;
 
 // The capture this host thread runs (cudaStreamCaptureModeThreadLocal, as step_graph.cpp
-// asks): what is queued on `stream` is recorded; what a GPU refuses during a capture (a
-// synchronisation with the captured stream, the legacy default stream, an allocation)
-// invalidates it, and the call returns the GPU's error.
+// asks): what is queued on the captured stream, or on a stream that joined the capture by
+// waiting for an event recorded in it, is recorded in issue order (one valid order of the
+// graph's nodes); what a GPU refuses during a capture (a synchronisation with a captured
+// stream, the legacy default stream, an allocation) invalidates it, and the call returns the
+// GPU's error. A joined stream must rejoin: its last node must be waited for by another
+// captured stream before the capture ends (cudaErrorStreamCaptureUnjoined otherwise).
+struct Member {
+  uint64_t last = 0;    // its last node (a join counts as one)
+  uint64_t joined = 0;  // its last node another captured stream waited for
+};
 struct CaptureState {
   bool active = false, invalidated = false;
-  cudaStream_t stream = nullptr;
+  uint64_t id = 0;
+  cudaStream_t stream = nullptr;  // the origin
+  std::map<cudaStream_t, Member> members;
+  uint64_t nodes = 0;
   Ops ops;
+  Member* member(cudaStream_t s) {
+    const auto it = members.find(s);
+    return !active || it == members.end() ? nullptr : &it->second;
+  }
 };
 thread_local CaptureState t_capture;
+std::atomic<uint64_t> g_captures{0};
 
 cudaError_t invalidate_capture(cudaError_t code, const std::string& what) {
   t_capture.invalidated = true;
@@ -369,12 +440,20 @@ cudaError_t invalidate_capture(cudaError_t code, const std::string& what) {
   return code;
 }
 
+// Refuses what examines an event last recorded in a capture.
+cudaError_t captured_event(const char* call) {
+  set_error(cudaErrorCapturedEvent,
+            std::string(call) + " of an event last recorded in a capturing stream (not permitted on a GPU)", false);
+  return cudaErrorCapturedEvent;
+}
+
 }  // namespace
 
 bool capture(cudaStream_t stream, const std::function<void()>& op, const char* what) {
   if (!t_capture.active) return false;
-  if (stream == t_capture.stream) {
+  if (Member* m = t_capture.member(stream)) {
     if (!t_capture.invalidated) t_capture.ops.push_back(op);
+    m->last = ++t_capture.nodes;
     return true;
   }
   if (stream == nullptr && !non_blocking(t_capture.stream)) {
@@ -395,7 +474,9 @@ extern "C" {
 
 cudaError_t cudaGetLastError(void) {
   const cudaError_t e = t_error.last;
-  if (!t_error.sticky) {
+  if (!t_error.sticky && e != cudaSuccess) {
+    t_error.cleared = e;
+    t_error.cleared_message = std::move(t_error.message);
     t_error.last = cudaSuccess;
     t_error.message.clear();
   }
@@ -418,6 +499,10 @@ const char* cudaGetErrorName(cudaError_t error) {
     case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
     case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
     case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
+    case cudaErrorStreamCaptureUnjoined: return "cudaErrorStreamCaptureUnjoined";
+    case cudaErrorStreamCaptureUnmatched: return "cudaErrorStreamCaptureUnmatched";
+    case cudaErrorCapturedEvent: return "cudaErrorCapturedEvent";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
     default: return "cudaError (emulation)";
   }
 }
@@ -425,6 +510,8 @@ const char* cudaGetErrorName(cudaError_t error) {
 // The emulation's message for the current error names the kernel and the thread.
 const char* cudaGetErrorString(cudaError_t error) {
   if (error != cudaSuccess && error == t_error.last && !t_error.message.empty()) return t_error.message.c_str();
+  if (error != cudaSuccess && error == t_error.cleared && !t_error.cleared_message.empty())
+    return t_error.cleared_message.c_str();
   return cudaGetErrorName(error);
 }
 
@@ -460,37 +547,153 @@ cudaError_t cudaFreeHost(void* p) {
   return cudaSuccess;
 }
 
-// Streams and events are distinct non-null tokens: work runs when it is queued (or is
-// recorded by a capture), so a stream is always idle and an event always complete.
+// Streams and events are distinct non-null tokens; work runs when it is queued (or is
+// recorded by a capture), so a stream is always idle and an event complete once recorded.
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
   *s = reinterpret_cast<cudaStream_t>(new char[1]);
   const std::lock_guard lock(rn::cuda::sim::g_streams_mutex);
-  rn::cuda::sim::g_non_blocking[*s] = (flags & cudaStreamNonBlocking) != 0;
+  rn::cuda::sim::g_streams[*s] = {(flags & cudaStreamNonBlocking) != 0, rn::cuda::sim::current_device()};
   return cudaSuccess;
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
   {
     const std::lock_guard lock(rn::cuda::sim::g_streams_mutex);
-    rn::cuda::sim::g_non_blocking.erase(s);
+    if (!rn::cuda::sim::g_streams.erase(s)) return cudaErrorInvalidResourceHandle;
   }
   delete[] reinterpret_cast<char*>(s);
   return cudaSuccess;
 }
 
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) {
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) {
   *e = reinterpret_cast<cudaEvent_t>(new char[1]);
+  const std::lock_guard lock(rn::cuda::sim::g_streams_mutex);
+  rn::cuda::sim::EventInfo& info = rn::cuda::sim::g_events[*e];
+  info.timing = (flags & cudaEventDisableTiming) == 0;
+  info.device = rn::cuda::sim::current_device();
   return cudaSuccess;
 }
 
+cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, cudaEventDefault); }
+
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  {
+    const std::lock_guard lock(rn::cuda::sim::g_streams_mutex);
+    if (!rn::cuda::sim::g_events.erase(e)) return cudaErrorInvalidResourceHandle;
+  }
   delete[] reinterpret_cast<char*>(e);
   return cudaSuccess;
 }
 
-cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaPeekAtLastError(); }
-cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaPeekAtLastError(); }
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) { return cudaPeekAtLastError(); }
+// In a capture, the event marks the stream's last node (for the waits that join streams);
+// otherwise the stream's work is done already: the event completes now.
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  using namespace rn::cuda::sim;
+  if (t_error.sticky) return t_error.last;
+  const int device = stream_device(s);
+  Member* m = t_capture.member(s);
+  if (!m && s == nullptr && t_capture.active && !non_blocking(t_capture.stream))
+    return invalidate_capture(cudaErrorStreamCaptureImplicit, "cudaEventRecord on the legacy default stream");
+  const std::lock_guard lock(g_streams_mutex);
+  const auto it = g_events.find(e);
+  if (it == g_events.end() || device < 0) {
+    set_error(cudaErrorInvalidResourceHandle, "cudaEventRecord: an event or stream the emulation does not know", false);
+    return cudaErrorInvalidResourceHandle;
+  }
+  EventInfo& ev = it->second;
+  if (ev.device != device) {
+    set_error(cudaErrorInvalidResourceHandle,
+              "cudaEventRecord: an event of device " + std::to_string(ev.device) + " recorded in a stream of device " +
+                  std::to_string(device) + " (a GPU refuses it)",
+              false);
+    return cudaErrorInvalidResourceHandle;
+  }
+  ev.recorded = true;
+  if (m) {
+    ev.capture = t_capture.id;
+    ev.stream = s;
+    ev.position = m->last;
+  } else {
+    ev.capture = 0;
+    ev.when_ms = now_ms();
+  }
+  return cudaSuccess;
+}
+
+// An event recorded in the running capture: `s` joins the capture if it is not in it (a
+// fork), and the event's stream is joined up to the event. Any other event is complete.
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
+  using namespace rn::cuda::sim;
+  if (t_error.sticky) return t_error.last;
+  EventInfo ev;
+  {
+    const std::lock_guard lock(g_streams_mutex);
+    const auto it = g_events.find(e);
+    if (it == g_events.end() || (s != nullptr && !g_streams.count(s))) {
+      set_error(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent: an event or stream the emulation does not know",
+                false);
+      return cudaErrorInvalidResourceHandle;
+    }
+    ev = it->second;
+  }
+  if (ev.capture == 0) return cudaSuccess;
+  if (!t_capture.active || ev.capture != t_capture.id) return captured_event("cudaStreamWaitEvent outside its capture");
+  Member* m = t_capture.member(s);
+  if (!m) {
+    if (s == nullptr) return invalidate_capture(cudaErrorStreamCaptureImplicit, "the legacy default stream joining");
+    m = &t_capture.members[s];
+    m->last = ++t_capture.nodes;
+  }
+  if (ev.stream != s) {
+    Member& source = t_capture.members[ev.stream];
+    source.joined = std::max(source.joined, ev.position);
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  using namespace rn::cuda::sim;
+  const std::lock_guard lock(g_streams_mutex);
+  const auto it = g_events.find(e);
+  if (it == g_events.end()) return cudaErrorInvalidResourceHandle;
+  if (it->second.capture) return captured_event("cudaEventQuery");
+  return t_error.sticky ? t_error.last : cudaSuccess;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  using namespace rn::cuda::sim;
+  const std::lock_guard lock(g_streams_mutex);
+  const auto it = g_events.find(e);
+  if (it == g_events.end()) return cudaErrorInvalidResourceHandle;
+  if (it->second.capture) return captured_event("cudaEventSynchronize");
+  return t_error.sticky ? t_error.last : cudaSuccess;
+}
+
+// The host time between the two records, as a GPU's events time the work between them.
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  using namespace rn::cuda::sim;
+  const std::lock_guard lock(g_streams_mutex);
+  const auto a = g_events.find(start), b = g_events.find(end);
+  if (a == g_events.end() || b == g_events.end()) return cudaErrorInvalidResourceHandle;
+  if (a->second.capture || b->second.capture) return captured_event("cudaEventElapsedTime");
+  if (!a->second.timing || !b->second.timing || !a->second.recorded || !b->second.recorded ||
+      a->second.device != b->second.device) {
+    set_error(cudaErrorInvalidResourceHandle,
+              "cudaEventElapsedTime: an event made with cudaEventDisableTiming, never recorded, or of another device",
+              false);
+    return cudaErrorInvalidResourceHandle;
+  }
+  *ms = static_cast<float>(b->second.when_ms - a->second.when_ms);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamQuery(cudaStream_t s) {
+  using namespace rn::cuda::sim;
+  if (t_error.sticky) return t_error.last;
+  if (t_capture.member(s) || (s == nullptr && t_capture.active && !non_blocking(t_capture.stream)))
+    return invalidate_capture(cudaErrorStreamCaptureUnsupported, "cudaStreamQuery of a captured stream");
+  return cudaSuccess;
+}
 
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
   if (t_error.sticky) return t_error.last;
@@ -508,7 +711,7 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind)
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t s) {
   if (t_error.sticky) return t_error.last;
-  if (t_capture.active && s == t_capture.stream && bytes &&
+  if (t_capture.member(s) && bytes &&
       !(rn::cuda::sim::allocations().covers(src, bytes) && rn::cuda::sim::allocations().covers(dst, bytes)))
     return rn::cuda::sim::invalidate_capture(cudaErrorStreamCaptureUnsupported,
                                              "cudaMemcpyAsync to or from pageable host memory");
@@ -537,7 +740,7 @@ cudaError_t cudaDeviceSynchronize(void) {
 
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   if (t_error.sticky) return t_error.last;
-  if (t_capture.active && (s == t_capture.stream || s == nullptr))
+  if (t_capture.member(s) || (t_capture.active && s == nullptr))
     return rn::cuda::sim::invalidate_capture(cudaErrorStreamCaptureUnsupported, "cudaStreamSynchronize");
   return cudaSuccess;
 }
@@ -548,28 +751,46 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
   if (t_capture.active || s == nullptr) return cudaErrorIllegalState;
   t_capture = {};
   t_capture.active = true;
+  t_capture.id = ++rn::cuda::sim::g_captures;
   t_capture.stream = s;
+  t_capture.members[s] = {};
   return cudaSuccess;
 }
 
 cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
   *graph = nullptr;
-  if (!t_capture.active || s != t_capture.stream) return cudaErrorIllegalState;
-  const bool invalidated = t_capture.invalidated;
+  if (!t_capture.active) return cudaErrorIllegalState;
+  if (s != t_capture.stream) {
+    rn::cuda::sim::set_error(cudaErrorStreamCaptureUnmatched,
+                             "cudaStreamEndCapture on a stream that joined the capture, not the one that began it", false);
+    return cudaErrorStreamCaptureUnmatched;
+  }
+  bool invalidated = t_capture.invalidated;
+  size_t unjoined = 0;
+  for (const auto& [stream, m] : t_capture.members) unjoined += stream != s && m.last > m.joined;
   auto* ops = new rn::cuda::sim::Ops(std::move(t_capture.ops));
   t_capture = {};
   if (invalidated) {
     delete ops;
     return cudaErrorStreamCaptureInvalidated;
   }
+  if (unjoined) {
+    delete ops;
+    rn::cuda::sim::set_error(cudaErrorStreamCaptureUnjoined,
+                             std::to_string(unjoined) +
+                                 " stream(s) joined the capture and were not joined back: their last work is waited "
+                                 "for by no captured stream (a GPU ends the capture with this error)",
+                             false);
+    return cudaErrorStreamCaptureUnjoined;
+  }
   *graph = reinterpret_cast<cudaGraph_t>(ops);
   return cudaSuccess;
 }
 
 cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* status) {
-  *status = !t_capture.active || s != t_capture.stream ? cudaStreamCaptureStatusNone
-            : t_capture.invalidated                    ? cudaStreamCaptureStatusInvalidated
-                                                       : cudaStreamCaptureStatusActive;
+  *status = !t_capture.member(s)   ? cudaStreamCaptureStatusNone
+            : t_capture.invalidated ? cudaStreamCaptureStatusInvalidated
+                                    : cudaStreamCaptureStatusActive;
   return cudaSuccess;
 }
 

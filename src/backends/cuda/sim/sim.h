@@ -22,7 +22,9 @@
 // with -fsanitize=address,undefined, and cudaMalloc here is an exact-size host allocation.
 //
 // What it cannot show: timing, memory coalescing, races between threads that a barrier does
-// not order (fibers run in a fixed order), and anything of cuDNN, cuBLAS or NCCL.
+// not order (fibers run in a fixed order), races between streams (work runs when it is
+// queued), and anything of cuDNN, cuBLAS or NCCL themselves (sim/nccl_sim.cpp carries NCCL's
+// collectives over MPI between processes).
 #pragma once
 
 #define RN_CUDA_SIM 1
@@ -44,6 +46,7 @@
 #include <functional>
 #include <memory>
 #include <source_location>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -68,7 +71,31 @@ bool barrier(bool pred, const std::source_location& site);
 // is recorded, not run, and cudaGraphLaunch runs the recording. Returns whether `op` was
 // recorded (or refused: work on the legacy default stream during a capture breaks it, as on
 // a GPU); false: run it now.
+// Work queued on a stream the capture includes (the captured stream, and the streams that
+// joined it by waiting for an event recorded in it) is recorded, in issue order.
 bool capture(cudaStream_t stream, const std::function<void()>& op, const char* what);
+
+// The calling host thread's current device (cudaSetDevice); the emulation has
+// $RN_SIM_DEVICES devices (default 1), all alike, all on host memory.
+int current_device();
+int device_count();
+
+// Whether a kernel may be launched on `stream` now: a GPU refuses a launch into a stream of
+// another device than the calling thread's current one (cudaErrorInvalidResourceHandle,
+// recorded as the last error naming `what`; returns false).
+bool launchable(cudaStream_t stream, const char* what);
+
+// The device of `stream` (the legacy default stream's: the current one); -1: unknown.
+int stream_device(cudaStream_t stream);
+
+// Whether this host thread's device has failed (a sticky error: nothing more runs on it).
+bool device_failed();
+
+// Whether [p, p + bytes) lies in one block of memory from cudaMalloc or cudaHostAlloc.
+bool is_allocated(const void* p, size_t bytes);
+
+// Records `code` as the last CUDA error with `message` (sticky: every later call reports it).
+void set_error(cudaError_t code, std::string message, bool sticky);
 
 inline void check_aligned(const void* p, size_t bytes) {
   if (reinterpret_cast<uintptr_t>(p) % bytes != 0) fault(cudaErrorMisalignedAddress, "misaligned vector access");
@@ -91,6 +118,7 @@ struct Launch {
     const std::function<void()> go = [=] {
       run(n, g, b, [&] { std::apply([k](const auto&... v) { k(v...); }, *args); });
     };
+    if (!launchable(stream, n)) return;
     if (!capture(stream, go, n)) go();
   }
 };

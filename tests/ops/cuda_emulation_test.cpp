@@ -1,0 +1,225 @@
+// The CUDA emulation's model of the runtime (src/backends/cuda/sim): what a GPU refuses
+// about streams, events, devices and NCCL, it refuses too, so that code which would fail on
+// a GPU fails in CI. Only in test_cuda_sim (suite CudaEmulationOnCpu).
+#ifdef RN_CUDA_SIM
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backends/cuda/launch.h"
+
+#ifdef RN_SIM_HAVE_NCCL
+#include <nccl.h>
+#endif
+
+namespace rn {
+namespace {
+
+__global__ void add_one(float* p, int n) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) p[i] += 1.0f;
+}
+
+// Sets $RN_SIM_DEVICES for the test's scope (the emulation reads it at every call) and
+// leaves device 0 current.
+struct Devices {
+  explicit Devices(int n) { setenv("RN_SIM_DEVICES", std::to_string(n).c_str(), 1); }
+  ~Devices() {
+    cudaSetDevice(0);
+    unsetenv("RN_SIM_DEVICES");
+  }
+};
+
+std::string last_error() {
+  const cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? "" : std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
+}
+
+struct Streams {
+  cudaStream_t origin = nullptr, side = nullptr;
+  float* buf = nullptr;
+  Streams() {
+    EXPECT_EQ(cudaStreamCreateWithFlags(&origin, cudaStreamNonBlocking), cudaSuccess);
+    EXPECT_EQ(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), cudaSuccess);
+    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&buf), 64 * sizeof(float)), cudaSuccess);
+    EXPECT_EQ(cudaMemset(buf, 0, 64 * sizeof(float)), cudaSuccess);
+  }
+  ~Streams() {
+    cudaFree(buf);
+    cudaStreamDestroy(side);
+    cudaStreamDestroy(origin);
+  }
+};
+
+// A stream that waits for an event recorded in a capture joins it (its work is captured,
+// not run); it must be joined back before the capture ends, as on a GPU.
+TEST(CudaEmulationOnCpu, AStreamForkedIntoACaptureIsCapturedAndMustBeJoinedBack) {
+  Streams s;
+  cudaEvent_t fork, join;
+  ASSERT_EQ(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), cudaSuccess);
+  for (const bool joined : {false, true}) {
+    ASSERT_EQ(cudaStreamBeginCapture(s.origin, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    RN_LAUNCH(dim3(1), dim3(64), s.origin, add_one)(s.buf, 64);
+    ASSERT_EQ(cudaEventRecord(fork, s.origin), cudaSuccess);
+    ASSERT_EQ(cudaStreamWaitEvent(s.side, fork, 0), cudaSuccess);
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    ASSERT_EQ(cudaStreamIsCapturing(s.side, &status), cudaSuccess);
+    EXPECT_EQ(status, cudaStreamCaptureStatusActive) << "the forked stream is in the capture";
+    RN_LAUNCH(dim3(1), dim3(64), s.side, add_one)(s.buf, 64);
+    EXPECT_EQ(last_error(), "");
+    if (joined) {
+      ASSERT_EQ(cudaEventRecord(join, s.side), cudaSuccess);
+      ASSERT_EQ(cudaStreamWaitEvent(s.origin, join, 0), cudaSuccess);
+    }
+    cudaGraph_t graph = nullptr;
+    const cudaError_t end = cudaStreamEndCapture(s.origin, &graph);
+    ASSERT_EQ(cudaStreamIsCapturing(s.side, &status), cudaSuccess);
+    EXPECT_EQ(status, cudaStreamCaptureStatusNone) << "the capture is over for every stream in it";
+    std::vector<float> host(64, -1.0f);
+    ASSERT_EQ(cudaMemcpy(host.data(), s.buf, 64 * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(host[5], 0.0f) << "captured work, the forked stream's too, did not run during the capture";
+    if (!joined) {
+      EXPECT_EQ(end, cudaErrorStreamCaptureUnjoined);
+      EXPECT_EQ(graph, nullptr);
+      const std::string e = last_error();
+      EXPECT_NE(e.find("not joined back"), std::string::npos) << e;
+      continue;
+    }
+    ASSERT_EQ(end, cudaSuccess) << last_error();
+    cudaGraphExec_t exec = nullptr;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    ASSERT_EQ(cudaGraphLaunch(exec, s.origin), cudaSuccess);
+    ASSERT_EQ(cudaGraphLaunch(exec, s.origin), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(host.data(), s.buf, 64 * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(host[5], 4.0f) << "two replays of both streams' launches";
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+  cudaEventDestroy(fork);
+  cudaEventDestroy(join);
+}
+
+TEST(CudaEmulationOnCpu, AnEventRecordedInACaptureOnlyOrdersTheCapture) {
+  Streams s;
+  cudaEvent_t ev;
+  ASSERT_EQ(cudaEventCreate(&ev), cudaSuccess);
+  ASSERT_EQ(cudaStreamBeginCapture(s.origin, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(ev, s.origin), cudaSuccess);
+  EXPECT_EQ(cudaEventQuery(ev), cudaErrorCapturedEvent);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorCapturedEvent);
+  EXPECT_EQ(cudaStreamQuery(s.origin), cudaErrorStreamCaptureUnsupported) << "querying a captured stream";
+  cudaGetLastError();
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaStreamEndCapture(s.origin, &graph), cudaErrorStreamCaptureInvalidated) << "the query broke it";
+  cudaGetLastError();
+  EXPECT_EQ(cudaEventSynchronize(ev), cudaErrorCapturedEvent) << "still last recorded in a capture";
+  EXPECT_EQ(cudaStreamWaitEvent(s.side, ev, 0), cudaErrorCapturedEvent) << "outside its capture";
+  cudaGetLastError();
+  ASSERT_EQ(cudaEventRecord(ev, s.origin), cudaSuccess);
+  EXPECT_EQ(cudaEventQuery(ev), cudaSuccess) << "recorded outside a capture: complete";
+  cudaEventDestroy(ev);
+}
+
+// Timing events measure the host time between their records (the work between them ran
+// in between); events made without timing cannot be timed.
+TEST(CudaEmulationOnCpu, EventsTimeTheWorkBetweenThemUnlessMadeWithoutTiming) {
+  Streams s;
+  cudaEvent_t a, b, untimed;
+  ASSERT_EQ(cudaEventCreate(&a), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&b, cudaEventDefault), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&untimed, cudaEventDisableTiming), cudaSuccess);
+  float ms = -1;
+  EXPECT_EQ(cudaEventElapsedTime(&ms, a, b), cudaErrorInvalidResourceHandle) << "never recorded";
+  cudaGetLastError();
+  ASSERT_EQ(cudaEventRecord(a, s.origin), cudaSuccess);
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  ASSERT_EQ(cudaEventRecord(b, s.origin), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(untimed, s.origin), cudaSuccess);
+  ASSERT_EQ(cudaEventElapsedTime(&ms, a, b), cudaSuccess);
+  EXPECT_GE(ms, 25.0f);
+  EXPECT_LT(ms, 10000.0f);
+  EXPECT_EQ(cudaEventElapsedTime(&ms, a, untimed), cudaErrorInvalidResourceHandle);
+  EXPECT_NE(last_error().find("cudaEventDisableTiming"), std::string::npos);
+  for (cudaEvent_t e : {a, b, untimed}) cudaEventDestroy(e);
+}
+
+// A kernel may not be launched into a stream of another device than the current one; an
+// event belongs to the device it was made on.
+TEST(CudaEmulationOnCpu, ALaunchIntoAnotherDevicesStreamIsRefused) {
+  Devices two(2);
+  int n = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&n), cudaSuccess);
+  ASSERT_EQ(n, 2);
+  EXPECT_EQ(cudaSetDevice(2), cudaErrorInvalidDevice);
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  cudaStream_t on1 = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&on1, cudaStreamNonBlocking), cudaSuccess);
+  float* buf = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&buf), 16 * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMemset(buf, 0, 16 * sizeof(float)), cudaSuccess);
+  RN_LAUNCH(dim3(1), dim3(16), on1, add_one)(buf, 16);
+  EXPECT_EQ(last_error(), "") << "device 1 is current: its stream takes the launch";
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  RN_LAUNCH(dim3(1), dim3(16), on1, add_one)(buf, 16);
+  const std::string e = last_error();
+  EXPECT_NE(e.find("cudaErrorInvalidResourceHandle"), std::string::npos) << e;
+  EXPECT_NE(e.find("add_one"), std::string::npos) << e;
+  EXPECT_NE(e.find("device 1 while device 0 is current"), std::string::npos) << e;
+  float host[16] = {};
+  EXPECT_EQ(cudaMemcpyAsync(host, buf, sizeof host, cudaMemcpyDeviceToHost, on1), cudaSuccess) << "copies may";
+  EXPECT_EQ(host[3], 1.0f) << "only the launch from device 1 ran";
+  cudaEvent_t on0;
+  ASSERT_EQ(cudaEventCreate(&on0), cudaSuccess);
+  EXPECT_EQ(cudaEventRecord(on0, on1), cudaErrorInvalidResourceHandle) << "an event of device 0 in device 1's stream";
+  cudaGetLastError();
+  cudaEventDestroy(on0);
+  cudaFree(buf);
+  cudaStreamDestroy(on1);
+}
+
+#ifdef RN_SIM_HAVE_NCCL
+// One-rank NCCL in the emulation: what NCCL refuses is refused with a message; the average
+// of one rank is its input.
+TEST(CudaEmulationOnCpu, TheEmulatedNcclRefusesWhatNcclRefuses) {
+  Devices two(2);
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  ncclComm_t comm = nullptr;
+  EXPECT_EQ(ncclCommInitRank(&comm, 1, id, 1), ncclInvalidArgument);
+  EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("rank 1 of 1"), std::string::npos);
+  EXPECT_EQ(ncclCommInitRank(&comm, 2, id, 0), ncclInvalidUsage) << "two ranks need an MPI job";
+  EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("mpirun"), std::string::npos);
+  ASSERT_EQ(ncclCommInitRank(&comm, 1, id, 0), ncclSuccess);
+  Streams s;
+  const uint16_t h = 0x3c00;  // 1.0 in fp16
+  ASSERT_EQ(cudaMemcpy(s.buf, &h, 2, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(ncclAllReduce(s.buf, s.buf, 1, ncclFloat16, ncclAvg, comm, s.origin), ncclSuccess);
+  uint16_t back = 0;
+  ASSERT_EQ(cudaMemcpy(&back, s.buf, 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(back, h);
+  float host[4] = {};
+  EXPECT_EQ(ncclAllReduce(host, host, 4, ncclFloat32, ncclSum, comm, s.origin), ncclInvalidArgument);
+  EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("not device memory"), std::string::npos);
+  EXPECT_EQ(ncclAllReduce(s.buf, s.buf, 4, ncclInt32, ncclAvg, comm, s.origin), ncclInvalidArgument);
+  EXPECT_EQ(ncclBroadcast(s.buf, s.buf, 4, ncclFloat32, 1, comm, s.origin), ncclInvalidArgument) << "root 1 of 1";
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  cudaStream_t on1 = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&on1, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  EXPECT_EQ(ncclAllReduce(s.buf, s.buf, 4, ncclFloat32, ncclSum, comm, on1), ncclInvalidUsage);
+  EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("stream of device 1"), std::string::npos);
+  EXPECT_EQ(last_error(), "");
+  cudaStreamDestroy(on1);
+  EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
+}
+#endif
+
+}  // namespace
+}  // namespace rn
+#endif
