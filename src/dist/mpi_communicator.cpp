@@ -210,11 +210,15 @@ class MpiCommunicator final : public Communicator {
 
   void thread_main() {
     int provided = 0;
-    int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+    const int wanted = rn_mpi_thread_level_wanted();
+    int rc = MPI_Init_thread(nullptr, nullptr, wanted, &provided);
     {
       std::lock_guard lk(mu_);
       if (rc != MPI_SUCCESS) {
         init_error_ = "MPI_Init_thread failed: " + mpi_error_text(rc);
+      } else if (provided < wanted) {
+        init_error_ = fmt::format("MPI_Init_thread: this MPI provides thread level {}, the program needs {}",
+                                  provided, wanted);
       } else {
         MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
         MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
@@ -605,6 +609,8 @@ int launcher_rank() {
 }
 
 bool launched_by_mpi() { return launcher_rank() >= 0; }
+
+extern "C" __attribute__((weak)) int rn_mpi_thread_level_wanted() { return MPI_THREAD_FUNNELED; }
 
 std::unique_ptr<Communicator> make_mpi_communicator(const MpiOptions& options) {
   return std::make_unique<MpiCommunicator>(options);

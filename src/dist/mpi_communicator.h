@@ -22,6 +22,12 @@
 
 namespace rn {
 
+// The MPI thread support this process asks for (an MPI_THREAD_* value): MPI_THREAD_FUNNELED,
+// since only the communicator's thread calls MPI. A program that calls MPI from other
+// threads too defines its own (the CUDA emulation's NCCL, src/backends/cuda/sim, asks for
+// MPI_THREAD_MULTIPLE); this one is a weak definition.
+extern "C" int rn_mpi_thread_level_wanted();
+
 struct MpiOptions {
   double timeout_s = 300;    // see above
   double heartbeat_s = 1.0;  // heartbeat period

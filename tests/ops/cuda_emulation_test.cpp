@@ -97,6 +97,9 @@ TEST(CudaEmulationOnCpu, AStreamForkedIntoACaptureIsCapturedAndMustBeJoinedBack)
     ASSERT_EQ(cudaGraphLaunch(exec, s.origin), cudaSuccess);
     ASSERT_EQ(cudaGraphLaunch(exec, s.origin), cudaSuccess);
     ASSERT_EQ(cudaMemcpy(host.data(), s.buf, 64 * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(host[5], 0.0f) << "the replays are the stream's work: not run until something waits for it";
+    ASSERT_EQ(cudaStreamSynchronize(s.origin), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(host.data(), s.buf, 64 * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
     EXPECT_EQ(host[5], 4.0f) << "two replays of both streams' launches";
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
@@ -171,9 +174,18 @@ TEST(CudaEmulationOnCpu, ALaunchIntoAnotherDevicesStreamIsRefused) {
   EXPECT_NE(e.find("cudaErrorInvalidResourceHandle"), std::string::npos) << e;
   EXPECT_NE(e.find("add_one"), std::string::npos) << e;
   EXPECT_NE(e.find("device 1 while device 0 is current"), std::string::npos) << e;
+  float* pinned = nullptr;
+  ASSERT_EQ(cudaHostAlloc(reinterpret_cast<void**>(&pinned), 16 * sizeof(float), 0), cudaSuccess);
+  pinned[3] = -1.0f;
+  EXPECT_EQ(cudaMemcpyAsync(pinned, buf, 16 * sizeof(float), cudaMemcpyDeviceToHost, on1), cudaSuccess)
+      << "copies may";
+  EXPECT_EQ(pinned[3], -1.0f) << "into pinned memory the copy is queued: it runs when something waits";
+  ASSERT_EQ(cudaStreamSynchronize(on1), cudaSuccess);
+  EXPECT_EQ(pinned[3], 1.0f) << "only the launch from device 1 ran";
   float host[16] = {};
-  EXPECT_EQ(cudaMemcpyAsync(host, buf, sizeof host, cudaMemcpyDeviceToHost, on1), cudaSuccess) << "copies may";
-  EXPECT_EQ(host[3], 1.0f) << "only the launch from device 1 ran";
+  EXPECT_EQ(cudaMemcpyAsync(host, buf, sizeof host, cudaMemcpyDeviceToHost, on1), cudaSuccess);
+  EXPECT_EQ(host[3], 1.0f) << "into pageable memory it returns when the copy is done, as on a GPU";
+  cudaFreeHost(pinned);
   cudaEvent_t on0;
   ASSERT_EQ(cudaEventCreate(&on0), cudaSuccess);
   EXPECT_EQ(cudaEventRecord(on0, on1), cudaErrorInvalidResourceHandle) << "an event of device 0 in device 1's stream";
@@ -200,13 +212,15 @@ TEST(CudaEmulationOnCpu, TheEmulatedNcclRefusesWhatNcclRefuses) {
   const uint16_t h = 0x3c00;  // 1.0 in fp16
   ASSERT_EQ(cudaMemcpy(s.buf, &h, 2, cudaMemcpyHostToDevice), cudaSuccess);
   ASSERT_EQ(ncclAllReduce(s.buf, s.buf, 1, ncclFloat16, ncclAvg, comm, s.origin), ncclSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s.origin), cudaSuccess);
   uint16_t back = 0;
   ASSERT_EQ(cudaMemcpy(&back, s.buf, 2, cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_EQ(back, h);
   float host[4] = {};
   EXPECT_EQ(ncclAllReduce(host, host, 4, ncclFloat32, ncclSum, comm, s.origin), ncclInvalidArgument);
   EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("not device memory"), std::string::npos);
-  EXPECT_EQ(ncclAllReduce(s.buf, s.buf, 4, ncclInt32, ncclAvg, comm, s.origin), ncclInvalidArgument);
+  EXPECT_EQ(ncclAllReduce(s.buf, s.buf, 4, ncclFloat8e4m3, ncclSum, comm, s.origin), ncclInvalidArgument);
+  EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("not emulated"), std::string::npos);
   EXPECT_EQ(ncclBroadcast(s.buf, s.buf, 4, ncclFloat32, 1, comm, s.origin), ncclInvalidArgument) << "root 1 of 1";
   ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
   cudaStream_t on1 = nullptr;

@@ -22,6 +22,7 @@ namespace {
 
 int g_rank = 0;
 bool g_ok = true;
+cudaStream_t g_stream = nullptr;  // the collectives' stream, which a read of their results waits for
 
 void expect(bool cond, const std::string& what) {
   if (cond) return;
@@ -39,6 +40,7 @@ T* device_copy(const std::vector<T>& v) {
 
 template <typename T>
 std::vector<T> host_copy(const T* p, size_t n) {
+  cudaStreamSynchronize(g_stream);
   std::vector<T> v(n);
   cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
   return v;
@@ -114,6 +116,7 @@ void mismatch(ncclComm_t comm, cudaStream_t s) {
   float* d = device_copy(f);
   const size_t n = g_rank == 0 ? 4 : 8;
   expect(ncclAllReduce(d, d, n, ncclFloat32, ncclSum, comm, s) == ncclSuccess, "issued");
+  expect(cudaStreamSynchronize(s) != cudaSuccess, "the synchronisation reports the failed collective");
   const cudaError_t e = cudaGetLastError();
   const std::string msg = cudaGetErrorString(e);
   std::printf("nccl_sim_worker: rank %d: %s\n", g_rank, msg.c_str());
@@ -130,7 +133,8 @@ void mismatch(ncclComm_t comm, cudaStream_t s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  int provided = 0;  // the emulated NCCL calls MPI from whichever thread waits for a collective
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   int size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
@@ -151,6 +155,7 @@ int main(int argc, char** argv) {
     expect(init == ncclSuccess, std::string("ncclCommInitRank: ") + ncclGetLastError(nullptr));
     cudaStream_t s;
     cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    g_stream = s;
     if (init == ncclSuccess) (mode == "mismatch" ? mismatch(comm, s) : collectives(comm, size, s));
     ncclCommDestroy(comm);
     cudaStreamDestroy(s);

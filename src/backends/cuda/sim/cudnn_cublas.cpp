@@ -153,11 +153,11 @@ void scribble(const Conv& c, void* ws) { std::memset(ws, 0xA5, workspace_bytes(c
 
 double scalar(const void* p) { return static_cast<double>(*static_cast<const float*>(p)); }
 
-// Runs `op` now, or records it when the handle's stream is being captured (sim.h). The
+// Queues `op` on the handle's stream, or records it when the stream is captured (sim.h). The
 // libraries launch kernels: not into another device's stream (the last error says so).
 void queue(cudaStream_t stream, const std::function<void()>& op, const char* what) {
   if (!rn::cuda::sim::launchable(stream, what)) return;
-  if (!rn::cuda::sim::capture(stream, op, what)) op();
+  rn::cuda::sim::submit(stream, op, what);
 }
 
 void gemm(bool a_t, bool b_t, int m, int n, int k, double al, const void* A, rn::DType a, int lda, const void* B,

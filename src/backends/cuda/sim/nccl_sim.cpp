@@ -3,8 +3,10 @@
 // So a data-parallel job of resnet_sim under mpirun runs the NCCL communicator, the gradient
 // buckets and their joins, and sink mode's collectives inside the step graph, on the CPU.
 //
-// A collective is work on its stream like a kernel's: it runs when it is queued, or is
-// recorded by a capture and runs at every replay. It then meets the same collective of the
+// A collective is work on its stream like a kernel's: it runs when something waits for the
+// stream (sim.cpp, "deferred work"), or is recorded by a capture and runs at every replay,
+// on the host thread that waits (so MPI runs at MPI_THREAD_MULTIPLE: the MPI communicator's
+// own thread calls MPI meanwhile). It then meets the same collective of the
 // other ranks through MPI (its own duplicate of MPI_COMM_WORLD): first a header (which
 // collective, how many values of which type, which operation, whether this rank's device has
 // failed), so that collectives that differ between ranks, which hang or corrupt on GPUs, stop
@@ -27,8 +29,12 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "backends/cuda/sim/sim.h"
@@ -40,12 +46,33 @@ struct ncclComm {
   uint64_t collectives = 0;      // issued so far (the header's sequence number)
   ncclResult_t async = ncclSuccess;
   std::string error;  // what async is about
+  bool aborted = false;  // ncclCommAbort: collectives still queued do nothing
 };
 
 namespace rn::cuda::sim {
 namespace {
 
 thread_local std::string t_last_error;
+
+// The communicators, by handle: a queued collective holds its communicator too, so that
+// ncclCommAbort may come before it runs (it then does nothing).
+std::mutex g_comms_mutex;
+std::map<ncclComm*, std::shared_ptr<ncclComm>> g_comms;
+
+std::shared_ptr<ncclComm> handle_state(ncclComm_t handle) {
+  const std::lock_guard lock(g_comms_mutex);
+  const auto it = g_comms.find(handle);
+  return it == g_comms.end() ? nullptr : it->second;
+}
+
+std::shared_ptr<ncclComm> forget(ncclComm_t handle) {
+  const std::lock_guard lock(g_comms_mutex);
+  const auto it = g_comms.find(handle);
+  if (it == g_comms.end()) return nullptr;
+  std::shared_ptr<ncclComm> c = std::move(it->second);
+  g_comms.erase(it);
+  return c;
+}
 
 ncclResult_t fail(ncclResult_t code, std::string message) {
   t_last_error = "NCCL emulation: " + std::move(message);
@@ -149,12 +176,15 @@ void store_float(unsigned char* p, ncclDataType_t t, double v) {
 
 template <typename T>
 T combine(T a, T b, ncclRedOp_t op) {
-  switch (op) {
-    case ncclProd: return a * b;
-    case ncclMax: return std::max(a, b);
-    case ncclMin: return std::min(a, b);
-    default: return a + b;  // sum, and avg before its division
+  if constexpr (std::is_integral_v<T>) {  // sums and products wrap, as on a GPU
+    using U = std::make_unsigned_t<T>;
+    if (op == ncclProd) return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
+    if (op != ncclMax && op != ncclMin) return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
+  } else {
+    if (op == ncclProd) return a * b;
+    if (op != ncclMax && op != ncclMin) return a + b;  // sum, and avg before its division
   }
+  return op == ncclMax ? std::max(a, b) : std::min(a, b);
 }
 
 template <typename T>
@@ -168,6 +198,7 @@ void reduce_ints(const unsigned char* gathered, size_t stride, int nranks, size_
       std::memcpy(&v, gathered + r * stride + i * sizeof(T), sizeof(T));
       acc = combine(acc, v, op);
     }
+    if (op == ncclAvg) acc = static_cast<T>(acc / static_cast<T>(nranks));
     std::memcpy(out + i * sizeof(T), &acc, sizeof(T));
   }
 }
@@ -220,7 +251,8 @@ constexpr size_t kChunkBytes = size_t{64} << 20;  // per rank and MPI call (MPI 
 
 // The collective itself, when the stream reaches it. Every rank exchanges its header even
 // when its device has failed, so that no rank waits for data that never comes.
-void run_collective(ncclComm* comm, Header h, const void* send, void* recv) {
+void run_collective(const std::shared_ptr<ncclComm>& comm, Header h, const void* send, void* recv) {
+  if (comm->aborted || comm->async != ncclSuccess) return;  // a failed communicator runs nothing more
   h.failed = device_failed();
   std::vector<Header> all(static_cast<size_t>(comm->nranks));
   if (comm->nranks > 1) {
@@ -233,6 +265,8 @@ void run_collective(ncclComm* comm, Header h, const void* send, void* recv) {
     if (o.failed) {
       comm->async = ncclRemoteError;
       comm->error = "rank " + std::to_string(r) + " failed before " + describe(h);
+      // As on a GPU, the collective never completes: this device stops too.
+      set_error(cudaErrorLaunchFailure, "NCCL emulation: " + comm->error, true);
       return;
     }
     if (o.kind != h.kind || o.count != h.count || o.type != h.type || o.op_or_root != h.op_or_root ||
@@ -269,13 +303,14 @@ void run_collective(ncclComm* comm, Header h, const void* send, void* recv) {
   }
 }
 
-ncclResult_t enqueue(ncclComm* comm, Header h, const void* send, void* recv, cudaStream_t stream, const char* call) {
-  if (!comm) return fail(ncclInvalidArgument, std::string(call) + ": a null communicator");
+ncclResult_t enqueue(ncclComm_t handle, Header h, const void* send, void* recv, cudaStream_t stream, const char* call) {
+  if (!handle) return fail(ncclInvalidArgument, std::string(call) + ": a null communicator");
+  const std::shared_ptr<ncclComm> comm = handle_state(handle);
+  if (!comm) return fail(ncclInvalidArgument, std::string(call) + ": a communicator that was destroyed or never made");
   const size_t es = type_size(static_cast<ncclDataType_t>(h.type));
   if (!es || h.type == ncclFloat8e4m3 || h.type == ncclFloat8e5m2)
     return fail(ncclInvalidArgument, std::string(call) + ": " + type_name(h.type) + " is not emulated");
-  if (h.kind == kAllReduce && (h.op_or_root < ncclSum || h.op_or_root > ncclAvg ||
-                               (h.op_or_root == ncclAvg && !is_float(static_cast<ncclDataType_t>(h.type)))))
+  if (h.kind == kAllReduce && (h.op_or_root < ncclSum || h.op_or_root > ncclAvg))
     return fail(ncclInvalidArgument, std::string(call) + ": reduction " + op_name(h.op_or_root) + " of " +
                                          type_name(h.type) + " values");
   if (h.kind == kBroadcast && (h.op_or_root < 0 || h.op_or_root >= comm->nranks))
@@ -292,7 +327,7 @@ ncclResult_t enqueue(ncclComm* comm, Header h, const void* send, void* recv, cud
   if (comm->async != ncclSuccess) return fail(comm->async, comm->error);
   h.sequence = ++comm->collectives;
   const auto op = [comm, h, send, recv] { run_collective(comm, h, send, recv); };
-  if (!capture(stream, op, call)) op();
+  submit(stream, op, call);
   return ncclSuccess;
 }
 
@@ -300,6 +335,9 @@ ncclResult_t enqueue(ncclComm* comm, Header h, const void* send, void* recv, cud
 }  // namespace rn::cuda::sim
 
 extern "C" {
+
+// The emulation calls MPI from the threads that wait for collectives (dist/mpi_communicator.h).
+int rn_mpi_thread_level_wanted() { return MPI_THREAD_MULTIPLE; }
 
 ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
   if (!id) return rn::cuda::sim::fail(ncclInvalidArgument, "ncclGetUniqueId: a null id");
@@ -318,7 +356,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t* out, int nranks, ncclUniqueId id, int 
   if (nranks < 1 || rank < 0 || rank >= nranks)
     return fail(ncclInvalidArgument,
                 "ncclCommInitRank: rank " + std::to_string(rank) + " of " + std::to_string(nranks) + " ranks");
-  auto comm = std::make_unique<ncclComm>();
+  auto comm = std::make_shared<ncclComm>();
   comm->rank = rank;
   comm->nranks = nranks;
   comm->device = rn::cuda::sim::current_device();
@@ -330,6 +368,12 @@ ncclResult_t ncclCommInitRank(ncclComm_t* out, int nranks, ncclUniqueId id, int 
       return fail(ncclInvalidUsage, "ncclCommInitRank: " + std::to_string(nranks) +
                                         " ranks, and the emulation joins ranks through MPI, which is not running "
                                         "(start the job under mpirun)");
+    int level = 0;
+    MPI_Query_thread(&level);
+    if (level < MPI_THREAD_MULTIPLE)
+      return fail(ncclInvalidUsage, "ncclCommInitRank: MPI runs at thread level " + std::to_string(level) +
+                                        "; the emulation's collectives call MPI from the thread that waits for "
+                                        "them, beside the MPI communicator's: it needs MPI_THREAD_MULTIPLE");
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world_size);
     if (world_rank != rank || world_size != nranks)
@@ -367,26 +411,33 @@ ncclResult_t ncclCommInitRank(ncclComm_t* out, int nranks, ncclUniqueId id, int 
         }
     }
   }
-  *out = comm.release();
+  const std::lock_guard lock(rn::cuda::sim::g_comms_mutex);
+  rn::cuda::sim::g_comms[comm.get()] = comm;
+  *out = comm.get();
   return ncclSuccess;
 }
 
-ncclResult_t ncclCommDestroy(ncclComm_t comm) {
-  if (!comm) return ncclSuccess;
+// Waits for the collectives queued so far, as NCCL's does.
+ncclResult_t ncclCommDestroy(ncclComm_t handle) {
+  if (!handle) return ncclSuccess;
+  rn::cuda::sim::drain_streams(/*blocking_only=*/false);
+  const std::shared_ptr<ncclComm> comm = rn::cuda::sim::forget(handle);
+  if (!comm) return rn::cuda::sim::fail(ncclInvalidArgument, "ncclCommDestroy: an unknown communicator");
   int finalised = 0;
   MPI_Finalized(&finalised);
   if (comm->mpi != MPI_COMM_NULL && !finalised) MPI_Comm_free(&comm->mpi);
-  delete comm;
   return ncclSuccess;
 }
 
-// A peer may be gone: the duplicate communicator is left to MPI's end.
-ncclResult_t ncclCommAbort(ncclComm_t comm) {
-  delete comm;
+// Collectives still queued do nothing. A peer may be gone: the duplicate MPI communicator
+// is left to MPI's end.
+ncclResult_t ncclCommAbort(ncclComm_t handle) {
+  if (const std::shared_ptr<ncclComm> comm = rn::cuda::sim::forget(handle)) comm->aborted = true;
   return ncclSuccess;
 }
 
-ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* error) {
+ncclResult_t ncclCommGetAsyncError(ncclComm_t handle, ncclResult_t* error) {
+  const std::shared_ptr<ncclComm> comm = rn::cuda::sim::handle_state(handle);
   if (!comm || !error) return ncclInvalidArgument;
   *error = comm->async;
   return ncclSuccess;
@@ -426,7 +477,8 @@ const char* ncclGetErrorString(ncclResult_t result) {
   }
 }
 
-const char* ncclGetLastError(ncclComm_t comm) {
+const char* ncclGetLastError(ncclComm_t handle) {
+  const std::shared_ptr<ncclComm> comm = rn::cuda::sim::handle_state(handle);
   if (comm && comm->async != ncclSuccess) return comm->error.c_str();
   return rn::cuda::sim::t_last_error.c_str();
 }

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -278,19 +279,26 @@ void fault(cudaError_t code, const char* what) {
   std::abort();  // a faulted fiber is never resumed
 }
 
-void run(const char* name, dim3 grid, dim3 block, const std::function<void()>& body) {
+bool launch_config_ok(const char* name, dim3 grid, dim3 block) {
   const std::string cfg = std::string(name) + " <<<" + dims(grid) + ", " + dims(block) + ">>>";
-  if (t_error.sticky) return;  // as on a GPU: nothing runs after a fault
   const uint64_t threads = uint64_t{block.x} * block.y * block.z;
   if (threads == 0 || grid.x == 0 || grid.y == 0 || grid.z == 0) {
     set_error(cudaErrorInvalidConfiguration, cfg + ": an empty grid or block", false);
-    return;
+    return false;
   }
   if (threads > 1024 || block.x > 1024 || block.y > 1024 || block.z > 64 || grid.y > 65535 || grid.z > 65535 ||
       grid.x > 2147483647u) {
     set_error(cudaErrorInvalidConfiguration, cfg + ": beyond the GPU's launch limits", false);
-    return;
+    return false;
   }
+  return true;
+}
+
+void run(const char* name, dim3 grid, dim3 block, const std::function<void()>& body) {
+  const std::string cfg = std::string(name) + " <<<" + dims(grid) + ", " + dims(block) + ">>>";
+  if (t_error.sticky) return;  // as on a GPU: nothing runs after a fault
+  if (!launch_config_ok(name, grid, block)) return;
+  const uint64_t threads = uint64_t{block.x} * block.y * block.z;
   Block& b = t_block;
   if (b.body) {
     set_error(cudaErrorNotSupported, cfg + ": a launch from inside a kernel", true);
@@ -361,8 +369,11 @@ struct EventInfo {
   // Last recorded in a capture (its id; 0: not): it only orders captured work, and what
   // examines its completion is refused (cudaErrorCapturedEvent).
   uint64_t capture = 0;
-  cudaStream_t stream = nullptr;  // the captured stream it was recorded in
-  uint64_t position = 0;          // that stream's last captured node then
+  // In a capture: the stream and its last node then. Otherwise: the stream and the count of
+  // its queued work that the event completes after (0: complete when recorded).
+  cudaStream_t stream = nullptr;
+  uint64_t position = 0;
+  uint64_t generation = 0;  // records so far (a later record replaces an earlier one)
 };
 std::mutex g_streams_mutex;  // guards both maps
 std::map<cudaStream_t, StreamInfo> g_streams;
@@ -464,6 +475,73 @@ bool capture(cudaStream_t stream, const std::function<void()>& op, const char* w
   return false;  // a stream the capture does not include runs its work now
 }
 
+// ---- deferred work --------------------------------------------------------------------------
+// Work queued on a stream runs when something waits for it, not when it is queued: a
+// synchronisation of the stream or the device, an event of it that is waited for (by the
+// host or, when the waiting stream's work runs, by another stream), a copy into pageable
+// memory, cudaFree. So work on one stream that another stream, or the host, uses without
+// waiting for it is seen stale, every time, where a GPU would race. The legacy default
+// stream runs its work at once, after the blocking streams' (ours are non-blocking).
+// RN_SIM_EAGER=1 runs all work when it is queued (to tell an ordering bug from another).
+namespace {
+
+struct Queue {
+  std::deque<std::function<void()>> ops;
+  uint64_t queued = 0, ran = 0;
+};
+std::recursive_mutex g_work_mutex;  // taken before g_streams_mutex where both are
+std::map<cudaStream_t, Queue> g_queues;
+
+bool eager_mode() {
+  static const bool eager = [] {
+    const char* v = std::getenv("RN_SIM_EAGER");
+    return v && std::string(v) == "1";
+  }();
+  return eager;
+}
+
+}  // namespace
+
+void drain(cudaStream_t s, uint64_t upto) {
+  const std::lock_guard lock(g_work_mutex);
+  for (;;) {
+    const auto it = g_queues.find(s);  // found again: an op may drain (and so change) others
+    if (it == g_queues.end() || it->second.ops.empty() || it->second.ran >= upto) return;
+    const std::function<void()> op = std::move(it->second.ops.front());
+    it->second.ops.pop_front();
+    ++it->second.ran;
+    op();
+  }
+}
+
+void drain_streams(bool blocking_only) {
+  const std::lock_guard lock(g_work_mutex);
+  std::vector<cudaStream_t> streams;
+  for (const auto& [s, q] : g_queues)
+    if (!q.ops.empty() && (!blocking_only || !non_blocking(s))) streams.push_back(s);
+  for (cudaStream_t s : streams) drain(s, UINT64_MAX);
+}
+
+uint64_t submit(cudaStream_t stream, const std::function<void()>& op, const char* what) {
+  if (capture(stream, op, what)) return 0;
+  if (stream == nullptr || eager_mode()) {
+    if (stream == nullptr) drain_streams(/*blocking_only=*/true);
+    op();
+    return 0;
+  }
+  const std::lock_guard lock(g_work_mutex);
+  Queue& q = g_queues[stream];
+  q.ops.push_back(op);
+  return ++q.queued;
+}
+
+bool ran(cudaStream_t stream, uint64_t position) {
+  if (position == 0) return true;
+  const std::lock_guard lock(g_work_mutex);
+  const auto it = g_queues.find(stream);
+  return it == g_queues.end() || it->second.ran >= position;
+}
+
 }  // namespace rn::cuda::sim
 
 // ---- the CUDA runtime calls we use, on host memory ---------------------------------------
@@ -526,8 +604,10 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   return cudaSuccess;
 }
 
+// cudaFree and cudaFreeHost wait for the device: all queued work runs first.
 cudaError_t cudaFree(void* p) {
   if (t_capture.active) return rn::cuda::sim::invalidate_capture(cudaErrorStreamCaptureUnsupported, "cudaFree");
+  rn::cuda::sim::drain_streams(/*blocking_only=*/false);
   rn::cuda::sim::allocations().remove(p);
   std::free(p);
   return t_error.sticky ? t_error.last : cudaSuccess;
@@ -542,13 +622,14 @@ cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int) {
 }
 
 cudaError_t cudaFreeHost(void* p) {
+  rn::cuda::sim::drain_streams(/*blocking_only=*/false);
   rn::cuda::sim::allocations().remove(p);
   std::free(p);
   return cudaSuccess;
 }
 
-// Streams and events are distinct non-null tokens; work runs when it is queued (or is
-// recorded by a capture), so a stream is always idle and an event complete once recorded.
+// Streams and events are distinct non-null tokens; a stream's work is queued and runs when
+// something waits for it (above).
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
   *s = reinterpret_cast<cudaStream_t>(new char[1]);
   const std::lock_guard lock(rn::cuda::sim::g_streams_mutex);
@@ -557,6 +638,11 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  rn::cuda::sim::drain(s, UINT64_MAX);  // its work still completes, as on a GPU
+  {
+    const std::lock_guard work(rn::cuda::sim::g_work_mutex);
+    rn::cuda::sim::g_queues.erase(s);
+  }
   {
     const std::lock_guard lock(rn::cuda::sim::g_streams_mutex);
     if (!rn::cuda::sim::g_streams.erase(s)) return cudaErrorInvalidResourceHandle;
@@ -586,7 +672,8 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 }
 
 // In a capture, the event marks the stream's last node (for the waits that join streams);
-// otherwise the stream's work is done already: the event completes now.
+// otherwise it completes after the stream's work queued so far, and takes the time then.
+// (A legacy-stream record completes at once, after the blocking streams' work.)
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   using namespace rn::cuda::sim;
   if (t_error.sticky) return t_error.last;
@@ -594,34 +681,54 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   Member* m = t_capture.member(s);
   if (!m && s == nullptr && t_capture.active && !non_blocking(t_capture.stream))
     return invalidate_capture(cudaErrorStreamCaptureImplicit, "cudaEventRecord on the legacy default stream");
+  const std::lock_guard work(g_work_mutex);
+  uint64_t generation = 0;
+  {
+    const std::lock_guard lock(g_streams_mutex);
+    const auto it = g_events.find(e);
+    if (it == g_events.end() || device < 0) {
+      set_error(cudaErrorInvalidResourceHandle, "cudaEventRecord: an event or stream the emulation does not know",
+                false);
+      return cudaErrorInvalidResourceHandle;
+    }
+    EventInfo& ev = it->second;
+    if (ev.device != device) {
+      set_error(cudaErrorInvalidResourceHandle,
+                "cudaEventRecord: an event of device " + std::to_string(ev.device) +
+                    " recorded in a stream of device " + std::to_string(device) + " (a GPU refuses it)",
+                false);
+      return cudaErrorInvalidResourceHandle;
+    }
+    ev.recorded = true;
+    ev.stream = s;
+    generation = ++ev.generation;
+    if (m) {
+      ev.capture = t_capture.id;
+      ev.position = m->last;
+      return cudaSuccess;
+    }
+    ev.capture = 0;
+    ev.position = 0;
+  }
+  const auto stamp = [e, generation] {
+    const std::lock_guard lock(g_streams_mutex);
+    const auto it = g_events.find(e);
+    if (it != g_events.end() && it->second.generation == generation) it->second.when_ms = now_ms();
+  };
+  // On an idle stream the event completes at once (nothing to wait for: the time is now).
+  const auto q = g_queues.find(s);
+  if (s == nullptr) drain_streams(/*blocking_only=*/true);
+  const bool idle = s == nullptr || q == g_queues.end() || q->second.ops.empty();
+  const uint64_t position = idle ? (stamp(), 0) : submit(s, stamp, "cudaEventRecord");
   const std::lock_guard lock(g_streams_mutex);
   const auto it = g_events.find(e);
-  if (it == g_events.end() || device < 0) {
-    set_error(cudaErrorInvalidResourceHandle, "cudaEventRecord: an event or stream the emulation does not know", false);
-    return cudaErrorInvalidResourceHandle;
-  }
-  EventInfo& ev = it->second;
-  if (ev.device != device) {
-    set_error(cudaErrorInvalidResourceHandle,
-              "cudaEventRecord: an event of device " + std::to_string(ev.device) + " recorded in a stream of device " +
-                  std::to_string(device) + " (a GPU refuses it)",
-              false);
-    return cudaErrorInvalidResourceHandle;
-  }
-  ev.recorded = true;
-  if (m) {
-    ev.capture = t_capture.id;
-    ev.stream = s;
-    ev.position = m->last;
-  } else {
-    ev.capture = 0;
-    ev.when_ms = now_ms();
-  }
+  if (it != g_events.end() && it->second.generation == generation) it->second.position = position;
   return cudaSuccess;
 }
 
 // An event recorded in the running capture: `s` joins the capture if it is not in it (a
-// fork), and the event's stream is joined up to the event. Any other event is complete.
+// fork), and the event's stream is joined up to the event. Otherwise `s`'s later work waits
+// for the event's: when it runs, the event's stream runs up to the event first.
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
   using namespace rn::cuda::sim;
   if (t_error.sticky) return t_error.last;
@@ -636,7 +743,15 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
     }
     ev = it->second;
   }
-  if (ev.capture == 0) return cudaSuccess;
+  if (ev.capture == 0) {
+    if (ran(ev.stream, ev.position)) return cudaSuccess;
+    if (t_capture.member(s) || s == nullptr) {
+      drain(ev.stream, ev.position);  // work from before the capture: done before any replay
+      return cudaSuccess;
+    }
+    submit(s, [src = ev.stream, upto = ev.position] { drain(src, upto); }, "cudaStreamWaitEvent");
+    return cudaSuccess;
+  }
   if (!t_capture.active || ev.capture != t_capture.id) return captured_event("cudaStreamWaitEvent outside its capture");
   Member* m = t_capture.member(s);
   if (!m) {
@@ -651,27 +766,40 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
   return cudaSuccess;
 }
 
+// The event's work runs now: a query finds it done (the GPU was quick).
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   using namespace rn::cuda::sim;
-  const std::lock_guard lock(g_streams_mutex);
-  const auto it = g_events.find(e);
-  if (it == g_events.end()) return cudaErrorInvalidResourceHandle;
-  if (it->second.capture) return captured_event("cudaEventQuery");
+  EventInfo ev;
+  {
+    const std::lock_guard lock(g_streams_mutex);
+    const auto it = g_events.find(e);
+    if (it == g_events.end()) return cudaErrorInvalidResourceHandle;
+    if (it->second.capture) return captured_event("cudaEventQuery");
+    ev = it->second;
+  }
+  drain(ev.stream, ev.position);
   return t_error.sticky ? t_error.last : cudaSuccess;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   using namespace rn::cuda::sim;
-  const std::lock_guard lock(g_streams_mutex);
-  const auto it = g_events.find(e);
-  if (it == g_events.end()) return cudaErrorInvalidResourceHandle;
-  if (it->second.capture) return captured_event("cudaEventSynchronize");
+  EventInfo ev;
+  {
+    const std::lock_guard lock(g_streams_mutex);
+    const auto it = g_events.find(e);
+    if (it == g_events.end()) return cudaErrorInvalidResourceHandle;
+    if (it->second.capture) return captured_event("cudaEventSynchronize");
+    ev = it->second;
+  }
+  drain(ev.stream, ev.position);
   return t_error.sticky ? t_error.last : cudaSuccess;
 }
 
-// The host time between the two records, as a GPU's events time the work between them.
+// The host time between the two events' completions, as a GPU's events time the work
+// between them; not ready until both have completed (nothing waits for them here).
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   using namespace rn::cuda::sim;
+  const std::lock_guard work(g_work_mutex);
   const std::lock_guard lock(g_streams_mutex);
   const auto a = g_events.find(start), b = g_events.find(end);
   if (a == g_events.end() || b == g_events.end()) return cudaErrorInvalidResourceHandle;
@@ -683,6 +811,8 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
               false);
     return cudaErrorInvalidResourceHandle;
   }
+  if (!ran(a->second.stream, a->second.position) || !ran(b->second.stream, b->second.position))
+    return cudaErrorNotReady;
   *ms = static_cast<float>(b->second.when_ms - a->second.when_ms);
   return cudaSuccess;
 }
@@ -692,12 +822,19 @@ cudaError_t cudaStreamQuery(cudaStream_t s) {
   if (t_error.sticky) return t_error.last;
   if (t_capture.member(s) || (s == nullptr && t_capture.active && !non_blocking(t_capture.stream)))
     return invalidate_capture(cudaErrorStreamCaptureUnsupported, "cudaStreamQuery of a captured stream");
-  return cudaSuccess;
+  if (s == nullptr)
+    drain_streams(/*blocking_only=*/true);
+  else
+    drain(s, UINT64_MAX);
+  return t_error.sticky ? t_error.last : cudaSuccess;
 }
 
+// The synchronous calls use the legacy default stream: after the blocking streams' work
+// (not the non-blocking streams': what they have queued may not have run yet).
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
   if (t_error.sticky) return t_error.last;
   if (t_capture.active) return rn::cuda::sim::invalidate_capture(cudaErrorStreamCaptureImplicit, "cudaMemset");
+  rn::cuda::sim::drain_streams(/*blocking_only=*/true);
   if (bytes) std::memset(p, value, bytes);
   return cudaSuccess;
 }
@@ -705,29 +842,42 @@ cudaError_t cudaMemset(void* p, int value, size_t bytes) {
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
   if (t_error.sticky) return t_error.last;
   if (t_capture.active) return rn::cuda::sim::invalidate_capture(cudaErrorStreamCaptureImplicit, "cudaMemcpy");
+  rn::cuda::sim::drain_streams(/*blocking_only=*/true);
   if (bytes) std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
 
+// From pageable host memory the source is read when the call is made (the driver stages it);
+// into pageable host memory the call returns when the stream's work and the copy are done;
+// any other copy (device or pinned memory on both sides) is the stream's work, reading and
+// writing when it runs, so the host must synchronise before it reads what a copy into pinned
+// memory brings.
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t s) {
+  using namespace rn::cuda::sim;
   if (t_error.sticky) return t_error.last;
-  if (t_capture.member(s) && bytes &&
-      !(rn::cuda::sim::allocations().covers(src, bytes) && rn::cuda::sim::allocations().covers(dst, bytes)))
-    return rn::cuda::sim::invalidate_capture(cudaErrorStreamCaptureUnsupported,
-                                             "cudaMemcpyAsync to or from pageable host memory");
-  const auto op = [=] {
-    if (bytes) std::memmove(dst, src, bytes);
-  };
-  if (!rn::cuda::sim::capture(s, op, "cudaMemcpyAsync")) op();
+  const bool src_pageable = bytes && !allocations().covers(src, bytes);
+  if (t_capture.member(s) && bytes && (src_pageable || !allocations().covers(dst, bytes)))
+    return invalidate_capture(cudaErrorStreamCaptureUnsupported, "cudaMemcpyAsync to or from pageable host memory");
+  if (!src_pageable && bytes && !allocations().covers(dst, bytes) && !t_capture.active) {
+    // Into pageable memory a GPU's copy returns once it is done (staged through pinned memory).
+    if (s == nullptr)
+      drain_streams(/*blocking_only=*/true);
+    else
+      drain(s, UINT64_MAX);
+    std::memmove(dst, src, bytes);
+  } else if (src_pageable && !t_capture.active) {
+    auto staged = std::make_shared<std::vector<unsigned char>>(static_cast<const unsigned char*>(src),
+                                                                static_cast<const unsigned char*>(src) + bytes);
+    submit(s, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); }, "cudaMemcpyAsync");
+  } else {
+    submit(s, [=] { if (bytes) std::memmove(dst, src, bytes); }, "cudaMemcpyAsync");
+  }
   return t_error.last == cudaErrorStreamCaptureImplicit ? cudaGetLastError() : cudaSuccess;
 }
 
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s) {
   if (t_error.sticky) return t_error.last;
-  const auto op = [=] {
-    if (bytes) std::memset(p, value, bytes);
-  };
-  if (!rn::cuda::sim::capture(s, op, "cudaMemsetAsync")) op();
+  rn::cuda::sim::submit(s, [=] { if (bytes) std::memset(p, value, bytes); }, "cudaMemsetAsync");
   return t_error.last == cudaErrorStreamCaptureImplicit ? cudaGetLastError() : cudaSuccess;
 }
 
@@ -735,14 +885,19 @@ cudaError_t cudaDeviceSynchronize(void) {
   if (t_error.sticky) return t_error.last;
   if (t_capture.active)
     return rn::cuda::sim::invalidate_capture(cudaErrorStreamCaptureUnsupported, "cudaDeviceSynchronize");
-  return cudaSuccess;
+  rn::cuda::sim::drain_streams(/*blocking_only=*/false);
+  return t_error.sticky ? t_error.last : cudaSuccess;
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   if (t_error.sticky) return t_error.last;
   if (t_capture.member(s) || (t_capture.active && s == nullptr))
     return rn::cuda::sim::invalidate_capture(cudaErrorStreamCaptureUnsupported, "cudaStreamSynchronize");
-  return cudaSuccess;
+  if (s == nullptr)
+    rn::cuda::sim::drain_streams(/*blocking_only=*/true);
+  else
+    rn::cuda::sim::drain(s, UINT64_MAX);
+  return t_error.sticky ? t_error.last : cudaSuccess;
 }
 
 // Graphs: a recording of the captured work, run in order by cudaGraphLaunch.
@@ -794,19 +949,30 @@ cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* statu
   return cudaSuccess;
 }
 
+// An executable graph is shared with its queued launches: destroyed while one is in flight,
+// it is freed when that launch has run, as on a GPU.
+using GraphExec = std::shared_ptr<const rn::cuda::sim::Ops>;
+
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
   if (!graph) return cudaErrorInvalidValue;
-  *exec = reinterpret_cast<cudaGraphExec_t>(new rn::cuda::sim::Ops(*reinterpret_cast<rn::cuda::sim::Ops*>(graph)));
+  *exec = reinterpret_cast<cudaGraphExec_t>(
+      new GraphExec(std::make_shared<const rn::cuda::sim::Ops>(*reinterpret_cast<rn::cuda::sim::Ops*>(graph))));
   return cudaSuccess;
 }
 
-cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t) {
+// The replay is the stream's work: the graph's nodes in order, stopping at a fault.
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
   if (t_error.sticky) return t_error.last;
   if (!exec) return cudaErrorInvalidValue;
-  for (const auto& op : *reinterpret_cast<rn::cuda::sim::Ops*>(exec)) {
-    op();
-    if (t_error.last != cudaSuccess) return cudaGetLastError();  // a replayed launch failed
-  }
+  rn::cuda::sim::submit(
+      s,
+      [ops = *reinterpret_cast<GraphExec*>(exec)] {
+        for (const auto& op : *ops) {
+          op();
+          if (rn::cuda::sim::device_failed()) return;
+        }
+      },
+      "cudaGraphLaunch");
   return cudaSuccess;
 }
 
@@ -816,7 +982,7 @@ cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
 }
 
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
-  delete reinterpret_cast<rn::cuda::sim::Ops*>(exec);
+  delete reinterpret_cast<GraphExec*>(exec);
   return cudaSuccess;
 }
 

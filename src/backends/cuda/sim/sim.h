@@ -1,8 +1,9 @@
 // The CPU emulation of our CUDA kernels. A .cu file compiled by the host compiler with this
 // header force-included (-include backends/cuda/sim/sim.h) runs its kernels on the host:
 // every CUDA thread of a block is a fiber, __syncthreads() switches to the next fiber until
-// the whole block has arrived, and __shared__ memory is one static array per kernel. Blocks
-// run one after another on the launching thread; a launch returns when the grid is done.
+// the whole block has arrived, and __shared__ memory is one static array per kernel. A launch
+// is work on its stream, run when something waits for the stream (sim.cpp, "deferred
+// work"); its blocks then run one after another on the host thread that waits.
 //
 // It exists so that CI, which has no GPU, runs the kernels themselves, not only their
 // arithmetic (ops/fused_math.h) and their division of work (tiling.h). With backend_stubs.cpp
@@ -75,6 +76,19 @@ bool barrier(bool pred, const std::source_location& site);
 // joined it by waiting for an event recorded in it) is recorded, in issue order.
 bool capture(cudaStream_t stream, const std::function<void()>& op, const char* what);
 
+// Queues `op` on `stream` (sim.cpp, "deferred work"): recorded when a capture includes the
+// stream; otherwise it runs when something waits for the stream. Returns the stream's count
+// of queued work (0: it ran or was recorded).
+uint64_t submit(cudaStream_t stream, const std::function<void()>& op, const char* what);
+// Runs `stream`'s queued work, its first `upto` ops at least.
+void drain(cudaStream_t stream, uint64_t upto);
+// Runs every stream's queued work (only the blocking streams': what the legacy stream waits for).
+void drain_streams(bool blocking_only);
+// Whether `stream` has run its first `position` ops.
+bool ran(cudaStream_t stream, uint64_t position);
+// Refuses (returns false, the last error says why) a grid a GPU would not launch.
+bool launch_config_ok(const char* name, dim3 grid, dim3 block);
+
 // The calling host thread's current device (cudaSetDevice); the emulation has
 // $RN_SIM_DEVICES devices (default 1), all alike, all on host memory.
 int current_device();
@@ -108,7 +122,7 @@ struct Launch {
   cudaStream_t stream;
   void (*kernel)(P...);
   // Every thread gets its own copies of the arguments, converted as a launch converts them.
-  // Outside a capture the grid runs now (work runs in program order: one stream).
+  // The grid runs when the stream's work does (or at every replay of a capture).
   template <typename... A>
   void operator()(A&&... a) const {
     auto args = std::make_shared<const std::tuple<std::decay_t<A>...>>(std::forward<A>(a)...);
@@ -118,8 +132,8 @@ struct Launch {
     const std::function<void()> go = [=] {
       run(n, g, b, [&] { std::apply([k](const auto&... v) { k(v...); }, *args); });
     };
-    if (!launchable(stream, n)) return;
-    if (!capture(stream, go, n)) go();
+    if (!launchable(stream, n) || !launch_config_ok(n, g, b)) return;
+    submit(stream, go, n);
   }
 };
 
