@@ -766,34 +766,24 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
   return cudaSuccess;
 }
 
-// The event's work runs now: a query finds it done (the GPU was quick).
-cudaError_t cudaEventQuery(cudaEvent_t e) {
+// Runs the event's work (a query finds it done: the GPU was quick); `call` names the caller
+// in the refusal of an event recorded in a capture.
+static cudaError_t complete_event(cudaEvent_t e, const char* call) {
   using namespace rn::cuda::sim;
   EventInfo ev;
   {
     const std::lock_guard lock(g_streams_mutex);
     const auto it = g_events.find(e);
     if (it == g_events.end()) return cudaErrorInvalidResourceHandle;
-    if (it->second.capture) return captured_event("cudaEventQuery");
+    if (it->second.capture) return captured_event(call);
     ev = it->second;
   }
   drain(ev.stream, ev.position);
   return t_error.sticky ? t_error.last : cudaSuccess;
 }
 
-cudaError_t cudaEventSynchronize(cudaEvent_t e) {
-  using namespace rn::cuda::sim;
-  EventInfo ev;
-  {
-    const std::lock_guard lock(g_streams_mutex);
-    const auto it = g_events.find(e);
-    if (it == g_events.end()) return cudaErrorInvalidResourceHandle;
-    if (it->second.capture) return captured_event("cudaEventSynchronize");
-    ev = it->second;
-  }
-  drain(ev.stream, ev.position);
-  return t_error.sticky ? t_error.last : cudaSuccess;
-}
+cudaError_t cudaEventQuery(cudaEvent_t e) { return complete_event(e, "cudaEventQuery"); }
+cudaError_t cudaEventSynchronize(cudaEvent_t e) { return complete_event(e, "cudaEventSynchronize"); }
 
 // The host time between the two events' completions, as a GPU's events time the work
 // between them; not ready until both have completed (nothing waits for them here).
