@@ -19,6 +19,7 @@ if [ ! -d "$seeds" ]; then
 fi
 status=0
 for target in "$build"/*_fuzz; do
+  [ -f "$target" ] && [ -x "$target" ] || continue  # not the corpus-*_fuzz folders
   name=$(basename "$target")
   corpus="$build/corpus-$name"
   mkdir -p "$corpus"

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <exception>
 #include <vector>
 
 #include "cli/commands.h"
@@ -35,6 +36,11 @@ int main(int argc, char** argv) {
     }
   } catch (const rn::Error& e) {
     fmt::print(stderr, "resnet: error: {}\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    // Every expected failure is an rn::Error that names what is wrong; anything else is a
+    // bug of ours, but it still ends with its message and a status, not std::terminate.
+    fmt::print(stderr, "resnet: internal error (please report it): {}\n", e.what());
     return 1;
   }
   return 0;

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "core/json_util.h"
 
 namespace rn {
 
@@ -97,45 +98,62 @@ ShardManifest parse_shard_manifest(std::string_view text, const std::string& fil
   } catch (const nlohmann::json::exception& e) {
     RN_FAIL() << file << ": not valid JSON: " << e.what();
   }
+  // An integer field of `o` within [lo, hi] (json_util.h: no silent conversion of a double
+  // or of a larger integer); `fallback` when absent and optional.
+  auto integer = [&](const nlohmann::json& o, const char* key, int64_t lo, int64_t hi,
+                     std::optional<int64_t> fallback = std::nullopt) -> int64_t {
+    if (fallback && !o.contains(key)) return *fallback;
+    const std::optional<int64_t> v = json_integer(o.at(key), lo, hi);
+    RN_CHECK(v.has_value()) << file << ": '" << key << "' is " << json_excerpt(o.at(key), 40)
+                            << ", expected an integer in [" << lo << ", " << hi << "]";
+    return *v;
+  };
+  constexpr int64_t kMaxCount = int64_t{1} << 53;  // records, bytes: far beyond any dataset
   ShardManifest m;
   try {
     RN_CHECK(j.is_object()) << file << ": expected a JSON object at the top";
     const std::string format = j.at("format").get<std::string>();
     RN_CHECK(format == kShardFormatName) << file << ": format is '" << format << "', expected '" << kShardFormatName
                                          << "'";
-    m.version = j.at("version").get<int>();
+    m.version = static_cast<int>(integer(j, "version", 0, INT32_MAX));
     RN_CHECK(m.version == kShardFormatVersion)
         << file << ": format version " << m.version << " is not supported (this reader reads version "
         << kShardFormatVersion << ")";
     m.classes = j.at("classes").get<std::vector<std::string>>();
     RN_CHECK(!m.classes.empty()) << file << ": 'classes' is empty";
-    m.records = j.at("records").get<int64_t>();
+    m.records = integer(j, "records", 0, kMaxCount);
+    RN_CHECK(j.at("shards").is_array()) << file << ": 'shards' is " << json_excerpt(j.at("shards"), 40)
+                                        << ", expected a list";
+    int64_t total = 0;
     for (const auto& s : j.at("shards")) {
+      RN_CHECK(s.is_object()) << file << ": shard " << m.shards.size() << " is " << json_excerpt(s, 40)
+                              << ", expected an object";
       ShardManifestEntry e;
       e.tar = s.at("tar").get<std::string>();
       e.index = s.at("index").get<std::string>();
-      e.records = s.at("records").get<int64_t>();
-      e.tar_bytes = s.at("tar_bytes").get<uint64_t>();
+      e.records = integer(s, "records", 0, kMaxCount);
+      e.tar_bytes = static_cast<uint64_t>(integer(s, "tar_bytes", 0, INT64_MAX));
       for (const std::string* name : {&e.tar, &e.index})
         RN_CHECK(!name->empty() && name->find('/') == std::string::npos && *name != "." && *name != "..")
             << file << ": shard " << m.shards.size() << " names '" << *name
             << "': expected a file name in the same folder";
-      RN_CHECK(e.records >= 0) << file << ": shard " << e.tar << " has a negative record count";
+      total += e.records;  // at most 2^53 each: no overflow before the check below
+      RN_CHECK(total <= m.records) << file << ": the shards hold more than the " << m.records
+                                   << " records 'records' says";
       m.shards.push_back(std::move(e));
     }
     RN_CHECK(!m.shards.empty()) << file << ": 'shards' is empty";
-    int64_t total = 0;
-    for (const auto& s : m.shards) total += s.records;
     RN_CHECK(total == m.records) << file << ": the shards hold " << total << " records but 'records' says "
                                  << m.records;
     if (j.contains("pack")) {
       const auto& p = j.at("pack");
+      RN_CHECK(p.is_object()) << file << ": 'pack' is " << json_excerpt(p, 40) << ", expected an object";
       m.source = p.value("source", "");
-      m.max_size = p.value("max_size", 0);
-      m.quality = p.value("quality", 0);
+      m.max_size = static_cast<int>(integer(p, "max_size", 0, INT32_MAX, 0));
+      m.quality = static_cast<int>(integer(p, "quality", 0, 100, 0));
       m.raw = p.value("raw", false);
-      m.records_per_shard = p.value("records_per_shard", int64_t{0});
-      m.skipped = p.value("skipped", int64_t{0});
+      m.records_per_shard = integer(p, "records_per_shard", 0, kMaxCount, 0);
+      m.skipped = integer(p, "skipped", 0, kMaxCount, 0);
     }
   } catch (const nlohmann::json::exception& e) {
     RN_FAIL() << file << ": malformed manifest: " << e.what();

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "core/check.h"
+#include "core/json_util.h"
 
 namespace rn {
 namespace {
@@ -35,16 +36,16 @@ std::string get_string(const json& j, const char* key, const std::string& where,
     RN_CHECK(!required) << where << ": missing \"" << key << "\"";
     return {};
   }
-  RN_CHECK(j.at(key).is_string()) << where << ": \"" << key << "\" must be a string, not " << j.at(key).dump();
+  RN_CHECK(j.at(key).is_string()) << where << ": \"" << key << "\" must be a string, not " << json_excerpt(j.at(key));
   return j.at(key).get<std::string>();
 }
 
 int get_int(const json& j, const char* key, const std::string& where) {
   RN_CHECK(j.contains(key)) << where << ": missing \"" << key << "\"";
   const json& v = j.at(key);
-  RN_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < (1 << 30))
-      << where << ": \"" << key << "\" must be a non-negative integer, not " << v.dump();
-  return v.get<int>();
+  const std::optional<int64_t> i = json_integer(v, 0, (1 << 30) - 1);
+  RN_CHECK(i.has_value()) << where << ": \"" << key << "\" must be a non-negative integer, not " << json_excerpt(v);
+  return static_cast<int>(*i);
 }
 
 }  // namespace
@@ -61,7 +62,7 @@ RankTable parse_rank_table(const std::string& text, const std::string& source) {
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number too large
     RN_FAIL() << "rank table " << source << ": not valid JSON: " << e.what();
   }
   const std::string where = "rank table " + source;

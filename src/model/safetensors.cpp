@@ -14,6 +14,7 @@
 #include <tuple>
 
 #include "core/check.h"
+#include "core/json_util.h"
 
 namespace rn {
 namespace {
@@ -147,13 +148,13 @@ SafetensorsEntry parse_entry(const std::string& path, const std::string& name, c
   const json& shape = value["shape"];
   RN_CHECK(shape.is_array()) << where << "shape is a JSON " << shape.type_name() << ", expected an array";
   RN_CHECK(shape.size() <= static_cast<size_t>(Shape::kMaxRank))
-      << where << "shape " << shape.dump() << " has rank " << shape.size() << ", more than " << Shape::kMaxRank;
+      << where << "shape " << json_excerpt(shape) << " has rank " << shape.size() << ", more than " << Shape::kMaxRank;
   std::vector<int64_t> dims;
   uint64_t numel = 1;
   bool overflow = false, has_zero = false;
   for (const json& d : shape) {
     RN_CHECK(d.is_number_unsigned() && d.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX))
-        << where << "shape " << shape.dump() << " has an element that is not a non-negative integer (below 2^63)";
+        << where << "shape " << json_excerpt(shape) << " has an element that is not a non-negative integer (below 2^63)";
     uint64_t v = d.get<uint64_t>();
     dims.push_back(static_cast<int64_t>(v));
     has_zero = has_zero || v == 0;
@@ -163,13 +164,13 @@ SafetensorsEntry parse_entry(const std::string& path, const std::string& name, c
   uint64_t expected_bytes = 0;
   overflow = overflow || numel > static_cast<uint64_t>(INT64_MAX) ||
              __builtin_mul_overflow(numel, static_cast<uint64_t>(e.element_size), &expected_bytes);
-  RN_CHECK(!overflow) << where << "shape " << shape.dump() << " overflows 64-bit arithmetic";
+  RN_CHECK(!overflow) << where << "shape " << json_excerpt(shape) << " overflows 64-bit arithmetic";
   e.shape = make_shape(dims);
 
   const json& offsets = value["data_offsets"];
   RN_CHECK(offsets.is_array() && offsets.size() == 2 && offsets[0].is_number_unsigned() &&
            offsets[1].is_number_unsigned())
-      << where << "data_offsets " << offsets.dump() << " is not an array of two non-negative integers";
+      << where << "data_offsets " << json_excerpt(offsets) << " is not an array of two non-negative integers";
   e.begin = offsets[0].get<uint64_t>();
   e.end = offsets[1].get<uint64_t>();
   RN_CHECK(e.begin <= e.end) << where << "data_offsets [" << e.begin << ", " << e.end << "] has begin > end";

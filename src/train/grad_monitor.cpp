@@ -6,6 +6,7 @@
 
 #include "core/atomic_file.h"
 #include "core/check.h"
+#include "core/json_util.h"
 
 namespace rn {
 
@@ -45,23 +46,37 @@ nlohmann::json GradRecord::to_json() const {
   return {{"epoch", epoch}, {"step", step}, {"loss_scale", loss_scale}, {"applied", applied}, {"layers", layers_json}};
 }
 
+// Counts are read as integers in range (json_util.h): get<int64_t>() of a double out of
+// range is undefined behaviour. A bad field throws nlohmann's type_error, which
+// read_grad_summary() turns into an error naming the file and line.
 GradRecord GradRecord::from_json(const nlohmann::json& j) {
+  auto integer = [](const nlohmann::json& v, const char* key) {
+    const std::optional<int64_t> i = json_integer(v, INT64_MIN, INT64_MAX);
+    if (!i) throw nlohmann::json::type_error::create(302, std::string("'") + key + "' is " + json_excerpt(v, 40) +
+                                                              ", expected an integer", &v);
+    return *i;
+  };
+  auto count = [&](const nlohmann::json& o, const char* key) { return integer(o.at(key), key); };
   GradRecord r;
-  r.epoch = j.at("epoch").get<int64_t>();
-  r.step = j.at("step").get<int64_t>();
+  r.epoch = count(j, "epoch");
+  r.step = count(j, "step");
   r.loss_scale = j.at("loss_scale").get<double>();
   r.applied = j.at("applied").get<bool>();
   for (const auto& l : j.at("layers")) {
     LayerGradStats s;
     s.name = l.at("name").get<std::string>();
-    s.grad.numel = l.at("numel").get<int64_t>();
+    s.grad.numel = count(l, "numel");
     const double norm = l.at("grad_norm").get<double>();
     s.grad.sum_sq = norm * norm;
     s.grad.max_abs = l.at("grad_max_abs").get<double>();
-    s.grad.zeros = l.at("zeros").get<int64_t>();
-    s.grad.infs = l.at("infs").get<int64_t>();
-    s.grad.nans = l.at("nans").get<int64_t>();
-    s.grad.hist = l.at("hist").get<std::array<int64_t, TensorStats::kBins>>();
+    s.grad.zeros = count(l, "zeros");
+    s.grad.infs = count(l, "infs");
+    s.grad.nans = count(l, "nans");
+    const nlohmann::json& hist = l.at("hist");
+    if (!hist.is_array() || hist.size() != s.grad.hist.size())
+      throw nlohmann::json::type_error::create(302, "'hist' is " + json_excerpt(hist, 40) + ", expected " +
+                                                        std::to_string(s.grad.hist.size()) + " integers", &hist);
+    for (size_t b = 0; b < s.grad.hist.size(); ++b) s.grad.hist[b] = integer(hist[b], "hist");
     s.weight_norm = l.at("weight_norm").get<double>();
     s.update_ratio = l.at("update_ratio").get<double>();
     r.layers.push_back(std::move(s));

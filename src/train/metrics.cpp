@@ -144,7 +144,7 @@ std::vector<nlohmann::json> read_metrics(const std::string& path) {
     nlohmann::json record;
     try {
       record = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range: a number too large
       if (torn) {
         RN_LOG_WARN("{}:{}: ignoring a torn last line (the run was interrupted while writing it)", path, line_no);
         break;

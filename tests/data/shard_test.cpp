@@ -272,6 +272,43 @@ TEST_F(ShardTest, OpeningABrokenFolderNamesTheFileAndWhatIsWrong) {
   expect_error(open, {"shard-00002.idx"});
 }
 
+// The manifest's numbers are read as integers in range, never converted: a double or a
+// number too large for the field is an error naming the field (these were undefined
+// behaviour, a version of 2^32 + 1 read as 1, and a record count that wrapped the sum).
+TEST(ShardManifest, NumbersMustBeIntegersInRange) {
+  ShardManifest m;
+  m.classes = {"a", "b"};
+  m.records = 3;
+  m.shards = {{"s0.tar", "s0.idx", 2, 1024}, {"s1.tar", "s1.idx", 1, 512}};
+  const std::string good = format_shard_manifest(m);
+  EXPECT_EQ(format_shard_manifest(parse_shard_manifest(good, "dataset.json")), good);
+  auto error_of = [&](const std::string& from, const std::string& to) {
+    const std::string text = std::regex_replace(good, std::regex(from), to);
+    EXPECT_NE(text, good) << from;
+    try {
+      parse_shard_manifest(text, "dataset.json");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  auto expect_has = [](const std::string& what, std::initializer_list<const char*> phrases) {
+    for (const char* p : phrases) EXPECT_NE(what.find(p), std::string::npos) << what;
+  };
+  expect_has(error_of("\"records\": 2,", "\"records\": 3e79,"), {"dataset.json", "'records'", "3e+79", "integer"});
+  expect_has(error_of("\"records\": 2,", "\"records\": 2.0,"), {"'records'", "integer"});
+  expect_has(error_of("\"records\": 2,", "\"records\": -1,"), {"'records'", "integer in [0,"});
+  expect_has(error_of("\"version\": 1,", "\"version\": 4294967297,"), {"'version'", "4294967297"});
+  expect_has(error_of("\"tar_bytes\": 512", "\"tar_bytes\": 18446744073709551615"), {"'tar_bytes'"});
+  expect_has(error_of("\"quality\": 0", "\"quality\": 1e300"), {"'quality'"});
+  // Two shards of 2^53 records: their sum passes 'records' (no int64 overflow on the way).
+  expect_has(error_of("\"records\": 3,", "\"records\": 9007199254740992,"), {"'records' says"});
+  expect_has(error_of("\"records\": 1,", "\"records\": 9007199254740992,"), {"more than the 3 records"});
+  expect_has(error_of("\"pack\": \\{", "\"pack\": 5, \"x\": {"), {"'pack' is 5, expected an object"});
+  expect_has(error_of("\"shards\": \\[", "\"shards\": [7,"), {"shard 0 is 7, expected an object"});
+  expect_has(error_of("\"records\": 3,", "\"records\": 1e999,"), {"not valid JSON"});
+}
+
 TEST(ShardIndex, FormatThenParseIsTheIdentityAndBadLinesAreNamed) {
   ShardIndex index;
   index.tar = "shard-00004.tar";

@@ -58,6 +58,19 @@ TEST(RankTable, MistakesAreErrorsThatSayWhatIsWrong) {
                 .find("non-negative integer"),
             std::string::npos);
   EXPECT_NE(error_of("{not json").find("not valid JSON"), std::string::npos);
+  // A number too large for any type is nlohmann's out_of_range, not a parse_error: it was
+  // not caught, and `resnet launch` ended in std::terminate.
+  EXPECT_NE(error_of(R"({"hosts": [{"name": "a"}], "ranks": [{"rank": 1e999, "host": "a"}]})").find("not valid JSON"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"hosts": [{"name": "a"}], "ranks": [{"rank": 0, "host": "a", "device": 1.5}]})")
+                .find("\"device\" must be a non-negative integer, not 1.5"),
+            std::string::npos);
+  // A value nested 300000 deep is named by a short excerpt: dump() recursed once per level
+  // and overflowed the stack.
+  const std::string deep = std::string(300000, '[') + std::string(300000, ']');
+  EXPECT_NE(error_of(R"({"hosts": [{"name": )" + deep + R"(}], "ranks": [{"rank": 0, "host": "a"}]})")
+                .find("\"name\" must be a string, not [[[[[...]]]]]"),
+            std::string::npos);
   EXPECT_NE(error_of(R"({"hosts": [], "ranks": []})").find("\"hosts\" must be a non-empty list"), std::string::npos);
 }
 

@@ -355,6 +355,14 @@ const std::vector<MalformedCase>& malformed_cases() {
       {"DuplicateField", R"({"w":{"dtype":"F32","dtype":"F16","shape":[2],"data_offsets":[0,8]}})", 8,
        {"key 'dtype' twice"}},
       {"EmptyName", "{" + entry("", "\"F32\"", "[2]", "[0,8]") + "}", 8, {"empty name"}},
+      // Nested 300000 deep: the message shows an excerpt (dump() recursed once per level and
+      // overflowed the stack).
+      {"ShapeNestedDeep", "{" + entry("w", "\"F32\"", std::string(300000, '[') + std::string(300000, ']'), "[0,0]") + "}",
+       0, {"tensor 'w'", "shape [[[[[...]]]]] has an element that is not"}},
+      {"OffsetsNestedDeep", "{" + entry("w", "\"F32\"", "[0]", std::string(300000, '[') + std::string(300000, ']')) + "}",
+       0, {"tensor 'w'", "data_offsets [[[[[...]]]]] is not an array of two"}},
+      {"ShapeLongString", "{" + entry("w", "\"F32\"", "[\"" + std::string(100000, 'a') + "\"]", "[0,0]") + "}", 0,
+       {"tensor 'w'", "shape [\"aaaaaaaaaa", "a... has an element"}},
       {"MetadataNotObject", R"({"__metadata__":["a"]})", 0, {"__metadata__ is a JSON array"}},
       {"MetadataValueNotString", R"({"__metadata__":{"epoch":3}})", 0,
        {"__metadata__ value for 'epoch' is a JSON number"}},

@@ -4,10 +4,12 @@
 // run whose loader is slow for a stretch getting one input-bound variance warning.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <regex>
 #include <thread>
 
 #include "core/rng.h"
@@ -160,6 +162,33 @@ TEST(Summary, SummaryFileRoundTripAndErrors) {
     f << "{\"not\": \"a record\"}\n{}\n";
   }
   EXPECT_THROW(read_grad_summary(grad_summary_path(dir.path().string())), Error);
+  // Counts must be integers: a double was converted (undefined behaviour when out of range).
+  const std::string good =
+      R"({"epoch":1,"step":2,"loss_scale":128,"applied":true,"layers":[{"name":"fc.weight","numel":4,"grad_norm":1,)"
+      R"("grad_max_abs":1,"zeros":0,"infs":0,"nans":0,"hist":HIST,"weight_norm":2,"update_ratio":0.01}]})";
+  std::string hist = "[0";
+  for (int b = 1; b < TensorStats::kBins; ++b) hist += ",0";
+  hist += "]";
+  auto read_with = [&](const std::string& from, const std::string& to) {
+    const std::string line = std::regex_replace(std::regex_replace(good, std::regex("HIST"), hist), std::regex(from), to);
+    std::ofstream(dir.file("grad_summary.jsonl")) << line << "\n" << line << "\n";
+    return read_grad_summary(dir.file("grad_summary.jsonl"));
+  };
+  EXPECT_EQ(read_with("x", "x").size(), 2u);
+  for (const auto& [from, to, phrase] : std::vector<std::array<std::string, 3>>{
+           {"\"step\":2", "\"step\":3e300", "'step' is 3e+300, expected an integer"},
+           {"\"zeros\":0", "\"zeros\":0.5", "'zeros' is 0.5"},
+           {"\"hist\":\\[0", "\"hist\":[1e300", "'hist' is 1e+300"},
+           {"\"hist\":\\[0,", "\"hist\":[", "expected " + std::to_string(TensorStats::kBins) + " integers"}}) {
+    try {
+      read_with(from, to);
+      ADD_FAILURE() << "no error for " << to;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("grad_summary.jsonl:1: not a gradient summary record"), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find(phrase), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(Doctor, FindsPlantedUnderflowAndOverflowAndRecommendsBetween) {

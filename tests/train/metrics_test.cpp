@@ -130,6 +130,20 @@ TEST(Metrics, MalformedCompleteLastLineIsAnError) {
   EXPECT_THROW(read_metrics(path), Error);
 }
 
+// A number too large for a double is nlohmann's out_of_range, not a parse_error: it went
+// past read_metrics uncaught.
+TEST(Metrics, NumberTooLargeIsAnErrorNamingFileAndLine) {
+  TestDir dir;
+  const std::string path = dir.file("metrics.jsonl");
+  append_text(path, "{\"kind\":\"train\",\"step\":1}\n{\"kind\":\"train\",\"loss\":1e999}\n{\"kind\":\"train\"}\n");
+  try {
+    read_metrics(path);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(path + ":2:"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Metrics, RecordWithoutKindIsAnError) {
   TestDir dir;
   const std::string path = dir.file("metrics.jsonl");

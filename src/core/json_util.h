@@ -1,0 +1,98 @@
+// Reading JSON from files a user hands us (weights headers, rank tables, shard manifests).
+//
+// json_integer(): an integer field checked for type and range. nlohmann's get<int>() of a
+// double converts it (undefined behaviour when it is out of range: 3e79 as an int64_t), and
+// of a larger integer truncates it (2^32 + 1 reads as 1), so a count or a version read
+// that way can be any value at all.
+//
+// json_excerpt(): a short rendering of a JSON value for an error message about it.
+//
+// nlohmann::json::dump() recurses once per level of nesting, so dumping a value read from a
+// file (a weights header, a rank table) that nests a few hundred thousand arrays deep
+// overflows the stack: a crash where the file deserved an error. json_excerpt() descends
+// at most kJsonExcerptDepth levels (deeper values show as [...] or {...}), stops adding
+// members once the text is long enough, and cuts it at max_chars (on a UTF-8 character
+// boundary) with "..." after the cut.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+namespace rn {
+
+// The value of `v` if it is a JSON integer in [lo, hi] (a number written without a fraction
+// or exponent); empty otherwise, doubles included.
+inline std::optional<int64_t> json_integer(const nlohmann::json& v, int64_t lo, int64_t hi) {
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(INT64_MAX) || static_cast<int64_t>(u) < lo || static_cast<int64_t>(u) > hi) return {};
+    return static_cast<int64_t>(u);
+  }
+  if (v.is_number_integer()) {
+    const int64_t i = v.get<int64_t>();
+    if (i < lo || i > hi) return {};
+    return i;
+  }
+  return {};
+}
+
+inline constexpr int kJsonExcerptDepth = 4;
+
+namespace detail {
+
+inline void append_json_excerpt(std::string& out, const nlohmann::json& j, int depth, size_t budget) {
+  if (!j.is_structured()) {
+    if (j.is_string() && j.get_ref<const std::string&>().size() > budget) {
+      // A long string: only its start can show (replace: the cut may split a character).
+      const nlohmann::json head(j.get_ref<const std::string&>().substr(0, budget));
+      out += head.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      return;
+    }
+    out += j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);  // a scalar: no recursion
+    return;
+  }
+  const bool object = j.is_object();
+  if (j.empty()) {
+    out += object ? "{}" : "[]";
+    return;
+  }
+  if (depth == 0) {
+    out += object ? "{...}" : "[...]";
+    return;
+  }
+  out += object ? '{' : '[';
+  bool first = true;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (out.size() > budget) {
+      out += ",...";
+      break;
+    }
+    if (!first) out += ',';
+    first = false;
+    if (object) {
+      append_json_excerpt(out, nlohmann::json(it.key()), 0, budget);
+      out += ':';
+    }
+    append_json_excerpt(out, *it, depth - 1, budget);
+  }
+  out += object ? '}' : ']';
+}
+
+}  // namespace detail
+
+inline std::string json_excerpt(const nlohmann::json& j, size_t max_chars = 120) {
+  std::string out;
+  detail::append_json_excerpt(out, j, kJsonExcerptDepth, max_chars);
+  if (out.size() > max_chars) {
+    size_t cut = max_chars;
+    while (cut > 0 && (static_cast<unsigned char>(out[cut]) & 0xC0) == 0x80) --cut;  // not inside a character
+    out.resize(cut);
+    out += "...";
+  }
+  return out;
+}
+
+}  // namespace rn
