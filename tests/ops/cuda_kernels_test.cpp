@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <string>
 #include <vector>
 
@@ -183,11 +184,12 @@ TEST(CudaKernels, BatchNormApplyAndBackwardGiveTheSameBitsWithAndWithoutVectors)
                           1e-5f, gab.f(), bb.f(), fuse, nullptr);
           got[variant].push_back(yb.get());
         }
-        launch_bn_backward_sums(s1.f(), s2.f(), gb.data(), xb.data(), t, s.M, s.C, mb.f(), ib.f(), parts.f(), nullptr);
+        launch_bn_backward_sums(s1.f(), s2.f(), nullptr, gb.data(), nullptr, xb.data(), t, s.M, s.C, mb.f(), ib.f(),
+                                parts.f(), nullptr);
         got[variant].push_back(s1.get());
         got[variant].push_back(s2.get());
-        launch_bn_backward_dx(dxb.data(), gb.data(), xb.data(), t, s.M, s.C, mb.f(), ib.f(), gab.f(), s1.f(), s2.f(),
-                              dga.f(), dbe.f(), nullptr);
+        launch_bn_backward_dx(dxb.data(), gb.data(), nullptr, xb.data(), t, s.M, s.C, mb.f(), ib.f(), gab.f(), s1.f(),
+                              s2.f(), dga.f(), dbe.f(), nullptr);
         got[variant].push_back(dxb.get());
         got[variant].push_back(dga.get());  // zero-initialised, so dgamma == sum_dy_xhat
       }
@@ -262,7 +264,8 @@ TEST(CudaKernels, SynchronisedBatchNormSumsMatchDoubleSums) {
           if (dir == 0)
             launch_bn_sync_forward_sums(sums, xb.data(), t, s.M, s.C, parts.f(), nullptr);
           else
-            launch_bn_sync_backward_sums(sums, gb.data(), xb.data(), t, s.M, s.C, mb.f(), ib.f(), parts.f(), nullptr);
+            launch_bn_sync_backward_sums(sums, nullptr, gb.data(), nullptr, xb.data(), t, s.M, s.C, mb.f(), ib.f(),
+                                         parts.f(), nullptr);
           std::vector<double> got(count);
           RN_CUDA_CHECK(cudaMemcpy(got.data(), sums, count * sizeof(double), cudaMemcpyDeviceToHost));
           const std::vector<double>& want = dir == 0 ? want_f : want_b;
@@ -273,6 +276,109 @@ TEST(CudaKernels, SynchronisedBatchNormSumsMatchDoubleSums) {
             EXPECT_NEAR(got[i], want[i], tol) << (dir == 0 ? "forward" : "backward") << " sums, entry " << i;
         }
         cudaFree(sums);
+      }
+    }
+}
+
+// Batch norm fused with a ReLU masks dy by its output y inside the backward passes: the sums
+// pass computes g = y > 0 ? dy : +0 as it reads dy (and, for add+ReLU, stores g into
+// dresidual), the dx pass masks again (ReLU) or reads dresidual (add+ReLU). Every result must
+// be the bits of the unfused sequence (launch_relu_backward, then the unmasked passes), at
+// every alignment and vector width, and dresidual exactly dy*(y>0). y holds exact zeros (+0
+// and -0, both masked) besides its negatives.
+TEST(CudaKernels, BatchNormBackwardWithTheReluFusedGivesTheUnfusedBits) {
+  RN_REQUIRE_GPU();
+  Rng rng(17);
+  for (DType t : kTypes)
+    for (const Shape& s : kShapes) {
+      if (s.M * s.C > 1000000) continue;
+      SCOPED_TRACE(label(t, s));
+      const size_t n = static_cast<size_t>(s.M * s.C);
+      const std::vector<float> x = random_values(t, n, rng, 0.5f), dy = random_values(t, n, rng);
+      std::vector<float> y = random_values(t, n, rng), g(n), mean(s.C), invstd(s.C), gamma(s.C);
+      for (size_t i = 0; i < n; i += 5) y[i] = i % 2 ? -0.0f : 0.0f;
+      for (int64_t c = 0; c < s.C; ++c) {
+        mean[c] = 0.5f + 0.1f * rng.normal();
+        invstd[c] = 1.0f + 0.2f * rng.uniform();
+        gamma[c] = 1.0f + 0.3f * rng.normal();
+      }
+      std::vector<double> sdy(s.C, 0.0), sdyx(s.C, 0.0);
+      for (size_t i = 0; i < n; ++i) {
+        const size_t c = i % static_cast<size_t>(s.C);
+        g[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+        sdy[c] += g[i];
+        sdyx[c] += g[i] * ((static_cast<double>(x[i]) - mean[c]) * invstd[c]);
+      }
+      // 0: vectors; 1: vectors, y and dresidual one element off (the others aligned); 2: every
+      // buffer one element off; 3: one element at a time.
+      for (int variant = 0; variant < 4; ++variant) {
+        VectorSwitch vs(variant < 3);
+        SCOPED_TRACE("variant " + std::to_string(variant));
+        const size_t off = variant == 2 ? 1 : 0, yoff = variant == 1 || variant == 2 ? 1 : 0;
+        Buf xb(t, n, off), gb(t, n, off), yb(t, n, yoff), masked(t, n, off), dres(t, n, yoff), dx_ref(t, n, off),
+            dxb(t, n, off);
+        Buf mb(DType::f32, s.C), ib(DType::f32, s.C), gab(DType::f32, s.C),
+            parts(DType::f32, static_cast<size_t>(channel_partials_floats(s.M, s.C)));
+        std::deque<Buf> stats;  // [4k + q]: sum g, sum g*xhat, dgamma, dbeta of k = unfused, relu, add_relu
+        for (int q = 0; q < 12; ++q) stats.emplace_back(DType::f32, s.C);
+        xb.set(x), gb.set(dy), yb.set(y), mb.set(mean), ib.set(invstd), gab.set(gamma);
+        const std::vector<float> garbage(n, 7.0f);
+        auto sums = [&](int k, void* masked_dy, const void* dy_in, const void* mask) {
+          launch_bn_backward_sums(stats[4 * k].f(), stats[4 * k + 1].f(), masked_dy, dy_in, mask, xb.data(), t, s.M,
+                                  s.C, mb.f(), ib.f(), parts.f(), nullptr);
+        };
+        auto dx = [&](int k, void* out, const void* dy_in, const void* mask) {
+          launch_bn_backward_dx(out, dy_in, mask, xb.data(), t, s.M, s.C, mb.f(), ib.f(), gab.f(), stats[4 * k].f(),
+                                stats[4 * k + 1].f(), stats[4 * k + 2].f(), stats[4 * k + 3].f(), nullptr);
+        };
+        std::string where;
+        // The unfused sequence, as BatchNorm's backward ran before the fusion.
+        launch_relu_backward(masked.data(), gb.data(), yb.data(), t, static_cast<int64_t>(n), nullptr);
+        sums(0, nullptr, masked.data(), nullptr);
+        dx(0, dx_ref.data(), masked.data(), nullptr);
+        EXPECT_TRUE(same_bits(masked.get(), g, &where)) << "relu backward: " << where;
+        // ReLU: masked in both passes, nothing stored.
+        sums(1, nullptr, gb.data(), yb.data());
+        dx(1, dxb.data(), gb.data(), yb.data());
+        EXPECT_TRUE(same_bits(dxb.get(), dx_ref.get(), &where)) << "relu dx: " << where;
+        // In place (dx is dy), the batch norm's contract.
+        dxb.set(dy);
+        launch_bn_backward_dx(dxb.data(), dxb.data(), yb.data(), xb.data(), t, s.M, s.C, mb.f(), ib.f(), gab.f(),
+                              stats[4].f(), stats[5].f(), nullptr, nullptr, nullptr);
+        EXPECT_TRUE(same_bits(dxb.get(), dx_ref.get(), &where)) << "relu dx in place: " << where;
+        // add+ReLU: g stored into dresidual (which starts as garbage), dx from it unmasked.
+        dres.set(garbage);
+        sums(2, dres.data(), gb.data(), yb.data());
+        EXPECT_TRUE(same_bits(dres.get(), g, &where)) << "dresidual: " << where;
+        dx(2, dxb.data(), dres.data(), nullptr);
+        EXPECT_TRUE(same_bits(dxb.get(), dx_ref.get(), &where)) << "add_relu dx: " << where;
+        EXPECT_TRUE(same_bits(gb.get(), dy, &where)) << "dy changed: " << where;
+        for (int k = 1; k < 3; ++k)
+          for (int q = 0; q < 4; ++q)
+            EXPECT_TRUE(same_bits(stats[4 * k + q].get(), stats[q].get(), &where))
+                << (k == 1 ? "relu" : "add_relu") << ", sum/gradient " << q << ": " << where;
+        // The unfused sums against sums in double, as in the test above.
+        const double sum_tol = 16 * eps_of(DType::f32) * std::sqrt(static_cast<double>(s.M)) * 4;
+        EXPECT_TRUE(near(stats[0].get(), sdy, 16, sum_tol)) << "sum g";
+        EXPECT_TRUE(near(stats[1].get(), sdyx, 16, sum_tol)) << "sum g*xhat";
+
+        // Synchronised batch norm's sums: the same bits masked as unmasked from the masked copy.
+        const size_t count = static_cast<size_t>(2 * s.C + 1);
+        std::vector<std::vector<double>> got(3, std::vector<double>(count));
+        double* dsums = nullptr;
+        RN_CUDA_CHECK(cudaMalloc(&dsums, count * sizeof(double)));
+        dres.set(garbage);
+        for (int k = 0; k < 3; ++k) {
+          launch_bn_sync_backward_sums(dsums, k == 2 ? dres.data() : nullptr, k == 0 ? masked.data() : gb.data(),
+                                       k == 0 ? nullptr : yb.data(), xb.data(), t, s.M, s.C, mb.f(), ib.f(), parts.f(),
+                                       nullptr);
+          RN_CUDA_CHECK(cudaMemcpy(got[k].data(), dsums, count * sizeof(double), cudaMemcpyDeviceToHost));
+        }
+        cudaFree(dsums);
+        EXPECT_TRUE(same_bits(dres.get(), g, &where)) << "synchronised, dresidual: " << where;
+        for (int k = 1; k < 3; ++k)
+          EXPECT_EQ(0, std::memcmp(got[k].data(), got[0].data(), count * sizeof(double)))
+              << "synchronised sums, " << (k == 1 ? "relu" : "add_relu");
       }
     }
 }

@@ -88,13 +88,20 @@ __global__ void relu_forward_kernel(T* y, const T* x, int64_t n) {
   });
 }
 
+// ReLU's backward per element, given its output y: dy's own bits where y > 0, else +0. The
+// one predicate of the ReLU backward kernel and of batch norm's fused backward passes.
+template <typename T>
+__device__ __forceinline__ T relu_grad(T dy, T y) {
+  return to_f32<T>(y) > 0.0f ? dy : from_f32<T>(0.0f);
+}
+
 template <typename T, int V>
 __global__ void relu_backward_kernel(T* dx, const T* dy, const T* y, int64_t n) {
   flat_loop<V>(n, [&]<int W>(int64_t i) {
     const Pack<T, W> g = load_pack<T, W>(dy + i), out = load_pack<T, W>(y + i);
     Pack<T, W> r;
 #pragma unroll
-    for (int k = 0; k < W; ++k) r.v[k] = to_f32<T>(out.v[k]) > 0.0f ? g.v[k] : from_f32<T>(0.0f);
+    for (int k = 0; k < W; ++k) r.v[k] = relu_grad<T>(g.v[k], out.v[k]);
     store_pack<T, W>(dx + i, r);
   });
 }
@@ -205,9 +212,14 @@ struct SumXAndSquares {
   }
 };
 
+// Batch-norm backward's sums of g and g * xhat. g is dy, or relu_grad(dy, y) when y is given
+// (the fused ReLU), stored into masked_dy when that is given (add_relu's dresidual): the same
+// pass, so the masked gradient costs no pass of its own.
 template <typename T>
 struct SumDyAndDyXhat {
   const T* dy;
+  const T* y;    // may be null: no mask
+  T* masked_dy;  // may be null; only with y
   const T* x;
   const float *mean, *invstd;
   int64_t C;
@@ -219,7 +231,15 @@ struct SumDyAndDyXhat {
   }
   template <int V>
   __device__ void add(int64_t m, int64_t g, const float (&p)[2][V], float* a, float* b) const {
-    const Pack<T, V> gv = load_pack<T, V>(dy + m * C + g * V, aligned), xv = load_pack<T, V>(x + m * C + g * V, aligned);
+    const int64_t at = m * C + g * V;
+    Pack<T, V> gv = load_pack<T, V>(dy + at, aligned);
+    const Pack<T, V> xv = load_pack<T, V>(x + at, aligned);
+    if (y) {
+      const Pack<T, V> yv = load_pack<T, V>(y + at, aligned);
+#pragma unroll
+      for (int k = 0; k < V; ++k) gv.v[k] = relu_grad<T>(gv.v[k], yv.v[k]);
+      if (masked_dy) store_pack<T, V>(masked_dy + at, gv, aligned);
+    }
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       const float gk = to_f32<T>(gv.v[k]);
@@ -436,10 +456,11 @@ __global__ void bn_apply_kernel(T* y, const T* x, const T* residual, ChannelTili
   }
 }
 
+// dy is masked by relu_grad(dy, y) first when y is given (the fused ReLU), as the sums were.
 template <typename T, int V>
-__global__ void bn_backward_dx_kernel(T* dx, const T* dy, const T* x, ChannelTiling tl, bool aligned, float inv_m,
-                                      const float* mean, const float* invstd, const float* gamma, const float* sum_dy,
-                                      const float* sum_dy_xhat) {
+__global__ void bn_backward_dx_kernel(T* dx, const T* dy, const T* y, const T* x, ChannelTiling tl, bool aligned,
+                                      float inv_m, const float* mean, const float* invstd, const float* gamma,
+                                      const float* sum_dy, const float* sum_dy_xhat) {
   const int64_t g = tl.group(blockIdx.x, threadIdx.x);
   if (g < 0) return;
   float mu[V], is[V], ga[V], sd[V], sdx[V];
@@ -450,7 +471,13 @@ __global__ void bn_backward_dx_kernel(T* dx, const T* dy, const T* x, ChannelTil
   }
   RN_TILE_ROWS(tl, m) {
     const int64_t at = m * tl.C + g * V;
-    const Pack<T, V> gv = load_pack<T, V>(dy + at, aligned), xv = load_pack<T, V>(x + at, aligned);
+    Pack<T, V> gv = load_pack<T, V>(dy + at, aligned);
+    const Pack<T, V> xv = load_pack<T, V>(x + at, aligned);
+    if (y) {
+      const Pack<T, V> yv = load_pack<T, V>(y + at, aligned);
+#pragma unroll
+      for (int k = 0; k < V; ++k) gv.v[k] = relu_grad<T>(gv.v[k], yv.v[k]);
+    }
     Pack<T, V> out;
 #pragma unroll
     for (int k = 0; k < V; ++k)
@@ -671,18 +698,21 @@ void run_finish(const float* partials, int64_t splits, int64_t C, const Finish& 
 
 bool fits_32(int64_t n) { return n < (int64_t{1} << 32); }
 
-// Batch-norm backward's per-channel sums of g and g * xhat, finished by `finish`.
+// Batch-norm backward's per-channel sums of g and g * xhat (SumDyAndDyXhat: g masked by y
+// when given, and stored into masked_dy), finished by `finish`.
 template <typename Finish>
-void dy_xhat_sums(const void* dy, const void* x, DType t, int64_t M, int64_t C, const float* mean,
-                  const float* invstd, float* partials, const Finish& finish, cudaStream_t s) {
+void dy_xhat_sums(void* masked_dy, const void* dy, const void* y, const void* x, DType t, int64_t M, int64_t C,
+                  const float* mean, const float* invstd, float* partials, const Finish& finish, cudaStream_t s) {
   RN_CHECK(M > 0) << "batch-norm backward of no rows";
+  RN_CHECK(masked_dy == nullptr || y != nullptr) << "batch-norm backward: a masked gradient to store but no mask (y)";
   RN_DISPATCH_FLOAT(t, T, with_channel_width<T>(C, [&](auto v_) {
                       constexpr int V = decltype(v_)::value;
                       const ChannelTiling tl = channel_tiling(M, C, V);
-                      const bool al = aligned_to({dy, x}, V * static_cast<int>(sizeof(T)));
+                      const bool al = aligned_to({masked_dy, dy, y, x}, V * static_cast<int>(sizeof(T)));
                       run_channel_partials<T, V>(
                           partials, tl,
-                          SumDyAndDyXhat<T>{static_cast<const T*>(dy), static_cast<const T*>(x), mean, invstd, C, al},
+                          SumDyAndDyXhat<T>{static_cast<const T*>(dy), static_cast<const T*>(y),
+                                            static_cast<T*>(masked_dy), static_cast<const T*>(x), mean, invstd, C, al},
                           s);
                       run_finish(partials, tl.splits, C, finish, s);
                     }));
@@ -793,23 +823,24 @@ void launch_bn_apply(void* y, const void* x, const void* residual, DType t, int6
                     }));
 }
 
-void launch_bn_backward_sums(float* sum_dy, float* sum_dy_xhat, const void* dy, const void* x, DType t, int64_t M,
-                             int64_t C, const float* mean, const float* invstd, float* partials, cudaStream_t s) {
-  dy_xhat_sums(dy, x, t, M, C, mean, invstd, partials, FinishTwoSums{sum_dy, sum_dy_xhat, 1.0, false}, s);
+void launch_bn_backward_sums(float* sum_dy, float* sum_dy_xhat, void* masked_dy, const void* dy, const void* y,
+                             const void* x, DType t, int64_t M, int64_t C, const float* mean, const float* invstd,
+                             float* partials, cudaStream_t s) {
+  dy_xhat_sums(masked_dy, dy, y, x, t, M, C, mean, invstd, partials, FinishTwoSums{sum_dy, sum_dy_xhat, 1.0, false}, s);
 }
 
-void launch_bn_backward_dx(void* dx, const void* dy, const void* x, DType t, int64_t M, int64_t C, const float* mean,
-                           const float* invstd, const float* gamma, const float* sum_dy, const float* sum_dy_xhat,
-                           float* dgamma, float* dbeta, cudaStream_t s, float inv_count) {
+void launch_bn_backward_dx(void* dx, const void* dy, const void* y, const void* x, DType t, int64_t M, int64_t C,
+                           const float* mean, const float* invstd, const float* gamma, const float* sum_dy,
+                           const float* sum_dy_xhat, float* dgamma, float* dbeta, cudaStream_t s, float inv_count) {
   if (inv_count < 0) inv_count = static_cast<float>(1.0 / static_cast<double>(M));
   if (M > 0) {
     RN_DISPATCH_FLOAT(t, T, with_channel_width<T>(C, [&](auto v_) {
                       constexpr int V = decltype(v_)::value;
                         const ChannelTiling tl = channel_tiling(M, C, V);
-                        const bool al = aligned_to({dx, dy, x}, V * static_cast<int>(sizeof(T)));
+                        const bool al = aligned_to({dx, dy, y, x}, V * static_cast<int>(sizeof(T)));
                         RN_LAUNCH(grid_of(tl), kTileThreads, s, bn_backward_dx_kernel<T, V>)(
-                            static_cast<T*>(dx), static_cast<const T*>(dy), static_cast<const T*>(x), tl, al,
-                            inv_count, mean, invstd, gamma, sum_dy, sum_dy_xhat);
+                            static_cast<T*>(dx), static_cast<const T*>(dy), static_cast<const T*>(y),
+                            static_cast<const T*>(x), tl, al, inv_count, mean, invstd, gamma, sum_dy, sum_dy_xhat);
                         RN_CUDA_LAUNCH_CHECK();
                       }));
   }
@@ -830,9 +861,10 @@ void launch_bn_sync_forward_sums(double* sums, const void* x, DType t, int64_t M
                     }));
 }
 
-void launch_bn_sync_backward_sums(double* sums, const void* dy, const void* x, DType t, int64_t M, int64_t C,
-                                  const float* mean, const float* invstd, float* partials, cudaStream_t s) {
-  dy_xhat_sums(dy, x, t, M, C, mean, invstd, partials, FinishToDouble{sums, C, M}, s);
+void launch_bn_sync_backward_sums(double* sums, void* masked_dy, const void* dy, const void* y, const void* x, DType t,
+                                  int64_t M, int64_t C, const float* mean, const float* invstd, float* partials,
+                                  cudaStream_t s) {
+  dy_xhat_sums(masked_dy, dy, y, x, t, M, C, mean, invstd, partials, FinishToDouble{sums, C, M}, s);
 }
 
 void launch_bn_sync_finish_forward(float* saved_mean, float* saved_invstd, float* running_mean, float* running_var,

@@ -43,25 +43,33 @@ void launch_bn_compare(int* mismatch, const float* mean, const float* var, const
 void launch_bn_apply(void* y, const void* x, const void* residual, DType t, int64_t M, int64_t C, const float* mean,
                      const float* var_or_invstd, bool is_var, float eps, const float* gamma, const float* beta,
                      int fuse, cudaStream_t s);
-// sum_dy[C] = sum dy, sum_dy_xhat[C] = sum dy * (x - mean) * invstd.
-void launch_bn_backward_sums(float* sum_dy, float* sum_dy_xhat, const void* dy, const void* x, DType t, int64_t M,
-                             int64_t C, const float* mean, const float* invstd, float* partials, cudaStream_t s);
-// dx (may be dy); dgamma += sum_dy_xhat, dbeta += sum_dy (not when dgamma is null). The sums
-// are scaled by inv_count, 1/M when negative (synchronised BN passes global means and 1).
-void launch_bn_backward_dx(void* dx, const void* dy, const void* x, DType t, int64_t M, int64_t C, const float* mean,
-                           const float* invstd, const float* gamma, const float* sum_dy, const float* sum_dy_xhat,
-                           float* dgamma, float* dbeta, cudaStream_t s, float inv_count = -1.0f);
+// Batch-norm backward of g, the gradient reaching the batch norm: g = dy, or, with the ReLU
+// fused (y, its output, not null), g = dy where y > 0 and +0 elsewhere (launch_relu_backward's
+// bits), applied as dy is read, in both passes.
+// sum_dy[C] = sum g, sum_dy_xhat[C] = sum g * (x - mean) * invstd; masked_dy (not null: add+ReLU's
+// dresidual, whose value g is; needs y) receives g in the same pass.
+void launch_bn_backward_sums(float* sum_dy, float* sum_dy_xhat, void* masked_dy, const void* dy, const void* y,
+                             const void* x, DType t, int64_t M, int64_t C, const float* mean, const float* invstd,
+                             float* partials, cudaStream_t s);
+// dx from g (dx may be dy); dgamma += sum_dy_xhat, dbeta += sum_dy (not when dgamma is null).
+// The sums are scaled by inv_count, 1/M when negative (synchronised BN passes global means and 1).
+void launch_bn_backward_dx(void* dx, const void* dy, const void* y, const void* x, DType t, int64_t M, int64_t C,
+                           const float* mean, const float* invstd, const float* gamma, const float* sum_dy,
+                           const float* sum_dy_xhat, float* dgamma, float* dbeta, cudaStream_t s,
+                           float inv_count = -1.0f);
 
 // Synchronised batch norm (ops/batch_norm.h's contract): sums[2C + 1] doubles, all-reduced
 // over the ranks in device memory between the two halves.
 //   forward:  sums = [sum x (C), sum x^2 (C), M]; then saved and running statistics from the
 //             global sums (mean, biased var = Q/m - mean^2, running var with m/(m-1));
-//   backward: sums = [sum g (C), sum g*xhat (C), M] (g: the gradient reaching the BN);
+//   backward: sums = [sum g (C), sum g*xhat (C), M] (g: the gradient reaching the BN, dy
+//             masked by y and stored into masked_dy as launch_bn_backward_sums does);
 //             dbeta/dgamma += the local sums; then the global means of g and g*xhat.
 void launch_bn_sync_forward_sums(double* sums, const void* x, DType t, int64_t M, int64_t C, float* partials,
                                  cudaStream_t s);
-void launch_bn_sync_backward_sums(double* sums, const void* dy, const void* x, DType t, int64_t M, int64_t C,
-                                  const float* mean, const float* invstd, float* partials, cudaStream_t s);
+void launch_bn_sync_backward_sums(double* sums, void* masked_dy, const void* dy, const void* y, const void* x, DType t,
+                                  int64_t M, int64_t C, const float* mean, const float* invstd, float* partials,
+                                  cudaStream_t s);
 void launch_bn_sync_finish_forward(float* saved_mean, float* saved_invstd, float* running_mean, float* running_var,
                                    const double* sums, float eps, float momentum, int64_t C, cudaStream_t s);
 void launch_bn_sync_finish_backward(float* mean_g, float* mean_g_xhat, const double* sums, int64_t C, cudaStream_t s);

@@ -117,28 +117,31 @@ class CudaBatchNorm final : public BatchNormKernel {
                    const Tensor& saved_invstd) override {
     const int64_t C = desc_.channels;
     cudaStream_t s = ctx_->stream();
-    // The gradient reaching the batch norm: dy, or dy*(y>0) written into dresidual
-    // (add_relu: that is dresidual's value) or into dx (relu: then normalised in place).
-    const void* dbn = dy.data;
-    if (desc_.fuse != BnFuse::none) {
-      void* masked = dresidual ? dresidual->data : dx.data;
-      launch_relu_backward(masked, dy.data, y.data, desc_.dtype, M_ * C, s);
-      dbn = masked;
-    }
+    // The gradient reaching the batch norm is g = dy, or dy*(y>0) with the ReLU fused; the
+    // kernels mask dy as they read it, so no pass of its own computes g. add_relu: the sums
+    // pass also writes g into dresidual (that is dresidual's value), and dx is computed from
+    // dresidual unmasked; relu: the dx pass masks dy again, and no masked copy is stored.
+    // Tensor-sized passes: sums read dy, y, x (and write dresidual), dx reads dy, y, x (or
+    // dresidual, x) and writes dx: 7 with the ReLU fused, 5 without.
+    const void* mask = desc_.fuse != BnFuse::none ? y.data : nullptr;
+    void* masked_dy = dresidual ? dresidual->data : nullptr;
+    const void* dx_dy = dresidual ? dresidual->data : dy.data;
+    const void* dx_mask = dresidual ? nullptr : mask;
     if (BatchStatsReducer* r = stats_reducer()) {
-      launch_bn_sync_backward_sums(sums(), dbn, x.data, desc_.dtype, M_, C, saved_mean.ptr<float>(),
-                                   saved_invstd.ptr<float>(), partials(), s);
+      launch_bn_sync_backward_sums(sums(), masked_dy, dy.data, mask, x.data, desc_.dtype, M_, C,
+                                   saved_mean.ptr<float>(), saved_invstd.ptr<float>(), partials(), s);
       launch_bn_sync_accumulate(dgamma.ptr<float>(), dbeta.ptr<float>(), sums(), C, s);  // this rank's sums
       r->sum(sums(), 2 * C + 1);
       launch_bn_sync_finish_backward(stat(2), stat(3), sums(), C, s);  // global means of g and g*xhat
-      launch_bn_backward_dx(dx.data, dbn, x.data, desc_.dtype, M_, C, saved_mean.ptr<float>(),
+      launch_bn_backward_dx(dx.data, dx_dy, dx_mask, x.data, desc_.dtype, M_, C, saved_mean.ptr<float>(),
                             saved_invstd.ptr<float>(), gamma.ptr<float>(), stat(2), stat(3), nullptr, nullptr, s, 1.0f);
       return;
     }
-    launch_bn_backward_sums(stat(2), stat(3), dbn, x.data, desc_.dtype, M_, C, saved_mean.ptr<float>(),
-                            saved_invstd.ptr<float>(), partials(), s);
-    launch_bn_backward_dx(dx.data, dbn, x.data, desc_.dtype, M_, C, saved_mean.ptr<float>(), saved_invstd.ptr<float>(),
-                          gamma.ptr<float>(), stat(2), stat(3), dgamma.ptr<float>(), dbeta.ptr<float>(), s);
+    launch_bn_backward_sums(stat(2), stat(3), masked_dy, dy.data, mask, x.data, desc_.dtype, M_, C,
+                            saved_mean.ptr<float>(), saved_invstd.ptr<float>(), partials(), s);
+    launch_bn_backward_dx(dx.data, dx_dy, dx_mask, x.data, desc_.dtype, M_, C, saved_mean.ptr<float>(),
+                          saved_invstd.ptr<float>(), gamma.ptr<float>(), stat(2), stat(3), dgamma.ptr<float>(),
+                          dbeta.ptr<float>(), s);
   }
 
  private:
