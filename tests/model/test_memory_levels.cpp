@@ -238,6 +238,9 @@ TEST(MemoryLevels, NamesRoundTripAndUnknownIsAnError) {
 // their JIT code, thread stacks, allocator slack).
 TEST(MemoryMeasured, PlannedPeakWithinMarginOfMeasured) {
   if (!reset_peak_resident()) GTEST_SKIP() << "/proc/self/clear_refs is not writable here";
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer's redzones and quarantine count in the resident set";
+#endif
   Model model(build_model("resnet20", fashion_mnist_shape()));
   model.init(1);
   auto backend = make_backend("cpu");
