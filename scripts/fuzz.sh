@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (fuzz/) with clang and runs each for SECONDS (default 30),
-# starting from a seed corpus of valid images (tools/make_test_images.py, when PIL is there)
-# plus what earlier runs found (build-fuzz/corpus-*). A crash fails the script and leaves the
+# starting from its seeds: valid images for decode_fuzz (tools/make_test_images.py, when PIL
+# is there), fuzz/seeds-<target>/ (valid files and regress-* inputs of past crashes), and what
+# earlier runs found (build-fuzz/corpus-*). A crash fails the script and leaves the
 # input in build-fuzz/ (crash-*), to be turned into a test.
 # Usage: scripts/fuzz.sh [SECONDS=30]
 set -euo pipefail

@@ -38,9 +38,10 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "resnet: error: {}\n", e.what());
     return 1;
   } catch (const std::exception& e) {
-    // Every expected failure is an rn::Error that names what is wrong; anything else is a
-    // bug of ours, but it still ends with its message and a status, not std::terminate.
-    fmt::print(stderr, "resnet: internal error (please report it): {}\n", e.what());
+    // Expected failures are rn::Errors that name what is wrong. Anything else (out of
+    // memory, a filesystem error, or a bug of ours) still ends with its message and a
+    // status, not std::terminate.
+    fmt::print(stderr, "resnet: unexpected error: {}\n", e.what());
     return 1;
   }
   return 0;

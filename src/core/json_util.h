@@ -23,6 +23,11 @@
 
 namespace rn {
 
+// The largest count (records, elements, steps) the readers accept: 2^40, far beyond any real
+// file (the shard index has the same limit), and small enough that a sum of 2^23 of them (more
+// than any file holds) cannot overflow int64.
+inline constexpr int64_t kJsonMaxCount = int64_t{1} << 40;
+
 // The value of `v` if it is a JSON integer in [lo, hi] (a number written without a fraction
 // or exponent); empty otherwise, doubles included.
 inline std::optional<int64_t> json_integer(const nlohmann::json& v, int64_t lo, int64_t hi) {

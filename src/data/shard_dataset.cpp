@@ -59,7 +59,8 @@ ShardDataset::ShardDataset(const std::string& dir, ShardDatasetOptions options) 
       << "'" << manifest_path << "' is missing: '" << dir << "' is not a folder packed by `resnet pack` "
       << "(or packing did not finish)";
   manifest_ = parse_shard_manifest(read_text_file(manifest_path), manifest_path);
-  records_.reserve(static_cast<size_t>(manifest_.records));
+  // The manifest's count is not trusted for an allocation before the indexes confirm it.
+  records_.reserve(static_cast<size_t>(std::min<int64_t>(manifest_.records, int64_t{1} << 20)));
   for (size_t s = 0; s < manifest_.shards.size(); ++s) open_shard(s);
 
   // Keys are unique over the whole dataset, so that "shard:key" names one record.

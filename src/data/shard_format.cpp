@@ -108,7 +108,7 @@ ShardManifest parse_shard_manifest(std::string_view text, const std::string& fil
                             << ", expected an integer in [" << lo << ", " << hi << "]";
     return *v;
   };
-  constexpr int64_t kMaxCount = int64_t{1} << 53;  // records, bytes: far beyond any dataset
+  constexpr int64_t kMaxCount = kJsonMaxCount;  // records; tar_bytes may use the whole int64 range
   ShardManifest m;
   try {
     RN_CHECK(j.is_object()) << file << ": expected a JSON object at the top";
@@ -138,8 +138,8 @@ ShardManifest parse_shard_manifest(std::string_view text, const std::string& fil
             << file << ": shard " << m.shards.size() << " names '" << *name
             << "': expected a file name in the same folder";
       total += e.records;  // at most 2^53 each: no overflow before the check below
-      RN_CHECK(total <= m.records) << file << ": the shards hold more than the " << m.records
-                                   << " records 'records' says";
+      RN_CHECK(total <= m.records) << file << ": shards 0.." << m.shards.size() << " hold " << total
+                                   << " records, more than the " << m.records << " 'records' says";
       m.shards.push_back(std::move(e));
     }
     RN_CHECK(!m.shards.empty()) << file << ": 'shards' is empty";
@@ -152,7 +152,7 @@ ShardManifest parse_shard_manifest(std::string_view text, const std::string& fil
       m.max_size = static_cast<int>(integer(p, "max_size", 0, INT32_MAX, 0));
       m.quality = static_cast<int>(integer(p, "quality", 0, 100, 0));
       m.raw = p.value("raw", false);
-      m.records_per_shard = integer(p, "records_per_shard", 0, kMaxCount, 0);
+      m.records_per_shard = integer(p, "records_per_shard", 0, INT64_MAX, 0);  // as given to `resnet pack`
       m.skipped = integer(p, "skipped", 0, kMaxCount, 0);
     }
   } catch (const nlohmann::json::exception& e) {

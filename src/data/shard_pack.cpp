@@ -324,8 +324,9 @@ void clean_output_folder(const PackOptions& o, int64_t shards) {
 // Records per shard for about `target` bytes, from the packed size of up to 64 records
 // spread over the dataset (deterministic, so that a rerun splits the same way).
 int64_t choose_records_per_shard(const EncodedDataset& src, const PackOptions& o) {
-  if (o.records_per_shard > 0) return o.records_per_shard;
   const int64_t n = src.size(), samples = std::min<int64_t>(n, 64);
+  // More records per shard than the dataset holds is one shard (and no overflow below).
+  if (o.records_per_shard > 0) return std::min(o.records_per_shard, std::max<int64_t>(n, 1));
   RecordPacker packer(o);
   uint64_t bytes = 0, ignored = 0;
   int64_t ok = 0;

@@ -154,7 +154,8 @@ SafetensorsEntry parse_entry(const std::string& path, const std::string& name, c
   bool overflow = false, has_zero = false;
   for (const json& d : shape) {
     RN_CHECK(d.is_number_unsigned() && d.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX))
-        << where << "shape " << json_excerpt(shape) << " has an element that is not a non-negative integer (below 2^63)";
+        << where << "shape " << json_excerpt(shape)
+        << " has an element that is not a non-negative integer (below 2^63)";
     uint64_t v = d.get<uint64_t>();
     dims.push_back(static_cast<int64_t>(v));
     has_zero = has_zero || v == 0;

@@ -10,7 +10,7 @@
 // x, y, residual, dx, dy, dresidual have the activation dtype; gamma, beta, saved and
 // running stats and their gradients are fp32. dx, dresidual are overwritten; dgamma,
 // dbeta accumulate. Backward reads y for the ReLU mask (y > 0) when fused; dx may be dy
-// itself (in place).
+// itself (in place); dresidual shares memory with none of dx, dy, x and y.
 // forward_recompute regenerates the y of an earlier forward_training bit for bit (memory
 // level O2 frees y after forward and rebuilds it just before backward needs it).
 //

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <limits>
 
 #include "core/atomic_file.h"
 #include "core/check.h"
@@ -46,39 +47,52 @@ nlohmann::json GradRecord::to_json() const {
   return {{"epoch", epoch}, {"step", step}, {"loss_scale", loss_scale}, {"applied", applied}, {"layers", layers_json}};
 }
 
-// Counts are read as integers in range (json_util.h): get<int64_t>() of a double out of
-// range is undefined behaviour. A bad field throws nlohmann's type_error, which
-// read_grad_summary() turns into an error naming the file and line.
+// A record written by to_json() (one line of grad_summary.jsonl). Counts, the epoch and the
+// step are integers in [0, kJsonMaxCount] (json_util.h: no double converted, nothing that
+// overflows when summed); norms and ratios are numbers, or null where to_json() wrote a
+// non-finite value (a diverged run), read back as NaN. Throws rn::Error saying which field.
 GradRecord GradRecord::from_json(const nlohmann::json& j) {
-  auto integer = [](const nlohmann::json& v, const char* key) {
-    const std::optional<int64_t> i = json_integer(v, INT64_MIN, INT64_MAX);
-    if (!i) throw nlohmann::json::type_error::create(302, std::string("'") + key + "' is " + json_excerpt(v, 40) +
-                                                              ", expected an integer", &v);
+  auto field = [](const nlohmann::json& o, const char* key) -> const nlohmann::json& {
+    RN_CHECK(o.is_object() && o.contains(key)) << "no '" << key << "' in " << json_excerpt(o, 60);
+    return o.at(key);
+  };
+  auto count = [](const nlohmann::json& v, const char* key) {
+    const std::optional<int64_t> i = json_integer(v, 0, kJsonMaxCount);
+    RN_CHECK(i.has_value()) << "'" << key << "' is " << json_excerpt(v, 40) << ", expected an integer in [0, "
+                            << kJsonMaxCount << "]";
     return *i;
   };
-  auto count = [&](const nlohmann::json& o, const char* key) { return integer(o.at(key), key); };
+  auto real = [](const nlohmann::json& v, const char* key) {
+    RN_CHECK(v.is_number() || v.is_null()) << "'" << key << "' is " << json_excerpt(v, 40) << ", expected a number";
+    return v.is_null() ? std::numeric_limits<double>::quiet_NaN() : v.get<double>();
+  };
   GradRecord r;
-  r.epoch = count(j, "epoch");
-  r.step = count(j, "step");
-  r.loss_scale = j.at("loss_scale").get<double>();
-  r.applied = j.at("applied").get<bool>();
-  for (const auto& l : j.at("layers")) {
+  r.epoch = count(field(j, "epoch"), "epoch");
+  r.step = count(field(j, "step"), "step");
+  r.loss_scale = real(field(j, "loss_scale"), "loss_scale");
+  const nlohmann::json& applied = field(j, "applied");
+  RN_CHECK(applied.is_boolean()) << "'applied' is " << json_excerpt(applied, 40) << ", expected true or false";
+  r.applied = applied.get<bool>();
+  const nlohmann::json& layers = field(j, "layers");
+  RN_CHECK(layers.is_array()) << "'layers' is " << json_excerpt(layers, 40) << ", expected a list";
+  for (const nlohmann::json& l : layers) {
     LayerGradStats s;
-    s.name = l.at("name").get<std::string>();
-    s.grad.numel = count(l, "numel");
-    const double norm = l.at("grad_norm").get<double>();
+    const nlohmann::json& name = field(l, "name");
+    RN_CHECK(name.is_string()) << "'name' is " << json_excerpt(name, 40) << ", expected a string";
+    s.name = name.get<std::string>();
+    s.grad.numel = count(field(l, "numel"), "numel");
+    const double norm = real(field(l, "grad_norm"), "grad_norm");
     s.grad.sum_sq = norm * norm;
-    s.grad.max_abs = l.at("grad_max_abs").get<double>();
-    s.grad.zeros = count(l, "zeros");
-    s.grad.infs = count(l, "infs");
-    s.grad.nans = count(l, "nans");
-    const nlohmann::json& hist = l.at("hist");
-    if (!hist.is_array() || hist.size() != s.grad.hist.size())
-      throw nlohmann::json::type_error::create(302, "'hist' is " + json_excerpt(hist, 40) + ", expected " +
-                                                        std::to_string(s.grad.hist.size()) + " integers", &hist);
-    for (size_t b = 0; b < s.grad.hist.size(); ++b) s.grad.hist[b] = integer(hist[b], "hist");
-    s.weight_norm = l.at("weight_norm").get<double>();
-    s.update_ratio = l.at("update_ratio").get<double>();
+    s.grad.max_abs = real(field(l, "grad_max_abs"), "grad_max_abs");
+    s.grad.zeros = count(field(l, "zeros"), "zeros");
+    s.grad.infs = count(field(l, "infs"), "infs");
+    s.grad.nans = count(field(l, "nans"), "nans");
+    const nlohmann::json& hist = field(l, "hist");
+    RN_CHECK(hist.is_array() && hist.size() == s.grad.hist.size())
+        << "'hist' is " << json_excerpt(hist, 40) << ", expected " << s.grad.hist.size() << " integers";
+    for (size_t b = 0; b < s.grad.hist.size(); ++b) s.grad.hist[b] = count(hist[b], "hist");
+    s.weight_norm = real(field(l, "weight_norm"), "weight_norm");
+    s.update_ratio = real(field(l, "update_ratio"), "update_ratio");
     r.layers.push_back(std::move(s));
   }
   return r;
@@ -141,7 +155,7 @@ std::vector<GradRecord> read_grad_summary(const std::string& path) {
     if (line.empty()) continue;
     try {
       out.push_back(GradRecord::from_json(nlohmann::json::parse(line)));
-    } catch (const nlohmann::json::exception& e) {
+    } catch (const std::exception& e) {  // nlohmann's parse errors and from_json's rn::Error
       if (f.peek() == EOF) break;  // a torn last line from a killed run
       RN_FAIL() << path << ":" << no << ": not a gradient summary record (" << e.what() << ")";
     }

@@ -27,6 +27,12 @@ double number(const json& record, const char* key) {
   return it != record.end() && it->is_number() ? it->get<double>() : kNaN;
 }
 
+// A record's string, or "" when the field is missing or not a string.
+std::string text(const json& record, const char* key) {
+  auto it = record.find(key);
+  return it != record.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
 // The records that describe the run as it finally went: what resumed runs rewound over is
 // dropped (see report.h).
 struct History {
@@ -210,7 +216,7 @@ std::string diagnostics_section(const History& h) {
     }
     for (const json* w : h.variance_warnings)
       html += fmt::format("<tr><th>variance warning at step {:g}</th><td>{}: {}</td></tr>\n", number(*w, "step"),
-                          html_escape(w->value("cause", std::string())), html_escape(w->value("evidence", std::string())));
+                          html_escape(text(*w, "cause")), html_escape(text(*w, "evidence")));
     html += "</table>\n";
   }
   std::vector<std::string> svgs;
@@ -303,7 +309,7 @@ std::string pipeline_table(const std::vector<json>& records) {
     for (const char* key : {"read_s", "decode_s", "augment_s", "collate_s", "copy_s", "step_s"})
       rows += fmt::format("<td>{:.2f}</td>", 1e3 * number(r, key) / batches);
     rows += fmt::format("<td>{:.1f}%</td><td>{}</td></tr>\n", 100 * number(r, "wait_share"),
-                        html_escape(r.value("verdict", std::string())));
+                        html_escape(text(r, "verdict")));
   }
   if (rows.empty()) return "<p class=\"nodata\">no input-pipeline records yet (written after each epoch)</p>\n";
   return "<p>milliseconds per batch; read, decode, augment and collate run on the loader's workers, copy and step on "

@@ -116,6 +116,10 @@ std::string summarize_grad_run(const std::vector<GradRecord>& all) {
     if (r.epoch == records.front().epoch) first_epoch.push_back(&r);
   const GradRecord& a = *first_epoch.front();
   const GradRecord& z = *first_epoch.back();
+  for (const GradRecord* r : first_epoch)
+    RN_CHECK(r->layers.size() == a.layers.size())
+        << "summary: the record of step " << r->step << " has " << r->layers.size() << " tensors, the one of step "
+        << a.step << " has " << a.layers.size() << " (two runs' summaries in one file?)";
   std::string s = fmt::format("first epoch ({}): {} monitored steps, {} .. {}; loss scale {:g} .. {:g}\n", a.epoch + 1,
                               first_epoch.size(), a.step, z.step, a.loss_scale, z.loss_scale);
   const TensorStats ta = a.total(), tz = z.total();

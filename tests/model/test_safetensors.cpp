@@ -301,6 +301,9 @@ std::string entry(const std::string& name, const std::string& dtype, const std::
   return "\"" + name + "\":{\"dtype\":" + dtype + ",\"shape\":" + shape + ",\"data_offsets\":" + offsets + "}";
 }
 
+// An empty array nested `depth` deep: [[[...]]].
+std::string nested(size_t depth) { return std::string(depth, '[') + std::string(depth, ']'); }
+
 const std::vector<MalformedCase>& malformed_cases() {
   static const std::vector<MalformedCase> cases = {
       {"BadJson", R"({"w":{"dtype":"F32",)", 8, {"not valid JSON"}},
@@ -357,10 +360,10 @@ const std::vector<MalformedCase>& malformed_cases() {
       {"EmptyName", "{" + entry("", "\"F32\"", "[2]", "[0,8]") + "}", 8, {"empty name"}},
       // Nested 300000 deep: the message shows an excerpt (dump() recursed once per level and
       // overflowed the stack).
-      {"ShapeNestedDeep", "{" + entry("w", "\"F32\"", std::string(300000, '[') + std::string(300000, ']'), "[0,0]") + "}",
-       0, {"tensor 'w'", "shape [[[[[...]]]]] has an element that is not"}},
-      {"OffsetsNestedDeep", "{" + entry("w", "\"F32\"", "[0]", std::string(300000, '[') + std::string(300000, ']')) + "}",
-       0, {"tensor 'w'", "data_offsets [[[[[...]]]]] is not an array of two"}},
+      {"ShapeNestedDeep", "{" + entry("w", "\"F32\"", nested(300000), "[0,0]") + "}", 0,
+       {"tensor 'w'", "shape [[[[[...]]]]] has an element that is not"}},
+      {"OffsetsNestedDeep", "{" + entry("w", "\"F32\"", "[0]", nested(300000)) + "}", 0,
+       {"tensor 'w'", "data_offsets [[[[[...]]]]] is not an array of two"}},
       {"ShapeLongString", "{" + entry("w", "\"F32\"", "[\"" + std::string(100000, 'a') + "\"]", "[0,0]") + "}", 0,
        {"tensor 'w'", "shape [\"aaaaaaaaaa", "a... has an element"}},
       {"MetadataNotObject", R"({"__metadata__":["a"]})", 0, {"__metadata__ is a JSON array"}},

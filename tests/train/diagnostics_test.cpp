@@ -170,14 +170,25 @@ TEST(Summary, SummaryFileRoundTripAndErrors) {
   for (int b = 1; b < TensorStats::kBins; ++b) hist += ",0";
   hist += "]";
   auto read_with = [&](const std::string& from, const std::string& to) {
-    const std::string line = std::regex_replace(std::regex_replace(good, std::regex("HIST"), hist), std::regex(from), to);
+    const std::string line =
+        std::regex_replace(std::regex_replace(good, std::regex("HIST"), hist), std::regex(from), to);
     std::ofstream(dir.file("grad_summary.jsonl")) << line << "\n" << line << "\n";
     return read_grad_summary(dir.file("grad_summary.jsonl"));
   };
   EXPECT_EQ(read_with("x", "x").size(), 2u);
+  // A diverged run writes its non-finite norms as null: they read back as NaN.
+  const std::vector<GradRecord> diverged = read_with("\"weight_norm\":2", "\"weight_norm\":null");
+  ASSERT_EQ(diverged.size(), 2u);
+  EXPECT_TRUE(std::isnan(diverged[0].layers[0].weight_norm));
   for (const auto& [from, to, phrase] : std::vector<std::array<std::string, 3>>{
            {"\"step\":2", "\"step\":3e300", "'step' is 3e+300, expected an integer"},
            {"\"zeros\":0", "\"zeros\":0.5", "'zeros' is 0.5"},
+           // Counts are summed over tensors: negative or huge ones are refused, not overflowed.
+           {"\"numel\":4", "\"numel\":9223372036854775807", "'numel' is 9223372036854775807"},
+           {"\"infs\":0", "\"infs\":-1", "'infs' is -1, expected an integer in [0, 1099511627776]"},
+           {"\"grad_norm\":1", "\"grad_norm\":\"1\"", "'grad_norm' is \"1\", expected a number"},
+           {"\"applied\":true", "\"applied\":1", "'applied' is 1, expected true or false"},
+           {",\"update_ratio\":0.01", "", "no 'update_ratio' in {"},
            {"\"hist\":\\[0", "\"hist\":[1e300", "'hist' is 1e+300"},
            {"\"hist\":\\[0,", "\"hist\":[", "expected " + std::to_string(TensorStats::kBins) + " integers"}}) {
     try {
@@ -188,6 +199,24 @@ TEST(Summary, SummaryFileRoundTripAndErrors) {
           << e.what();
       EXPECT_NE(std::string(e.what()).find(phrase), std::string::npos) << e.what();
     }
+  }
+}
+
+// Every first-epoch record must list the same tensors (two runs appended into one file do
+// not): the table indexes them all by the first record's positions.
+TEST(Summary, RecordsWithOtherTensorsAreRefused) {
+  GradRecord a, b;
+  a.epoch = b.epoch = 0;
+  a.step = 1;
+  b.step = 2;
+  a.layers.resize(2);
+  b.layers.resize(1);
+  try {
+    summarize_grad_run({a, b});
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("step 2 has 1 tensors, the one of step 1 has 2"), std::string::npos)
+        << e.what();
   }
 }
 

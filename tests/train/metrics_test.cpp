@@ -130,8 +130,10 @@ std::string metrics_error(const TestDir& dir, const std::string& text) {
 
 TEST(Metrics, MalformedMiddleLineNamesFileAndLine) {
   TestDir dir;
-  EXPECT_THAT(metrics_error(dir, "{\"kind\":\"train\",\"step\":1}\n\n{\"kind\":\"train\",\"st\n{\"kind\":\"train\",\"step\":3}\n"),
-              StartsWith(":3:"));
+  EXPECT_THAT(
+      metrics_error(dir,
+                    "{\"kind\":\"train\",\"step\":1}\n\n{\"kind\":\"train\",\"st\n{\"kind\":\"train\",\"step\":3}\n"),
+      StartsWith(":3:"));
 }
 
 TEST(Metrics, MalformedCompleteLastLineIsAnError) {
@@ -143,7 +145,8 @@ TEST(Metrics, MalformedCompleteLastLineIsAnError) {
 // past read_metrics uncaught.
 TEST(Metrics, NumberTooLargeIsAnErrorNamingFileAndLine) {
   TestDir dir;
-  EXPECT_THAT(metrics_error(dir, "{\"kind\":\"train\",\"step\":1}\n{\"kind\":\"train\",\"loss\":1e999}\n{\"kind\":\"train\"}\n"),
+  EXPECT_THAT(metrics_error(
+                  dir, "{\"kind\":\"train\",\"step\":1}\n{\"kind\":\"train\",\"loss\":1e999}\n{\"kind\":\"train\"}\n"),
               StartsWith(":2:"));
 }
 

@@ -51,7 +51,9 @@ void launch_bn_apply(void* y, const void* x, const void* residual, DType t, int6
 void launch_bn_backward_sums(float* sum_dy, float* sum_dy_xhat, void* masked_dy, const void* dy, const void* y,
                              const void* x, DType t, int64_t M, int64_t C, const float* mean, const float* invstd,
                              float* partials, cudaStream_t s);
-// dx from g (dx may be dy); dgamma += sum_dy_xhat, dbeta += sum_dy (not when dgamma is null).
+// dx from g; dgamma += sum_dy_xhat, dbeta += sum_dy (not when dgamma is null). Each element of
+// dy, y and x is read by the thread that then writes the same element of dx, so dx may be dy,
+// y or x; masked_dy (sums pass) and dx must not overlap x or each other's other elements.
 // The sums are scaled by inv_count, 1/M when negative (synchronised BN passes global means and 1).
 void launch_bn_backward_dx(void* dx, const void* dy, const void* y, const void* x, DType t, int64_t M, int64_t C,
                            const float* mean, const float* invstd, const float* gamma, const float* sum_dy,
