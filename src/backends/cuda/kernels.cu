@@ -95,6 +95,19 @@ __device__ __forceinline__ T relu_grad(T dy, T y) {
   return to_f32<T>(y) > 0.0f ? dy : from_f32<T>(0.0f);
 }
 
+// The gradient reaching a batch norm at `at`: dy's V elements, masked by relu_grad when y
+// (the fused ReLU's output) is given. Both backward passes read g through this.
+template <typename T, int V>
+__device__ __forceinline__ Pack<T, V> load_bn_grad(const T* dy, const T* y, int64_t at, bool aligned) {
+  Pack<T, V> gv = load_pack<T, V>(dy + at, aligned);
+  if (y) {
+    const Pack<T, V> yv = load_pack<T, V>(y + at, aligned);
+#pragma unroll
+    for (int k = 0; k < V; ++k) gv.v[k] = relu_grad<T>(gv.v[k], yv.v[k]);
+  }
+  return gv;
+}
+
 template <typename T, int V>
 __global__ void relu_backward_kernel(T* dx, const T* dy, const T* y, int64_t n) {
   flat_loop<V>(n, [&]<int W>(int64_t i) {
@@ -232,14 +245,9 @@ struct SumDyAndDyXhat {
   template <int V>
   __device__ void add(int64_t m, int64_t g, const float (&p)[2][V], float* a, float* b) const {
     const int64_t at = m * C + g * V;
-    Pack<T, V> gv = load_pack<T, V>(dy + at, aligned);
+    const Pack<T, V> gv = load_bn_grad<T, V>(dy, y, at, aligned);
     const Pack<T, V> xv = load_pack<T, V>(x + at, aligned);
-    if (y) {
-      const Pack<T, V> yv = load_pack<T, V>(y + at, aligned);
-#pragma unroll
-      for (int k = 0; k < V; ++k) gv.v[k] = relu_grad<T>(gv.v[k], yv.v[k]);
-      if (masked_dy) store_pack<T, V>(masked_dy + at, gv, aligned);
-    }
+    if (masked_dy) store_pack<T, V>(masked_dy + at, gv, aligned);
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       const float gk = to_f32<T>(gv.v[k]);
@@ -471,13 +479,8 @@ __global__ void bn_backward_dx_kernel(T* dx, const T* dy, const T* y, const T* x
   }
   RN_TILE_ROWS(tl, m) {
     const int64_t at = m * tl.C + g * V;
-    Pack<T, V> gv = load_pack<T, V>(dy + at, aligned);
+    const Pack<T, V> gv = load_bn_grad<T, V>(dy, y, at, aligned);
     const Pack<T, V> xv = load_pack<T, V>(x + at, aligned);
-    if (y) {
-      const Pack<T, V> yv = load_pack<T, V>(y + at, aligned);
-#pragma unroll
-      for (int k = 0; k < V; ++k) gv.v[k] = relu_grad<T>(gv.v[k], yv.v[k]);
-    }
     Pack<T, V> out;
 #pragma unroll
     for (int k = 0; k < V; ++k)
