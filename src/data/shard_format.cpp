@@ -108,7 +108,6 @@ ShardManifest parse_shard_manifest(std::string_view text, const std::string& fil
                             << ", expected an integer in [" << lo << ", " << hi << "]";
     return *v;
   };
-  constexpr int64_t kMaxCount = kJsonMaxCount;  // records; tar_bytes may use the whole int64 range
   ShardManifest m;
   try {
     RN_CHECK(j.is_object()) << file << ": expected a JSON object at the top";
@@ -121,7 +120,7 @@ ShardManifest parse_shard_manifest(std::string_view text, const std::string& fil
         << kShardFormatVersion << ")";
     m.classes = j.at("classes").get<std::vector<std::string>>();
     RN_CHECK(!m.classes.empty()) << file << ": 'classes' is empty";
-    m.records = integer(j, "records", 0, kMaxCount);
+    m.records = integer(j, "records", 0, kJsonMaxCount);
     RN_CHECK(j.at("shards").is_array()) << file << ": 'shards' is " << json_excerpt(j.at("shards"), 40)
                                         << ", expected a list";
     int64_t total = 0;
@@ -131,7 +130,7 @@ ShardManifest parse_shard_manifest(std::string_view text, const std::string& fil
       ShardManifestEntry e;
       e.tar = s.at("tar").get<std::string>();
       e.index = s.at("index").get<std::string>();
-      e.records = integer(s, "records", 0, kMaxCount);
+      e.records = integer(s, "records", 0, kJsonMaxCount);
       e.tar_bytes = static_cast<uint64_t>(integer(s, "tar_bytes", 0, INT64_MAX));
       for (const std::string* name : {&e.tar, &e.index})
         RN_CHECK(!name->empty() && name->find('/') == std::string::npos && *name != "." && *name != "..")
@@ -153,7 +152,7 @@ ShardManifest parse_shard_manifest(std::string_view text, const std::string& fil
       m.quality = static_cast<int>(integer(p, "quality", 0, 100, 0));
       m.raw = p.value("raw", false);
       m.records_per_shard = integer(p, "records_per_shard", 0, INT64_MAX, 0);  // as given to `resnet pack`
-      m.skipped = integer(p, "skipped", 0, kMaxCount, 0);
+      m.skipped = integer(p, "skipped", 0, kJsonMaxCount, 0);
     }
   } catch (const nlohmann::json::exception& e) {
     RN_FAIL() << file << ": malformed manifest: " << e.what();

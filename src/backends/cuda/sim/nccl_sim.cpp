@@ -303,7 +303,16 @@ void run_collective(const std::shared_ptr<ncclComm>& comm, Header h, const void*
   }
 }
 
-ncclResult_t enqueue(ncclComm_t handle, Header h, const void* send, void* recv, cudaStream_t stream, const char* call) {
+// Checks one collective as NCCL would and queues it on `stream`; op_or_root is the reduction
+// of an all-reduce, the root of a broadcast.
+ncclResult_t enqueue(ncclComm_t handle, int32_t kind, size_t count, ncclDataType_t type, int32_t op_or_root,
+                     const void* send, void* recv, cudaStream_t stream) {
+  Header h;
+  h.kind = kind;
+  h.count = count;
+  h.type = type;
+  h.op_or_root = op_or_root;
+  const char* call = kind == kAllReduce ? "ncclAllReduce" : "ncclBroadcast";
   if (!handle) return fail(ncclInvalidArgument, std::string(call) + ": a null communicator");
   const std::shared_ptr<ncclComm> comm = handle_state(handle);
   if (!comm) return fail(ncclInvalidArgument, std::string(call) + ": a communicator that was destroyed or never made");
@@ -445,22 +454,12 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t handle, ncclResult_t* error) {
 
 ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
                            ncclComm_t comm, cudaStream_t stream) {
-  rn::cuda::sim::Header h;
-  h.kind = rn::cuda::sim::kAllReduce;
-  h.count = count;
-  h.type = type;
-  h.op_or_root = op;
-  return rn::cuda::sim::enqueue(comm, h, send, recv, stream, "ncclAllReduce");
+  return rn::cuda::sim::enqueue(comm, rn::cuda::sim::kAllReduce, count, type, op, send, recv, stream);
 }
 
 ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type, int root,
                            ncclComm_t comm, cudaStream_t stream) {
-  rn::cuda::sim::Header h;
-  h.kind = rn::cuda::sim::kBroadcast;
-  h.count = count;
-  h.type = type;
-  h.op_or_root = root;
-  return rn::cuda::sim::enqueue(comm, h, send, recv, stream, "ncclBroadcast");
+  return rn::cuda::sim::enqueue(comm, rn::cuda::sim::kBroadcast, count, type, root, send, recv, stream);
 }
 
 const char* ncclGetErrorString(ncclResult_t result) {
