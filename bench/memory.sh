@@ -9,7 +9,7 @@
 # Prints markdown tables (medians over ROUNDS rounds) and the issue's goals:
 #   O1 at most 60% of O0's peak; O2 fits >= 1.5x O1's batch at <= 15% more time per image.
 # Usage: bench/memory.sh [ROUNDS=3] [THREADS=2] [BATCH=16] [CAP=2GiB] [MODEL=resnet50]
-# (There is no CUDA backend yet, so no GPU figures: the GPU verification script will add them.)
+# (CPU only: the GPU's peak device memory is in the table of scripts/gpu-check.sh.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${1:-3}"
