@@ -11,7 +11,17 @@
 #include <thread>
 #include <vector>
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/cudnn_algo_cache.h"
 #include "backends/cuda/launch.h"
+#include "ops/conv2d.h"
 
 #ifdef RN_SIM_HAVE_NCCL
 #include <nccl.h>
@@ -233,6 +243,111 @@ TEST(CudaEmulationOnCpu, TheEmulatedNcclRefusesWhatNcclRefuses) {
   EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
 }
 #endif
+
+
+// cuDNN 9's finer "not supported" codes are not-supported cases (the harness reports them as
+// such); the ones that say the installation is unusable are errors.
+TEST(CudaEmulationOnCpu, CudnnNotSupportedCodesAreUnsupportedExceptABrokenInstallation) {
+  using rn::cuda::cudnn_not_supported;
+  for (const cudnnStatus_t s : {CUDNN_STATUS_NOT_SUPPORTED, CUDNN_STATUS_NOT_SUPPORTED_SHAPE,
+                                CUDNN_STATUS_NOT_SUPPORTED_LAYOUT, CUDNN_STATUS_NOT_SUPPORTED_SHARED_MEMORY_INSUFFICIENT,
+                                CUDNN_STATUS_NOT_SUPPORTED_PADDING, CUDNN_STATUS_NOT_SUPPORTED_BAD_LAUNCH_PARAM})
+    EXPECT_TRUE(cudnn_not_supported(s)) << cudnnGetErrorString(s);
+  for (const cudnnStatus_t s : {CUDNN_STATUS_SUCCESS, CUDNN_STATUS_BAD_PARAM, CUDNN_STATUS_INTERNAL_ERROR,
+                                CUDNN_STATUS_EXECUTION_FAILED, CUDNN_STATUS_NOT_SUPPORTED_ARCH_MISMATCH,
+                                CUDNN_STATUS_NOT_SUPPORTED_SUBLIBRARY_UNAVAILABLE,
+                                CUDNN_STATUS_NOT_SUPPORTED_INCOMPATIBLE_CUDA_DRIVER})
+    EXPECT_FALSE(cudnn_not_supported(s)) << cudnnGetErrorString(s);
+}
+
+// The emulated search reports, fastest first, a non-deterministic algorithm for both backward
+// directions, then a deterministic one, then one that fails as not supported: the backend
+// takes the fastest that ran, and only deterministic ones in high_precision mode.
+TEST(CudaEmulationOnCpu, TheConvolutionSearchTakesTheFastestAlgorithmThatRanDeterministicInHighPrecision) {
+  Conv2dDesc d;
+  d.p.in_channels = 8;
+  d.p.out_channels = 8;
+  d.p.kernel_h = d.p.kernel_w = 3;
+  d.p.pad_h = d.p.pad_w = 1;
+  d.batch = 2;
+  d.in_h = d.in_w = 5;
+  d.layout = Layout::nhwc;
+  const auto dir = std::filesystem::temp_directory_path() / ("rn_algo_choice_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  for (const DType t : {DType::f32, DType::f16}) {
+    for (const CudaImplMode mode : {CudaImplMode::high_performance, CudaImplMode::high_precision}) {
+      d.dtype = t;
+      const std::string path = (dir / (std::string(dtype_name(t)) + "_" + std::string(cuda_impl_mode_name(mode)) +
+                                       ".tsv")).string();
+      std::filesystem::remove(path);
+      CudaBackendOptions o;
+      o.mode = mode;
+      o.algo_cache_path = path;
+      auto backend = make_cuda_backend(o);
+      ASSERT_NE(backend->make_conv2d(d), nullptr);
+      std::map<std::string, cuda::CudnnAlgoChoice> chosen;  // direction -> choice
+      std::ifstream in(path);
+      for (std::string line; std::getline(in, line);) {
+        if (line.empty() || line[0] == '#') continue;  // the file's header
+        std::string key;
+        cuda::CudnnAlgoChoice c;
+        ASSERT_TRUE(cuda::CudnnAlgoCache::parse_line(line, &key, &c)) << line;
+        chosen[key.substr(0, key.find('|'))] = c;
+      }
+      ASSERT_EQ(chosen.size(), 3u) << path;
+      const bool det = mode == CudaImplMode::high_precision;
+      SCOPED_TRACE(std::string(dtype_name(t)) + " " + std::string(cuda_impl_mode_name(mode)));
+      EXPECT_EQ(chosen["fwd"].algo, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM);
+      EXPECT_EQ(chosen["bwd_data"].algo, det ? CUDNN_CONVOLUTION_BWD_DATA_ALGO_1 : CUDNN_CONVOLUTION_BWD_DATA_ALGO_0);
+      EXPECT_EQ(chosen["bwd_filter"].algo,
+                det ? CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1 : CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0);
+      for (const auto& [direction, c] : chosen) {
+        EXPECT_GT(c.workspace, 0u) << direction;
+        EXPECT_EQ(c.math_type, t == DType::f32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH) << direction;
+      }
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// cuDNN's measured search allocates and waits: during a stream capture it fails and the
+// capture is invalidated, as on a GPU.
+TEST(CudaEmulationOnCpu, AConvolutionSearchDuringACaptureInvalidatesIt) {
+  Streams s;
+  cudnnHandle_t h = nullptr;
+  ASSERT_EQ(cudnnCreate(&h), CUDNN_STATUS_SUCCESS);
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr;
+  cudnnFilterDescriptor_t w = nullptr;
+  cudnnConvolutionDescriptor_t conv = nullptr;
+  ASSERT_EQ(cudnnCreateTensorDescriptor(&x), CUDNN_STATUS_SUCCESS);
+  ASSERT_EQ(cudnnCreateTensorDescriptor(&y), CUDNN_STATUS_SUCCESS);
+  ASSERT_EQ(cudnnCreateFilterDescriptor(&w), CUDNN_STATUS_SUCCESS);
+  ASSERT_EQ(cudnnCreateConvolutionDescriptor(&conv), CUDNN_STATUS_SUCCESS);
+  ASSERT_EQ(cudnnSetTensor4dDescriptor(x, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, 1, 4, 4, 4), CUDNN_STATUS_SUCCESS);
+  ASSERT_EQ(cudnnSetTensor4dDescriptor(y, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, 1, 4, 4, 4), CUDNN_STATUS_SUCCESS);
+  ASSERT_EQ(cudnnSetFilter4dDescriptor(w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NHWC, 4, 4, 1, 1), CUDNN_STATUS_SUCCESS);
+  ASSERT_EQ(cudnnSetConvolution2dDescriptor(conv, 0, 0, 1, 1, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
+            CUDNN_STATUS_SUCCESS);
+  cudnnConvolutionFwdAlgoPerf_t perf[4];
+  int got = 0;
+  ASSERT_EQ(cudnnFindConvolutionForwardAlgorithm(h, x, w, conv, y, 4, &got, perf), CUDNN_STATUS_SUCCESS);
+  EXPECT_EQ(got, 2);
+  EXPECT_EQ(perf[0].status, CUDNN_STATUS_SUCCESS);
+  EXPECT_TRUE(cuda::cudnn_not_supported(perf[1].status));
+
+  ASSERT_EQ(cudaStreamBeginCapture(s.origin, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  EXPECT_NE(cudnnFindConvolutionForwardAlgorithm(h, x, w, conv, y, 4, &got, perf), CUDNN_STATUS_SUCCESS);
+  const std::string e = last_error();
+  EXPECT_NE(e.find("cudnnFindConvolutionForwardAlgorithm"), std::string::npos) << e;
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaStreamEndCapture(s.origin, &graph), cudaErrorStreamCaptureInvalidated);
+  EXPECT_EQ(graph, nullptr);
+  cudnnDestroyConvolutionDescriptor(conv);
+  cudnnDestroyFilterDescriptor(w);
+  cudnnDestroyTensorDescriptor(y);
+  cudnnDestroyTensorDescriptor(x);
+  cudnnDestroy(h);
+}
 
 }  // namespace
 }  // namespace rn

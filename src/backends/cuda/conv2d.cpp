@@ -39,6 +39,7 @@ class CudnnConv final : public Conv2dKernel {
  private:
   std::string key(Direction dir) const;
   CudnnAlgoChoice choose(Direction dir);
+  size_t fma_workspace(Direction dir, int algo, const std::string& what) const;
   void* weights_krsc(const Tensor& w) const;  // the transposed weights in the scratch
   char* scratch() const { return static_cast<char*>(ctx_->workspace()); }
   // fp32 convolutions run with FMA math whatever the algorithm cache says: never TF32.
@@ -115,15 +116,10 @@ std::string CudnnConv::key(Direction dir) const {
   return s.str();
 }
 
-bool not_supported(cudnnStatus_t status) {
-  return status == CUDNN_STATUS_NOT_SUPPORTED || status == CUDNN_STATUS_NOT_SUPPORTED_SHAPE ||
-         status == CUDNN_STATUS_NOT_SUPPORTED_DATA_TYPE || status == CUDNN_STATUS_NOT_SUPPORTED_LAYOUT;
-}
-
 // Picks the fastest successful result that fits the workspace limit (and, in
 // high_precision mode, is deterministic). For fp32 data, never a tensor-op (TF32) result:
 // FMA results first, else the fastest default-math one, which set_math runs with FMA math
-// anyway. When no algorithm ran at all, a result that failed for another reason than "not
+// anyway (choose() then asks cuDNN for that pair's workspace). When no algorithm ran at all, a result that failed for another reason than "not
 // supported" (a broken installation, a missing sub-library) is an error, not an unsupported
 // case, so that the harness does not turn it into a skip.
 template <typename Perf>
@@ -133,7 +129,7 @@ CudnnAlgoChoice pick(const std::vector<Perf>& results, int count, bool determini
   std::string failures;
   for (int i = 0; i < count; ++i) {
     const Perf& r = results[static_cast<size_t>(i)];
-    if (r.status != CUDNN_STATUS_SUCCESS && !not_supported(r.status))
+    if (r.status != CUDNN_STATUS_SUCCESS && !cudnn_not_supported(r.status))
       failures += (failures.empty() ? "" : ", ") + std::string("algorithm ") + std::to_string(r.algo) + ": " +
                   cudnnGetErrorString(r.status);
     any_ran = any_ran || r.status == CUDNN_STATUS_SUCCESS;
@@ -159,7 +155,7 @@ CudnnAlgoChoice pick(const std::vector<Perf>& results, int count, bool determini
 // such; any other failure, including a broken installation (driver, sub-library, arch), is
 // an error.
 void search_status(cudnnStatus_t status, const std::string& what) {
-  if (not_supported(status))
+  if (cudnn_not_supported(status))
     RN_UNSUPPORTED() << "cuda backend: cuDNN does not support " << what << ": " << cudnnGetErrorString(status);
   RN_CUDNN_CHECK(status);
 }
@@ -188,10 +184,30 @@ CudnnAlgoChoice CudnnConv::choose(Direction dir) {
     search_status(cudnnFindConvolutionBackwardFilterAlgorithm(h, x_, y_, conv_, w_, kAsk, &got, r.data()), what);
     c = pick(r, got, det, fp32, what);
   }
+  // A search result's workspace is that of its own math type; fp32 always runs with FMA math.
+  if (fp32) c.workspace = std::max(c.workspace, fma_workspace(dir, c.algo, what));
   RN_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_, math_));  // the search may have changed it
   ctx_->algo_cache().put(k, c);
   RN_LOG_DEBUG("cuda backend: {}: algorithm {} (math {}, workspace {} bytes)", what, c.algo, c.math_type, c.workspace);
   return c;
+}
+
+size_t CudnnConv::fma_workspace(Direction dir, int algo, const std::string& what) const {
+  RN_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_, CUDNN_FMA_MATH));
+  cudnnHandle_t h = ctx_->cudnn();
+  size_t bytes = 0;
+  cudnnStatus_t st;
+  if (dir == Direction::forward)
+    st = cudnnGetConvolutionForwardWorkspaceSize(h, x_, w_, conv_, y_, static_cast<cudnnConvolutionFwdAlgo_t>(algo),
+                                                 &bytes);
+  else if (dir == Direction::backward_data)
+    st = cudnnGetConvolutionBackwardDataWorkspaceSize(h, w_, y_, conv_, x_,
+                                                      static_cast<cudnnConvolutionBwdDataAlgo_t>(algo), &bytes);
+  else
+    st = cudnnGetConvolutionBackwardFilterWorkspaceSize(h, x_, y_, conv_, w_,
+                                                        static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo), &bytes);
+  search_status(st, what + " (algorithm " + std::to_string(algo) + " with FMA math)");
+  return bytes;
 }
 
 void* CudnnConv::weights_krsc(const Tensor& w) const {

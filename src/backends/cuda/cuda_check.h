@@ -41,6 +41,29 @@
               << cublasGetStatusString(rn_status_);                                          \
   } while (0)
 
+static_assert(CUDNN_MAJOR >= 9, "the cuda backend needs cuDNN 9 or newer (its status codes and sub-libraries)");
+
+namespace rn::cuda {
+// cuDNN 9's statuses come in categories (CUDNN_STATUS_CATEGORY): every code of the "not
+// supported" category means that this configuration (shape, type, layout, padding, shared
+// memory, launch parameters) has no implementation, except the five that say the
+// installation itself is unusable (driver, runtime, architecture, a missing prerequisite or
+// sub-library), which are errors.
+inline bool cudnn_not_supported(cudnnStatus_t status) {
+  if (CUDNN_STATUS_CATEGORY(status) != CUDNN_STATUS_NOT_SUPPORTED) return false;
+  switch (status) {
+    case CUDNN_STATUS_NOT_SUPPORTED_INCOMPATIBLE_CUDA_DRIVER:
+    case CUDNN_STATUS_NOT_SUPPORTED_INCOMPATIBLE_CUDART:
+    case CUDNN_STATUS_NOT_SUPPORTED_ARCH_MISMATCH:
+    case CUDNN_STATUS_NOT_SUPPORTED_RUNTIME_PREREQUISITE_MISSING:
+    case CUDNN_STATUS_NOT_SUPPORTED_SUBLIBRARY_UNAVAILABLE:
+      return false;
+    default:
+      return true;
+  }
+}
+}  // namespace rn::cuda
+
 // NCCL is checked the same way where it is used (include nccl.h first).
 #define RN_NCCL_CHECK(call)                                                                                           \
   do {                                                                                                                \

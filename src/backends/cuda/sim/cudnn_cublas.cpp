@@ -134,17 +134,52 @@ size_t w_elems(const Conv& c) { return static_cast<size_t>(c.K) * c.R * c.S * c.
 // of the scratch corrupts that part and the result.
 size_t workspace_bytes(const Conv& c) { return 256 + 4 * w_elems(c); }
 
-// One algorithm, deterministic, with the descriptor's math type.
-template <typename Perf, typename Algo>
-void one_result(const Conv& c, Algo algo, int requested, int* returned, Perf* perf) {
-  *returned = requested > 0 ? 1 : 0;
-  if (requested <= 0) return;
-  perf[0] = Perf{};
-  perf[0].algo = algo;
-  perf[0].status = CUDNN_STATUS_SUCCESS;
-  perf[0].memory = workspace_bytes(c);
-  perf[0].determinism = CUDNN_DETERMINISTIC;
-  perf[0].mathType = c.cd.math;
+// What the emulated search reports, fastest first, as cuDNN's does: for the backward
+// directions a non-deterministic algorithm ahead of a deterministic one (cuDNN's ALGO_0 is
+// non-deterministic in both), and last an algorithm that does not apply to the shape with
+// one of cuDNN 9's finer "not supported" codes. The successful ones compute the same sums
+// here; which one the backend takes shows in the algorithm cache.
+template <typename Algo>
+struct Reported {
+  Algo algo;
+  cudnnStatus_t status;
+  cudnnDeterminism_t determinism;
+};
+constexpr Reported<cudnnConvolutionFwdAlgo_t> kForward[] = {
+    {CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, CUDNN_STATUS_SUCCESS, CUDNN_DETERMINISTIC},
+    {CUDNN_CONVOLUTION_FWD_ALGO_FFT, CUDNN_STATUS_NOT_SUPPORTED_SHARED_MEMORY_INSUFFICIENT, CUDNN_DETERMINISTIC}};
+constexpr Reported<cudnnConvolutionBwdDataAlgo_t> kBackwardData[] = {
+    {CUDNN_CONVOLUTION_BWD_DATA_ALGO_0, CUDNN_STATUS_SUCCESS, CUDNN_NON_DETERMINISTIC},
+    {CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, CUDNN_STATUS_SUCCESS, CUDNN_DETERMINISTIC},
+    {CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT, CUDNN_STATUS_NOT_SUPPORTED_SHARED_MEMORY_INSUFFICIENT, CUDNN_DETERMINISTIC}};
+constexpr Reported<cudnnConvolutionBwdFilterAlgo_t> kBackwardFilter[] = {
+    {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0, CUDNN_STATUS_SUCCESS, CUDNN_NON_DETERMINISTIC},
+    {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, CUDNN_STATUS_SUCCESS, CUDNN_DETERMINISTIC},
+    {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT, CUDNN_STATUS_NOT_SUPPORTED_SHARED_MEMORY_INSUFFICIENT,
+     CUDNN_DETERMINISTIC}};
+
+template <typename Algo, size_t N>
+bool runs(const Reported<Algo> (&table)[N], Algo algo) {
+  for (const auto& r : table)
+    if (r.algo == algo) return r.status == CUDNN_STATUS_SUCCESS;
+  return false;
+}
+
+// The search's results: the table's first `requested`, with the descriptor's math type.
+template <typename Perf, typename Algo, size_t N>
+void results(const Conv& c, const Reported<Algo> (&table)[N], int requested, int* returned, Perf* perf) {
+  *returned = 0;
+  for (const auto& r : table) {
+    if (*returned >= requested) break;
+    Perf& p = perf[(*returned)++];
+    p = Perf{};
+    p.algo = r.algo;
+    p.status = r.status;
+    p.time = r.status == CUDNN_STATUS_SUCCESS ? static_cast<float>(*returned) : -1.0f;
+    p.memory = r.status == CUDNN_STATUS_SUCCESS ? workspace_bytes(c) : 0;
+    p.determinism = r.determinism;
+    p.mathType = c.cd.math;
+  }
 }
 
 // The workspace the call was given must hold what the algorithm asked for.
@@ -163,14 +198,31 @@ void queue(cudaStream_t stream, const std::function<void()>& op, const char* wha
 void gemm(bool a_t, bool b_t, int m, int n, int k, double al, const void* A, rn::DType a, int lda, const void* B,
           rn::DType b, int ldb, double be, void* C, rn::DType c, int ldc);
 
-// The algorithm search of every direction: the one emulated algorithm, if the descriptors
-// make one convolution.
-template <typename Perf, typename Algo>
+// The algorithm search of every direction, if the descriptors make one convolution. The real
+// search allocates its buffers and waits for its timings: refused during a stream capture
+// (which it invalidates), as on a GPU.
+template <typename Perf, typename Algo, size_t N>
 cudnnStatus_t find(const cudnnTensorStruct* x, const cudnnFilterStruct* w, const cudnnConvolutionStruct* cd,
-                   const cudnnTensorStruct* y, Algo algo, int requested, int* returned, Perf* perf) {
+                   const cudnnTensorStruct* y, const Reported<Algo> (&table)[N], int requested, int* returned,
+                   Perf* perf, const char* what) {
+  if (!returned || !perf || requested < 0) return CUDNN_STATUS_BAD_PARAM;
+  if (!rn::cuda::sim::allowed_outside_capture(what)) return CUDNN_STATUS_EXECUTION_FAILED_CUDART;
   Conv c;
   if (const cudnnStatus_t st = describe(x, w, cd, y, &c); st != CUDNN_STATUS_SUCCESS) return st;
-  one_result(c, algo, requested, returned, perf);
+  results(c, table, requested, returned, perf);
+  return CUDNN_STATUS_SUCCESS;
+}
+
+// The workspace of one algorithm at the descriptor's math type; an algorithm the search
+// does not report as running is not supported.
+template <typename Algo, size_t N>
+cudnnStatus_t workspace_size(const cudnnTensorStruct* x, const cudnnFilterStruct* w, const cudnnConvolutionStruct* cd,
+                             const cudnnTensorStruct* y, const Reported<Algo> (&table)[N], Algo algo, size_t* bytes) {
+  if (!bytes) return CUDNN_STATUS_BAD_PARAM;
+  Conv c;
+  if (const cudnnStatus_t st = describe(x, w, cd, y, &c); st != CUDNN_STATUS_SUCCESS) return st;
+  if (!runs(table, algo)) return CUDNN_STATUS_NOT_SUPPORTED;
+  *bytes = workspace_bytes(c);
   return CUDNN_STATUS_SUCCESS;
 }
 
@@ -264,28 +316,51 @@ cudnnStatus_t cudnnFindConvolutionForwardAlgorithm(cudnnHandle_t, const cudnnTen
                                                    const cudnnConvolutionDescriptor_t cd,
                                                    const cudnnTensorDescriptor_t y, const int requested, int* returned,
                                                    cudnnConvolutionFwdAlgoPerf_t* perf) {
-  return find(x, w, cd, y, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, requested, returned, perf);
+  return find(x, w, cd, y, kForward, requested, returned, perf, "cudnnFindConvolutionForwardAlgorithm");
 }
 cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithm(cudnnHandle_t, const cudnnFilterDescriptor_t w,
                                                         const cudnnTensorDescriptor_t dy,
                                                         const cudnnConvolutionDescriptor_t cd,
                                                         const cudnnTensorDescriptor_t dx, const int requested,
                                                         int* returned, cudnnConvolutionBwdDataAlgoPerf_t* perf) {
-  return find(dx, w, cd, dy, CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, requested, returned, perf);
+  return find(dx, w, cd, dy, kBackwardData, requested, returned, perf, "cudnnFindConvolutionBackwardDataAlgorithm");
 }
 cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithm(cudnnHandle_t, const cudnnTensorDescriptor_t x,
                                                           const cudnnTensorDescriptor_t dy,
                                                           const cudnnConvolutionDescriptor_t cd,
                                                           const cudnnFilterDescriptor_t dw, const int requested,
                                                           int* returned, cudnnConvolutionBwdFilterAlgoPerf_t* perf) {
-  return find(x, dw, cd, dy, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, requested, returned, perf);
+  return find(x, dw, cd, dy, kBackwardFilter, requested, returned, perf,
+              "cudnnFindConvolutionBackwardFilterAlgorithm");
+}
+
+cudnnStatus_t cudnnGetConvolutionForwardWorkspaceSize(cudnnHandle_t, const cudnnTensorDescriptor_t x,
+                                                      const cudnnFilterDescriptor_t w,
+                                                      const cudnnConvolutionDescriptor_t cd,
+                                                      const cudnnTensorDescriptor_t y, cudnnConvolutionFwdAlgo_t algo,
+                                                      size_t* bytes) {
+  return workspace_size(x, w, cd, y, kForward, algo, bytes);
+}
+cudnnStatus_t cudnnGetConvolutionBackwardDataWorkspaceSize(cudnnHandle_t, const cudnnFilterDescriptor_t w,
+                                                           const cudnnTensorDescriptor_t dy,
+                                                           const cudnnConvolutionDescriptor_t cd,
+                                                           const cudnnTensorDescriptor_t dx,
+                                                           cudnnConvolutionBwdDataAlgo_t algo, size_t* bytes) {
+  return workspace_size(dx, w, cd, dy, kBackwardData, algo, bytes);
+}
+cudnnStatus_t cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnnHandle_t, const cudnnTensorDescriptor_t x,
+                                                             const cudnnTensorDescriptor_t dy,
+                                                             const cudnnConvolutionDescriptor_t cd,
+                                                             const cudnnFilterDescriptor_t dw,
+                                                             cudnnConvolutionBwdFilterAlgo_t algo, size_t* bytes) {
+  return workspace_size(x, dw, cd, dy, kBackwardFilter, algo, bytes);
 }
 
 cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t h, const void* alpha, const cudnnTensorDescriptor_t xd,
                                       const void* x, const cudnnFilterDescriptor_t wd, const void* w,
                                       const cudnnConvolutionDescriptor_t cd, cudnnConvolutionFwdAlgo_t algo, void* ws,
                                       size_t ws_bytes, const void* beta, const cudnnTensorDescriptor_t yd, void* y) {
-  return convolve(h, xd, wd, cd, yd, algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, ws, ws_bytes, alpha, beta, x,
+  return convolve(h, xd, wd, cd, yd, runs(kForward, algo), ws, ws_bytes, alpha, beta, x,
                   x_elems, w, w_elems, y, y_elems,
                   [](std::vector<double>& acc, const std::vector<double>& xv, const std::vector<double>& wv, size_t xi,
                      size_t wi, size_t yi) { acc[yi] += xv[xi] * wv[wi]; },
@@ -297,7 +372,7 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t h, const void* alpha, c
                                            const cudnnConvolutionDescriptor_t cd, cudnnConvolutionBwdDataAlgo_t algo,
                                            void* ws, size_t ws_bytes, const void* beta, const cudnnTensorDescriptor_t dxd,
                                            void* dx) {
-  return convolve(h, dxd, wd, cd, dyd, algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, ws, ws_bytes, alpha, beta, dy,
+  return convolve(h, dxd, wd, cd, dyd, runs(kBackwardData, algo), ws, ws_bytes, alpha, beta, dy,
                   y_elems, w, w_elems, dx, x_elems,
                   [](std::vector<double>& acc, const std::vector<double>& gv, const std::vector<double>& wv, size_t xi,
                      size_t wi, size_t yi) { acc[xi] += gv[yi] * wv[wi]; },
@@ -309,7 +384,7 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t h, const void* alpha,
                                              const cudnnConvolutionDescriptor_t cd,
                                              cudnnConvolutionBwdFilterAlgo_t algo, void* ws, size_t ws_bytes, const void* beta,
                                              const cudnnFilterDescriptor_t dwd, void* dw) {
-  return convolve(h, xd, dwd, cd, dyd, algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, ws, ws_bytes, alpha, beta, x,
+  return convolve(h, xd, dwd, cd, dyd, runs(kBackwardFilter, algo), ws, ws_bytes, alpha, beta, x,
                   x_elems, dy, y_elems, dw, w_elems,
                   [](std::vector<double>& acc, const std::vector<double>& xv, const std::vector<double>& gv, size_t xi,
                      size_t wi, size_t yi) { acc[wi] += xv[xi] * gv[yi]; },

@@ -460,6 +460,12 @@ cudaError_t captured_event(const char* call) {
 
 }  // namespace
 
+bool allowed_outside_capture(const char* what) {
+  if (!t_capture.active) return true;
+  invalidate_capture(cudaErrorStreamCaptureUnsupported, what);
+  return false;
+}
+
 bool capture(cudaStream_t stream, const std::function<void()>& op, const char* what) {
   if (!t_capture.active) return false;
   if (Member* m = t_capture.member(stream)) {

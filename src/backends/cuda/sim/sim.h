@@ -76,6 +76,11 @@ bool barrier(bool pred, const std::source_location& site);
 // joined it by waiting for an event recorded in it) is recorded, in issue order.
 bool capture(cudaStream_t stream, const std::function<void()>& op, const char* what);
 
+// For a library call that allocates or waits (cuDNN's algorithm search): true outside a
+// stream capture; during one, it invalidates the capture (cudaErrorStreamCaptureUnsupported,
+// naming `what`), as on a GPU, and returns false.
+bool allowed_outside_capture(const char* what);
+
 // Queues `op` on `stream` (sim.cpp, "deferred work"): recorded when a capture includes the
 // stream; otherwise it runs when something waits for the stream. Returns the stream's count
 // of queued work (0: it ran or was recorded).
