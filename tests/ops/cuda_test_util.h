@@ -39,7 +39,10 @@ class Buf {
  public:
   Buf(DType t, size_t n, size_t offset = 0) : t_(t), n_(n), offset_(offset) {
     RN_CUDA_CHECK(cudaMalloc(&base_, (n + offset) * elem_size(t)));
+    // cudaMemset is asynchronous on the legacy default stream, which the backend's stream
+    // does not wait for: without this wait the zeros could land after a kernel's output.
     RN_CUDA_CHECK(cudaMemset(base_, 0, (n + offset) * elem_size(t)));
+    RN_CUDA_CHECK(cudaDeviceSynchronize());
   }
   ~Buf() { cudaFree(base_); }
   Buf(const Buf&) = delete;
