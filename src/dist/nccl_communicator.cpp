@@ -91,8 +91,9 @@ class NcclCommunicator final : public Communicator {
   std::string name() const override { return "nccl"; }
   std::vector<std::string> hosts() const override { return host_.hosts(); }
 
-  // average is ncclAvg (NCCL's own sum-and-divide). Whether it scales before or after
-  // summing, an inf or NaN on any rank leaves a non-finite value at that element on every
+  // average is ncclAvg, which NCCL computes for floating-point types as a pre-multiplied
+  // sum (each value times 1/size rounded to the type, then summed), so it may differ from a
+  // host average in the last bits. Whether it scales before or after summing, an inf or NaN on any rank leaves a non-finite value at that element on every
   // rank (inf + x = inf, inf - inf = NaN, NaN + x = NaN), so the overflow check after a
   // gradient average skips the step on all ranks alike.
   Ticket all_reduce_async(void* data, int64_t count, ElemType type, ReduceOp op, const std::string& what) override {

@@ -203,19 +203,36 @@ void reduce_ints(const unsigned char* gathered, size_t stride, int nranks, size_
   }
 }
 
+// `v` rounded to the element type `t`.
+double round_to(double v, ncclDataType_t t) {
+  unsigned char b[8];
+  store_float(b, t, v);
+  return load_float(b, t);
+}
+
 // Reduces `n` values of every rank's part of `gathered` (rank r's at r * stride) into `out`,
-// in rank order. A NaN anywhere stays NaN for max and min too, as on a GPU.
+// in rank order. A NaN anywhere stays NaN for max and min too, as on a GPU. Floating-point
+// types round as NCCL's kernels do: every sum in the element type, and the average as
+// NCCL computes it for them (a pre-multiplied sum: each value times 1/nranks rounded to the
+// type, then summed), not as a sum divided once. Integers sum, then divide.
 void reduce(const unsigned char* gathered, size_t stride, int nranks, size_t n, ncclDataType_t t, ncclRedOp_t op,
             unsigned char* out) {
   const size_t es = type_size(t);
   if (is_float(t)) {
+    const bool avg = op == ncclAvg;
+    const double scale = avg ? round_to(1.0 / nranks, t) : 1.0;
+    const ncclRedOp_t each = avg ? ncclSum : op;
+    const auto value = [&](int r, size_t i) {
+      const double v = load_float(gathered + static_cast<size_t>(r) * stride + i * es, t);
+      return avg ? round_to(v * scale, t) : v;
+    };
     for (size_t i = 0; i < n; ++i) {
-      double acc = load_float(gathered + i * es, t);
+      double acc = value(0, i);
       for (int r = 1; r < nranks; ++r) {
-        const double v = load_float(gathered + r * stride + i * es, t);
-        acc = std::isnan(v) || std::isnan(acc) ? std::numeric_limits<double>::quiet_NaN() : combine(acc, v, op);
+        const double v = value(r, i);
+        acc = std::isnan(v) || std::isnan(acc) ? std::numeric_limits<double>::quiet_NaN()
+                                               : round_to(combine(acc, v, each), t);
       }
-      if (op == ncclAvg) acc /= nranks;
       store_float(out + i * es, t, acc);
     }
     return;
