@@ -32,6 +32,10 @@ done
 # The CUDA libraries and the driver stay behind: the GPU machine has its own, matching its driver.
 is_cuda_lib() { [[ $1 =~ ^lib(cuda|cudart|cublas|cublasLt|cudnn|cudnn_[a-z_]+|nccl|nvrtc|nvJitLink)\.so ]]; }
 declare -A seen=()
+# A library ldd cannot find here would be missing there too: stop now, not on the GPU machine.
+unfound=$(for b in "${bins[@]}"; do ldd "$b"; done | awk '$2 == "=>" && $3 == "not" {print $1}' | sort -u |
+  while read -r name; do is_cuda_lib "$name" || echo "$name"; done)
+[[ -z $unfound ]] || { echo "gpu-bundle: libraries not found here (ldd): $unfound" >&2; exit 1; }
 for b in "${bins[@]}"; do
   while read -r name path; do
     [[ -n $path && -f $path ]] || continue

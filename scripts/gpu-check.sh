@@ -11,14 +11,17 @@
 #   3. a short training (resnet20, synthetic 32x32 images, O2 fp16) in eager mode and in
 #      sink mode (CUDA graph replay), in high_precision mode (deterministic algorithms),
 #      whose final weights must be identical;
-#   4. `resnet bench` resnet50 224x224 batch 256 O2 fp16 and bf16, and the same step in
-#      PyTorch (torchvision resnet50, channels_last, autocast, fused SGD), eager and
-#      torch.compile, on the same GPU in the same run;
-#      then our fp16 step once more with RN_CUDA_VECTOR_KERNELS=0 (one element per access);
+#   4. `resnet bench` resnet50 224x224 batch 256 O2 fp16 and bf16, eager and sink, and the
+#      same step in PyTorch eager (torchvision resnet50, channels_last, autocast, fused SGD);
 #   5. one table: images/s, the ratios to PyTorch eager, peak device memory; then NCCL's
 #      one-rank collectives and the device gradient reducer on the GPU (test_dist Nccl.*);
 #   6. the troubleshooting tools on the GPU (scripts/diag-check.sh): NVML device samples,
-#      the doctor's measured fp16/bf16 runs, the per-layer profile adding up.
+#      the doctor's measured fp16/bf16 runs, the per-layer profile adding up;
+#   7. our fp16 step with RN_CUDA_VECTOR_KERNELS=0 (one element per access), then PyTorch with
+#      torch.compile in what is left of the budget (the table is made again with them).
+# Every command has a time limit and the script a deadline (465 s): a hang costs its own
+# section, not the run. The results are copied to OUT_DIR every 15 s as well, so a run the
+# device tool stops still returns the section it was in.
 # The full log goes to OUT_DIR/gpu-check.log and the table to OUT_DIR/table.md.
 #
 # Binaries: gpu-bundle/bundle.tar.xz (scripts/gpu-bundle.sh, made on a development machine
@@ -33,31 +36,38 @@
 # cuDNN algorithm cache). Everything else (the unpacked bundle, golden files of hundreds of
 # MB, checkpoints, the torch.compile cache) stays in a scratch folder under /tmp.
 set -uo pipefail
+result=${1:?usage: scripts/gpu-check.sh OUT_DIR}
+mkdir -p "$result" && result=$(cd "$result" && pwd) || exit 1
 cd "$(dirname "$0")/.." || exit 1
 root=$(pwd)
-result=${1:?usage: scripts/gpu-check.sh OUT_DIR}
-mkdir -p "$result"
-result=$(cd "$result" && pwd)
-out=$(mktemp -d /tmp/gpu-check.XXXXXX)
+out=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX")
 t_start=$(date +%s)
 elapsed() { echo $(( $(date +%s) - t_start )); }
 # What comes back: 8 files at most, small ones. Published at every section too, so that a run
 # stopped at the device tool's time limit still returns what it had done.
 publish() {
-  local f
+  local f tmp="$out/.logs.$BASHPID.tgz"  # one per caller: the 15-s publisher and section() may overlap
   for f in gpu-check.log table.md bench.jsonl harness.log golden.log nccl.log diag-check.log; do
     [[ -f $out/$f ]] && cp "$out/$f" "$result/$f"
   done
   (cd "$out" && find . -maxdepth 4 -type f \( -name '*.log' -o -name '*.json' -o -name '*.jsonl' -o -name '*.tsv' \
-    -o -name '*.md' \) -size -4M ! -name gpu-check.log -print0 | tar czf "$result/logs.tar.gz" --null -T -) 2>/dev/null
+    -o -name '*.md' \) -size -4M ! -name gpu-check.log -print0 | tar czf "$tmp" --null -T -) 2>/dev/null
+  cp "$tmp" "$result/logs.tar.gz" 2>/dev/null; rm -f "$tmp"
   return 0
 }
 section() { publish; echo; echo "=== [$(elapsed) s] $*"; }
 status=0
 fail() { echo "FAILED: $*"; status=1; }
+# Seconds left before the script's own deadline (the device tool kills at timeout_s=540),
+# and a limit for one command: at most $1, never past the deadline (at least 5 s).
+deadline=465
+left() { echo $(( deadline - $(elapsed) )); }
+lim() { local l; l=$(left); (( l > $1 )) && l=$1; (( l < 5 )) && l=5; echo "$l"; }
+# Why a command failed: its exit status, and whether that was its time limit.
+why() { [[ $1 == 124 ]] && echo "timed out" || echo "exit $1"; }
 
 checks() {
-if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+if ! command -v nvidia-smi >/dev/null 2>&1 || (( $(nvidia-smi -L 2>/dev/null | grep -c '^GPU') == 0 )); then
   echo "gpu-check: no NVIDIA GPU here (nvidia-smi missing or lists none); nothing to check."
   return 3
 fi
@@ -105,9 +115,17 @@ echo "CUDA library folders: $cuda_path"
 section "binaries"
 run=()  # the prefix that starts one of our binaries
 bin=""
-if [[ -f gpu-bundle/bundle.tar.xz ]]; then
+bundle=${RN_GPU_BUNDLE:-gpu-bundle/bundle.tar.xz}  # another only in tests (tests/scripts)
+if [[ -f $bundle ]]; then
   b="$out/bundle"
-  rm -rf "$b" && mkdir -p "$b" && tar -C "$b" -xJf gpu-bundle/bundle.tar.xz
+  rm -rf "$b" && mkdir -p "$b"
+  if ! tar -C "$b" -xJf "$bundle" 2>"$out/untar.log"; then
+    cat "$out/untar.log"; echo "tar -xJ failed (no xz here?): unpacking with Python's tarfile"
+    rm -rf "$b" && mkdir -p "$b"
+    "${py:-python3}" -c 'import sys, tarfile; t = tarfile.open(sys.argv[1]); t.extractall(sys.argv[2], **({"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}))' "$bundle" "$b" \
+      || { echo "cannot unpack $bundle"; return 1; }
+  fi
+  [[ -f $b/MANIFEST ]] && compgen -G "$b/lib/ld-linux*.so*" >/dev/null || { echo "$bundle lacks MANIFEST or lib/ld-linux*"; return 1; }
   head -3 "$b/MANIFEST"
   bundled=$(head -1 "$b/MANIFEST" | sed -n 's/.* from \([0-9a-f]\{40\}\).*/\1/p')
   here=$(git rev-parse HEAD 2>/dev/null || true)
@@ -128,7 +146,9 @@ resnet_bin=$bin/resnet; [[ -x $bin/resnet ]] || resnet_bin=$bin/../resnet
 test_ops=$bin/test_ops; [[ -x $test_ops ]] || test_ops=$bin/tests/test_ops
 test_model=$bin/test_model; [[ -x $test_model ]] || test_model=$bin/tests/test_model
 test_dist=$bin/test_dist; [[ -x $test_dist ]] || test_dist=$bin/tests/test_dist
-resnet() { "${run[@]}" "$resnet_bin" "$@"; }
+# Every command has a time limit (a hang must not take the whole run): `limit=N resnet ...`
+# sets resnet's (default 150 s), never past the deadline.
+resnet() { timeout "$(lim "${limit:-150}")" "${run[@]}" "$resnet_bin" "$@"; }
 if ((${#run[@]})); then
   missing=$("${run[0]}" --list --library-path "${run[2]}" "$resnet_bin" 2>&1 | grep 'not found' || true)
 else
@@ -139,15 +159,35 @@ if [[ -n $missing ]]; then
 fi
 # Does the cuda backend start at all? (A driver the loader cannot find shows here, not as a
 # hundred skipped tests.)
-if ! resnet info --device cuda --model resnet20 --input 3x32x32 --classes 10 --batch 2 > "$out/probe.log" 2>&1; then
+if ! limit=60 resnet info --device cuda --model resnet20 --input 3x32x32 --classes 10 --batch 2 > "$out/probe.log" 2>&1; then
   cat "$out/probe.log"
   echo "the cuda backend does not start; library path: ${run[2]:-$LD_LIBRARY_PATH}"
+  # What the loader did (probe-lddebug.log, in logs.tar.gz), and PyTorch's figures, which
+  # need none of our binaries, so that the run still brings back something to go on.
+  LD_DEBUG=libs limit=60 resnet info --device cuda --model resnet20 --input 3x32x32 --classes 10 --batch 2 \
+    > "$out/probe-lddebug.log" 2>&1
+  [[ -n $py ]] && for half in fp16 bf16; do
+    timeout "$(lim 120)" "$py" bench/torch_gpu_step.py --half $half | tee -a "$out/bench.jsonl"
+  done
   return 1
 fi
 grep -m1 "cuda backend:" "$out/probe.log" || true
 export RN_CUDNN_ALGO_CACHE="$out/cudnn_algos.tsv"
+# The cache an earlier run brought back (docs/gpu.md), if one was committed, saves the cuDNN
+# searches; its keys name the GPU and the cuDNN version, so entries for another are unused.
+seed="$root/bench/gpu/cudnn_algos.tsv"
+if [[ -f $seed ]]; then
+  cp "$seed" "$RN_CUDNN_ALGO_CACHE" && echo "cuDNN algorithm cache seeded from bench/gpu/cudnn_algos.tsv ($(grep -vc '^#' "$seed") entries)"
+fi
 export RN_PYTHON=${py:-/usr/bin/python3} RN_SOURCE_DIR="$root" RN_GOLDEN_DIR="$out/golden"
 mkdir -p "$RN_GOLDEN_DIR"
+# The golden files (tools/golden.py on the CPU, about a minute) are made while the harness runs
+# on the GPU, by the test that only makes them (GoldenFiles.*: the cases of the parity tests).
+golden_pid=""
+if [[ -n $py ]]; then
+  timeout "$(lim 240)" "${run[@]}" "$test_model" --gtest_filter='GoldenFiles.*' > "$out/golden-gen.log" 2>&1 &
+  golden_pid=$!
+fi
 
 # ---- 1. harness, 2. goldens ---------------------------------------------------------------
 section "cross-backend harness: cuda vs ref"
@@ -157,32 +197,39 @@ section "cross-backend harness: cuda vs ref"
 # would fail every later test of the same process. CI runs the same tests in the CPU
 # emulation (test_cuda_sim): a failure here that passes there is the GPU's own.
 kernel_tests='CudaKernels.*:CudaFusedStep.*:CudaAugment.*'
-"${run[@]}" "$test_ops" --gtest_filter="$kernel_tests:ChannelTiling.*:VectorElems.*:RowSplits.*" 2>&1 \
+timeout "$(lim 120)" "${run[@]}" "$test_ops" --gtest_filter="$kernel_tests:ChannelTiling.*:VectorElems.*:RowSplits.*" 2>&1 \
   | tee "$out/harness.log"
-if [[ ${PIPESTATUS[0]} != 0 ]]; then
-  fail "our CUDA kernels ($kernel_tests)"
+krc=${PIPESTATUS[0]}
+if [[ $krc != 0 ]]; then
+  fail "our CUDA kernels ($kernel_tests; $(why $krc))"
   # A fault (not a wrong value): which kernel, which line, from the same tests under
   # compute-sanitizer's memcheck (the backend is built with -lineinfo). It works on
   # Firecracker machines, not under gVisor. Only its own report lines come back.
   san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
-  if [[ -n $san ]] && grep -qiE 'illegal|misaligned|launch failure|out of bounds|CUDA call .* failed' "$out/harness.log"; then
+  if [[ $(uname -r) == 4.4.0 ]]; then  # gVisor's kernel version: the sanitizer cannot attach there
+    echo "compute-sanitizer not run: this machine runs under gVisor, where it refuses the device"
+  elif [[ -n $san ]] && grep -qiE 'illegal|misaligned|launch failure|out of bounds|CUDA call .* failed' "$out/harness.log"; then
     echo "rerunning $kernel_tests under $san (memcheck)" | tee -a "$out/harness.log"
-    timeout 120 "$san" --tool memcheck --print-limit 5 "${run[@]}" "$test_ops" --gtest_filter="$kernel_tests" 2>&1 \
+    timeout "$(lim 120)" "$san" --tool memcheck --print-limit 5 "${run[@]}" "$test_ops" --gtest_filter="$kernel_tests" 2>&1 \
       | grep -E '^=========|FAILED|Failure' | head -150 | tee -a "$out/harness.log"
   fi
 fi
-"${run[@]}" "$test_ops" \
+timeout "$(lim 180)" "${run[@]}" "$test_ops" \
   --gtest_filter='Ops/CrossBackendCuda.*:Cases/SyncBatchNorm*cuda*:FusedMath.*:FusedStepDesc.*:CudnnAlgoCache.*' \
   --gtest_brief=1 2>&1 | tee -a "$out/harness.log"
-[[ ${PIPESTATUS[0]} == 0 ]] || fail "cross-backend harness on cuda"
+hrc=${PIPESTATUS[0]}
+[[ $hrc == 0 ]] || fail "cross-backend harness on cuda ($(why $hrc))"
 # On a GPU machine a skip for "no usable GPU" means the backend did not start: a failure.
 grep -qE 'cuda backend not run|cuda kernels not run' "$out/harness.log" && fail "the cuda backend did not start (see harness.log)"
 # The backend refuses NCHW by design; any other unsupported case is a finding, not a pass.
 unsupported=$(grep '^\[cross-backend\] unsupported: ' "$out/harness.log" | grep -v '_nchw' || true)
 if [[ -n $unsupported ]]; then echo "$unsupported"; fail "cuda refused cases it should run (above)"; fi
 section "golden parity on cuda (fp32, fp16, bf16)"
-"${run[@]}" "$test_model" --gtest_filter='Zoo/GoldenParity.*cuda*:Zoo/GoldenParityHalf.*' 2>&1 | tee "$out/golden.log"
-[[ ${PIPESTATUS[0]} == 0 ]] || fail "golden parity on cuda"
+[[ -n $golden_pid ]] && { wait "$golden_pid" || { tail -5 "$out/golden-gen.log"; echo "golden generation in the background failed (golden-gen.log); the parity tests make what is missing"; }; }
+timeout "$(lim 240)" "${run[@]}" "$test_model" --gtest_filter='Zoo/GoldenParity.*cuda*:Zoo/GoldenParityHalf.*' 2>&1 \
+  | tee "$out/golden.log"
+grc=${PIPESTATUS[0]}
+[[ $grc == 0 ]] || fail "golden parity on cuda ($(why $grc))"
 grep -qE 'golden not run|not importable' "$out/golden.log" && fail "golden parity did not run on cuda (see golden.log)"
 # ---- 3. eager vs sink -----------------------------------------------------------------------
 section "short training: eager vs sink (resnet20, synthetic, O2 fp16, high_precision)"
@@ -192,48 +239,57 @@ train_set=(--set model.name=resnet20 --set model.in_channels=3 --set model.num_c
   --set schedule.epochs=1 --set precision.level=O2 --set precision.half_dtype=fp16
   --set run.device=cuda --set run.implementation_mode=high_precision --set run.log_interval_steps=10
   --set run.checkpoint.keep_best=false)
+trained=1
 for mode in eager sink; do
   sink=0; [[ $mode == sink ]] && sink=10
   rm -rf "$out/train_$mode"
-  resnet train "${train_set[@]}" --set run.sink_size=$sink --set run.out_dir="$out/train_$mode" || fail "training ($mode)"
+  limit=120 resnet train "${train_set[@]}" --set run.sink_size=$sink --set run.out_dir="$out/train_$mode"
+  trc=$?
+  [[ $trc == 0 ]] || { fail "training ($mode; $(why $trc))"; trained=0; }
 done
-"${py:-python3}" "$root/tools/compare_checkpoints.py" "$out"/train_eager/checkpoints "$out"/train_sink/checkpoints \
-  || fail "eager and sink training disagree"
+if [[ $trained == 0 ]]; then
+  echo "eager and sink not compared: a training failed"
+elif [[ -z $py ]]; then
+  fail "eager and sink not compared: no python3 for tools/compare_checkpoints.py"
+else
+  "$py" "$root/tools/compare_checkpoints.py" "$out"/train_eager/checkpoints "$out"/train_sink/checkpoints \
+    || fail "eager and sink training disagree"
+fi
 
 # ---- 4. throughput ----------------------------------------------------------------------------
 section "throughput: resnet50 224x224 batch 256"
 bench_json="$out/bench.jsonl"; : > "$bench_json"
 for half in fp16 bf16; do
-  resnet bench --device cuda --model resnet50 --batch 256 --precision O2 --half $half --steps 30 --warmup 5 --json \
+  # The first run of each half also searches cuDNN's algorithms (then cached for the others).
+  limit=200 resnet bench --device cuda --model resnet50 --batch 256 --precision O2 --half $half --steps 30 --warmup 5 --json \
     | tee -a "$bench_json" || fail "resnet bench $half"
   resnet bench --device cuda --model resnet50 --batch 256 --precision O2 --half $half --steps 30 --warmup 3 --sink 10 \
     --json | sed 's/"system":"resnet.cpp"/"system":"resnet.cpp-sink"/' | tee -a "$bench_json" || fail "resnet bench $half sink"
 done
+torch_failed=""
 if [[ -n $py ]]; then
   for half in fp16 bf16; do
-    "$py" bench/torch_gpu_step.py --half $half | tee -a "$bench_json" || fail "pytorch eager $half"
+    timeout "$(lim 150)" "$py" bench/torch_gpu_step.py --half $half | tee -a "$bench_json"
+    prc=${PIPESTATUS[0]}
+    [[ $prc == 0 ]] || { fail "pytorch eager $half ($(why $prc))"; torch_failed+=" $half"; }
   done
-  for half in fp16 bf16; do
-    if (( $(elapsed) > 330 )); then echo "torch.compile $half skipped: $(elapsed) s used of the 8-minute budget"; continue; fi
-    TORCHINDUCTOR_CACHE_DIR="$out/inductor" "$py" bench/torch_gpu_step.py --half $half --compile --warmup 3 \
-      | tee -a "$bench_json" || fail "pytorch compile $half"
-  done
-fi
-
-# What the 16-byte accesses of our kernels bring: the same step with them off (docs/gpu.md).
-if (( $(elapsed) < 360 )); then
-  RN_CUDA_VECTOR_KERNELS=0 resnet bench --device cuda --model resnet50 --batch 256 --precision O2 --half fp16 --steps 30 \
-    --warmup 5 --json | sed 's/"system":"resnet.cpp"/"system":"resnet.cpp-scalar-kernels"/' | tee -a "$bench_json" \
-    || fail "resnet bench fp16 with RN_CUDA_VECTOR_KERNELS=0"
 else
-  echo "bench with RN_CUDA_VECTOR_KERNELS=0 skipped: $(elapsed) s used of the 8-minute budget"
+  fail "no python3 here: the PyTorch baseline, the table and the checkpoint comparison cannot run"
 fi
 
 # ---- 5. table -------------------------------------------------------------------------------------
-section "table"
-"${py:-python3}" - "$bench_json" "$gpu_name" "$driver" > "$out/table.md" <<'PY'
+make_table() {
+[[ -n $py ]] || return 0
+"$py" - "$bench_json" "$gpu_name" "$driver" > "$out/table.md" <<'PY' || fail "table.md (from bench.jsonl)"
 import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip().startswith("{")]
+rows = []
+for l in open(sys.argv[1]):
+    try:
+        r = json.loads(l)
+    except ValueError:
+        continue
+    if isinstance(r, dict) and "system" in r and "images_per_sec" in r:
+        rows.append(r)
 print(f"GPU: {sys.argv[2]}, driver {sys.argv[3]}; resnet50, 224x224, batch 256, O2 / autocast\n")
 print("| system | half | img/s | vs PyTorch eager | vs torch.compile | peak device memory |")
 print("| --- | --- | ---: | ---: | ---: | ---: |")
@@ -246,12 +302,15 @@ for r in rows:
     print(f"| {r['system']} | {half} | {ips:.0f} | {f(eager)} | {f(comp)} | {r.get('device_peak', 0) / 2**30:.2f} GiB |")
 PY
 cat "$out/table.md"
+}
+section "table"
+make_table
 
 section "NCCL on one GPU (one-rank collectives and the device gradient reducer)"
 # NCCL has never run on these machines: loopback only (one rank needs nothing else), and a
 # time limit, since its set-up (sockets, PCI topology) has none of its own.
 if [[ -x $test_dist ]]; then
-  NCCL_DEBUG=WARN NCCL_SOCKET_IFNAME=lo timeout 120 "${run[@]}" "$test_dist" --gtest_filter='Nccl.*' 2>&1 \
+  NCCL_DEBUG=WARN NCCL_SOCKET_IFNAME=lo timeout "$(lim 120)" "${run[@]}" "$test_dist" --gtest_filter='Nccl.*' 2>&1 \
     | tee "$out/nccl.log"
   nrc=${PIPESTATUS[0]}
   [[ $nrc == 0 ]] || fail "NCCL collectives on the GPU (exit $nrc; 124: timed out)"
@@ -262,21 +321,54 @@ fi
 
 # ---- 6. the troubleshooting tools on the GPU (issue 7), after the table so it is never lost -----
 section "diagnostics: device monitor (NVML), doctor fp16/bf16, per-layer profile (scripts/diag-check.sh)"
-if (( $(elapsed) > 400 )); then
+if (( $(left) < 60 )); then
   echo "diag-check skipped: $(elapsed) s used of the 8-minute budget; run scripts/diag-check.sh on its own"
 else
   printf '#!/usr/bin/env bash\nexec %s "$@"\n' "$(printf '%q ' "${run[@]}" "$resnet_bin")" > "$out/resnet.sh"
   chmod +x "$out/resnet.sh"
-  RN_RESNET="$out/resnet.sh" DIAG_OUT="$out/diag" timeout $(( 470 - $(elapsed) )) scripts/diag-check.sh "$bin" cuda \
+  # The profiles take the benchmark's batch and half types, whose cuDNN searches are cached.
+  RN_RESNET="$out/resnet.sh" DIAG_OUT="$out/diag" PROFILE_ARGS="--model resnet50 --batch 256" PROFILE_DTYPES="fp16 bf16" \
+    timeout "$(lim 300)" scripts/diag-check.sh "$bin" cuda \
     2>&1 | tee "$out/diag-check.log"
-  [[ ${PIPESTATUS[0]} == 0 ]] || fail "diag-check (see diag-check.log and $out/diag)"
+  drc=${PIPESTATUS[0]}
+  [[ $drc == 0 ]] || fail "diag-check (exit $drc; 124: timed out; diag/ is in logs.tar.gz)"
+fi
+
+# What the 16-byte accesses of our kernels bring: the same step with them off (docs/gpu.md).
+section "throughput with one element per access (RN_CUDA_VECTOR_KERNELS=0)"
+if (( $(left) > 60 )); then
+  RN_CUDA_VECTOR_KERNELS=0 limit=90 resnet bench --device cuda --model resnet50 --batch 256 --precision O2 --half fp16 \
+    --steps 30 --warmup 5 --json | sed 's/"system":"resnet.cpp"/"system":"resnet.cpp-scalar-kernels"/' \
+    | tee -a "$bench_json" || fail "resnet bench fp16 with RN_CUDA_VECTOR_KERNELS=0"
+else
+  echo "bench with RN_CUDA_VECTOR_KERNELS=0 skipped: $(elapsed) s used of the 8-minute budget"
+fi
+
+# ---- 7. torch.compile last: the most expensive step (minutes of Inductor/Triton compilation,
+# a recompile in the first steps) and the least about our code, bounded by the deadline --------
+if [[ -n $py ]]; then
+  section "PyTorch torch.compile (what is left of the budget)"
+  for half in fp16 bf16; do
+    if (( $(left) < 90 )); then echo "torch.compile $half skipped: $(elapsed) s used of the 8-minute budget"; continue; fi
+    if [[ $torch_failed == *$half* ]]; then echo "torch.compile $half skipped: PyTorch eager $half failed"; continue; fi
+    TORCHINDUCTOR_CACHE_DIR="$out/inductor" timeout "$(lim 400)" "$py" bench/torch_gpu_step.py --half $half --compile --warmup 3 \
+      | tee -a "$bench_json"
+    crc=${PIPESTATUS[0]}
+    if [[ $crc == 124 ]]; then echo "torch.compile $half stopped at the deadline: not measured"
+    elif [[ $crc != 0 ]]; then fail "pytorch compile $half (exit $crc)"; fi
+  done
+  make_table
 fi
 section "done in $(elapsed) s: $([[ $status == 0 ]] && echo 'all checks passed' || echo 'SOME CHECKS FAILED')"
 return $status
 }
 
+# Copies the results every 15 s too, so that a command killed at the device tool's limit
+# still returns the section it was in.
+( while sleep 15; do publish; done ) & pub_pid=$!
 checks 2>&1 | tee "$out/gpu-check.log"
 rc=${PIPESTATUS[0]}
+kill "$pub_pid" 2>/dev/null; wait "$pub_pid" 2>/dev/null
 publish
 echo "gpu-check: results in $result ($(ls "$result" | tr '\n' ' ')); scratch $out"
 exit $rc

@@ -17,6 +17,7 @@ packages=(
   iproute2                          # ip netns: the two-host distributed test
   dataset-fashion-mnist             # the default training data
   python3-torch python3-torchvision # golden data and PyTorch comparisons (/usr/bin/python3)
+  xz-utils                          # the GPU bundle (scripts/gpu-bundle.sh) and its dry-run test
 )
 
 missing=()

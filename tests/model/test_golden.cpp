@@ -206,6 +206,17 @@ const GoldenCase kCases[] = {
     {"resnet50", 3, 224, 1000, 2},
 };
 
+// Only makes the golden files of every case (scripts/gpu-check.sh runs it in the background
+// while the GPU runs the harness, so the parity tests find them made). Each file is written
+// by tools/golden.py to a temporary and renamed: a parity test never reads a partial one.
+TEST(GoldenFiles, MadeForEveryCase) {
+  if (!torch_available()) GTEST_SKIP() << "torch/torchvision not importable by " << python();
+  for (const GoldenCase& c : kCases) {
+    const std::string path = golden_path(c);
+    EXPECT_NO_THROW(SafetensorsFile::load(path).view("loss")) << path;
+  }
+}
+
 // The same step with the whole model in half precision on the cuda backend.
 class GoldenParityHalf : public ::testing::TestWithParam<std::tuple<GoldenCase, DType>> {};
 
