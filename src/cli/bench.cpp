@@ -45,6 +45,7 @@ struct BenchArgs {
   bool find_max_batch = false;
   std::string memory_cap;
   int sink = 0;  // device: replay the step as a CUDA graph, timing sink-step windows
+  bool high_precision = false;  // run.implementation_mode=high_precision
 };
 
 template <typename E>
@@ -175,35 +176,47 @@ BenchResult bench_plan(const BenchSetup& s, int64_t batch, MemoryLevel level) {
 void print_result(const BenchSetup& s, MemoryLevel level, const BenchResult& r) {
   const BenchArgs& a = s.args;
   auto hb = [](size_t v) { return human_bytes(static_cast<double>(v)); };
+  const char* mode = a.high_precision ? "high_precision" : "high_performance";
   if (a.json) {
     fmt::print(
         "{{\"system\":\"resnet.cpp\",\"model\":\"{}\",\"precision\":\"{}\",\"half\":\"{}\",\"batch\":{},"
         "\"device\":\"{}\",\"threads\":{},\"memory_level\":\"{}\",\"median_step_s\":{:.6f},"
         "\"images_per_sec\":{:.3f},\"steps\":{},\"planned_arena\":{},\"planned_total\":{},"
-        "\"arena_high_water\":{},\"peak_resident\":{},\"resident_growth\":{},\"device_peak\":{},\"sink\":{}}}\n",
+        "\"arena_high_water\":{},\"peak_resident\":{},\"resident_growth\":{},\"device_peak\":{},\"sink\":{},"
+        "\"implementation_mode\":\"{}\"}}\n",
         a.model, a.precision, a.half, r.batch, s.backend.name(), host_threads(), memory_level_name(level),
         r.median_step_s, r.batch / r.median_step_s, a.steps, r.planned.arena, r.planned.total(), r.arena.high_water,
-        r.peak_resident, r.resident_growth, r.device_peak, a.sink);
+        r.peak_resident, r.resident_growth, r.device_peak, a.sink, mode);
   } else {
     fmt::print(
-        "{} | {} | batch {} | {} | {} threads | memory {} | planned arena {}, total {} | measured arena "
+        "{} | {} | batch {} | {} ({}) | {} threads | memory {} | planned arena {}, total {} | measured arena "
         "high-water {}, peak RSS {} (+{}) | median step {:.3f} s | {:.2f} img/s ({} steps)\n",
-        a.model, s.policy.describe(), r.batch, s.backend.name(), host_threads(), memory_level_name(level),
+        a.model, s.policy.describe(), r.batch, s.backend.name(), mode, host_threads(), memory_level_name(level),
         hb(r.planned.arena), hb(r.planned.total()), hb(r.arena.high_water), hb(r.peak_resident), hb(r.resident_growth),
         r.median_step_s, r.batch / r.median_step_s, a.steps);
   }
 }
 
-// The planned total at `batch` (a dry plan when backend is null: no workspace).
-size_t planned_total(const BenchSetup& s, int64_t batch, MemoryLevel level, Backend* backend) {
-  return Plan(s.model, backend, plan_options(s, batch, level)).planned_peak(1).total();
+std::unique_ptr<Backend> bench_backend(const BenchArgs& a) {
+  BackendOptions bo;
+  bo.high_precision = a.high_precision;
+  return make_backend_for(device_from_name(a.device), bo);
+}
+
+// The planned total at `batch`: a dry plan (no workspace), or with kernels, made on a fresh
+// backend of the same kind: a backend's workspace only grows (it serves every kernel it
+// made), so a larger batch tried before would otherwise stay in the figure.
+size_t planned_total(const BenchSetup& s, int64_t batch, MemoryLevel level, bool with_kernels) {
+  if (!with_kernels) return Plan(s.model, nullptr, plan_options(s, batch, level)).planned_peak(1).total();
+  const auto backend = bench_backend(s.args);
+  return Plan(s.model, backend.get(), plan_options(s, batch, level)).planned_peak(1).total();
 }
 
 // The largest batch whose planned total fits `cap`, or 0 when not even batch 1 does.
 // Dry plans find it fast (the planned total grows with the batch); a plan with kernels then
 // adds the backend's workspace and steps down while that overflows.
 int64_t max_batch_under(const BenchSetup& s, MemoryLevel level, size_t cap) {
-  auto fits = [&](int64_t b) { return planned_total(s, b, level, nullptr) <= cap; };
+  auto fits = [&](int64_t b) { return planned_total(s, b, level, false) <= cap; };
   if (!fits(1)) return 0;
   int64_t lo = 1, hi = 2;
   constexpr int64_t kLimit = int64_t{1} << 20;
@@ -213,7 +226,7 @@ int64_t max_batch_under(const BenchSetup& s, MemoryLevel level, size_t cap) {
     const int64_t mid = lo + (hi - lo) / 2;
     (fits(mid) ? lo : hi) = mid;
   }
-  while (lo > 0 && planned_total(s, lo, level, &s.backend) > cap) --lo;
+  while (lo > 0 && planned_total(s, lo, level, true) > cap) --lo;
   return lo;
 }
 
@@ -225,7 +238,7 @@ int find_max_batch(const BenchSetup& s, size_t cap) {
     RN_FAIL() << "--memory-cap " << cap << " (" << human_bytes(static_cast<double>(cap))
               << ") is too small for batch 1 of " << s.args.model << " " << s.args.input
               << " at any memory level: O2 needs "
-              << human_bytes(static_cast<double>(planned_total(s, 1, MemoryLevel::O2, &s.backend)));
+              << human_bytes(static_cast<double>(planned_total(s, 1, MemoryLevel::O2, true)));
   }
   if (!s.args.json)
     fmt::print("largest batch whose planned total fits {} ({} bytes), per memory level:\n",
@@ -233,7 +246,7 @@ int find_max_batch(const BenchSetup& s, size_t cap) {
   for (MemoryLevel level : levels) {
     const int64_t b = found[static_cast<int>(level)];
     if (b == 0) {
-      const size_t need = planned_total(s, 1, level, &s.backend);
+      const size_t need = planned_total(s, 1, level, true);
       if (s.args.json)
         fmt::print("{{\"memory_level\":\"{}\",\"batch\":0,\"batch1_needs\":{}}}\n", memory_level_name(level), need);
       else
@@ -259,7 +272,7 @@ int run_bench(const BenchArgs& a) {
   const size_t cap = a.memory_cap.empty() ? 0 : parse_bytes(a.memory_cap, "--memory-cap");
   Model model(build_model(a.model, o));
   model.init(1);
-  auto backend = make_backend_for(device_from_name(a.device));
+  auto backend = bench_backend(a);
   PrecisionConfig pc;
   pc.level = parse_enum(a.precision, {PrecisionLevel::O0, PrecisionLevel::O1, PrecisionLevel::O2, PrecisionLevel::O3},
                         "precision level");
@@ -292,6 +305,8 @@ Runner add_bench_command(CLI::App& app) {
   cmd->add_option("--warmup", a->warmup, "Untimed steps first")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--threads", a->threads, "Host threads (0: all cores)")->capture_default_str();
   cmd->add_flag("--json", a->json, "Print one JSON line");
+  cmd->add_flag("--high-precision", a->high_precision,
+                "run.implementation_mode=high_precision: deterministic algorithms on a GPU, no Winograd on a CPU");
   cmd->add_flag("--profile", a->profile, "Time every plan step and print the slowest");
   cmd->add_option("--sink", a->sink, "GPU: replay the step as a CUDA graph, synchronising every N steps (0: eager)")
       ->capture_default_str()

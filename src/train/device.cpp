@@ -8,7 +8,7 @@ namespace rn {
 
 std::unique_ptr<Backend> make_backend_for(DeviceChoice choice, const BackendOptions& options) {
   switch (choice) {
-    case DeviceChoice::cpu: return make_backend("cpu");
+    case DeviceChoice::cpu: return make_backend("cpu", options);
     case DeviceChoice::ref: return make_backend("ref");
     case DeviceChoice::cuda:
       return make_backend("cuda", options);
@@ -23,7 +23,7 @@ std::unique_ptr<Backend> make_backend_for(DeviceChoice choice, const BackendOpti
           RN_LOG_DEBUG("device auto: the CUDA backend is built but cannot start ({}); using the CPU", e.what());
         }
       }
-      return make_backend("cpu");
+      return make_backend("cpu", options);
     }
   }
   RN_FAIL() << "unknown device choice";
