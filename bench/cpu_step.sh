@@ -2,7 +2,9 @@
 # Training-step throughput, resnet.cpp against PyTorch (torchvision model, channels_last,
 # the same thread count, synthetic data), interleaved in one invocation:
 #   resnet50 224x224 batch 16, fp32 and bf16 (PyTorch: autocast bf16; ours: O1, the same
-#   split, and O2, a bf16 model), and resnet20 28x28 batch 128 fp32.
+#   split, and O2, a bf16 model), and resnet20 28x28 batch 128 fp32; the fp32 cases in both
+#   implementation modes (high_performance, the default: Winograd 3x3 convolutions where
+#   they pay; high_precision: direct convolutions only).
 # Prints images/s per system and the ratio (ours / PyTorch); each figure is the median
 # step time over --steps timed steps, and the table takes the median over ROUNDS rounds.
 # Usage: bench/cpu_step.sh [ROUNDS=3] [THREADS=2]
@@ -14,9 +16,9 @@ bin=./build/resnet
 [ -x "$bin" ] || { echo "build first: cmake --preset default && cmake --build --preset default" >&2; exit 1; }
 export OMP_NUM_THREADS="$threads"
 out=$(mktemp)
-ours() { # model input classes batch precision steps
+ours() { # model input classes batch precision steps [bench options]
   "$bin" bench --model "$1" --input "$2" --classes "$3" --batch "$4" --precision "$5" --steps "$6" --warmup 2 \
-    --threads "$threads" --device cpu --json 2>/dev/null | sed -n 's/.*"images_per_sec":\([0-9.]*\).*/\1/p'
+    --threads "$threads" --device cpu --json "${@:7}" 2>/dev/null | sed -n 's/.*"images_per_sec":\([0-9.]*\).*/\1/p'
 }
 torch() { # model channels size classes batch dtype steps
   /usr/bin/python3 bench/torch_step.py --model "$1" --channels "$2" --size "$3" --classes "$4" --batch "$5" \
@@ -26,11 +28,13 @@ for r in $(seq "$rounds"); do
   echo "round $r/$rounds" >&2
   echo "resnet50_fp32 ours $(ours resnet50 3x224x224 1000 16 O0 5)" >>"$out"
   echo "resnet50_fp32 torch $(torch resnet50 3 224 1000 16 fp32 5)" >>"$out"
+  echo "resnet50_fp32_hp ours $(ours resnet50 3x224x224 1000 16 O0 5 --high-precision)" >>"$out"
   echo "resnet50_bf16_O1 ours $(ours resnet50 3x224x224 1000 16 O1 5)" >>"$out"
   echo "resnet50_bf16_O2 ours $(ours resnet50 3x224x224 1000 16 O2 5)" >>"$out"
   echo "resnet50_bf16 torch $(torch resnet50 3 224 1000 16 bf16 5)" >>"$out"
   echo "resnet20_fp32 ours $(ours resnet20 1x28x28 10 128 O0 20)" >>"$out"
   echo "resnet20_fp32 torch $(torch resnet20 1 28 10 128 fp32 20)" >>"$out"
+  echo "resnet20_fp32_hp ours $(ours resnet20 1x28x28 10 128 O0 20 --high-precision)" >>"$out"
 done
 /usr/bin/python3 - "$out" "$threads" <<'PY'
 import statistics, sys, collections, platform, subprocess, datetime
@@ -44,9 +48,11 @@ print(f"# cpu_step: {datetime.date.today()} | {cpu} | {sys.argv[2]} threads | me
 print("| case | resnet.cpp img/s | PyTorch img/s | ratio |")
 print("|---|---|---|---|")
 pairs = [("resnet50 224px b16 fp32", "resnet50_fp32", "resnet50_fp32"),
+         ("resnet50 224px b16 fp32, high_precision (direct convolutions)", "resnet50_fp32_hp", "resnet50_fp32"),
          ("resnet50 224px b16 bf16 (ours O1 vs autocast)", "resnet50_bf16_O1", "resnet50_bf16"),
          ("resnet50 224px b16 bf16 (ours O2 vs autocast)", "resnet50_bf16_O2", "resnet50_bf16"),
-         ("resnet20 28px b128 fp32", "resnet20_fp32", "resnet20_fp32")]
+         ("resnet20 28px b128 fp32", "resnet20_fp32", "resnet20_fp32"),
+         ("resnet20 28px b128 fp32, high_precision (direct convolutions)", "resnet20_fp32_hp", "resnet20_fp32")]
 for name, o, t in pairs:
     a, b = med[(o, "ours")], med[(t, "torch")]
     print(f"| {name} | {a:.2f} | {b:.2f} | {a / b:.2f}x |")

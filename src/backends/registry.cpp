@@ -28,7 +28,11 @@ int accelerator_count() {
 
 std::unique_ptr<Backend> make_backend(const std::string& name, [[maybe_unused]] const BackendOptions& options) {
   if (name == "ref") return make_ref_backend();
-  if (name == "cpu") return make_cpu_backend();
+  if (name == "cpu") {
+    CpuBackendOptions o;
+    o.winograd = !options.high_precision;
+    return make_cpu_backend(o);
+  }
 #ifdef RN_HAVE_CUDA
   if (name == "cuda") {
     CudaBackendOptions o;

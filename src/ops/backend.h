@@ -82,8 +82,9 @@ class Backend {
   virtual void* native_stream() { return nullptr; }
 };
 
-// Backend-wide choices. high_precision (GPU): deterministic algorithms only, no
-// reduced-precision reductions; host backends are always both, and ignore it.
+// Backend-wide choices. high_precision: on a GPU deterministic algorithms only and no
+// reduced-precision reductions; on the cpu backend direct convolutions only (no Winograd);
+// the ref backend ignores it.
 struct BackendOptions {
   bool high_precision = false;
   int device = 0;  // the accelerator's index (a data-parallel rank's World::device)

@@ -43,6 +43,8 @@ class Conv2dKernel {
   explicit Conv2dKernel(const Conv2dDesc& d) : desc_(d) {}
   virtual ~Conv2dKernel() = default;
   const Conv2dDesc& desc() const { return desc_; }
+  // The library's name for the forward algorithm in use, where the backend tells ("" else).
+  virtual std::string implementation() const { return {}; }
 
   // y = conv(x, w) + b          (b may be null; required iff desc.p.bias)
   void forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b);

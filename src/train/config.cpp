@@ -470,9 +470,11 @@ std::vector<Field> build_fields() {
   f.push_back(RN_CONFIG_FIELD(run.seed, "seed of weights init, data order and augmentation", at_least(0)));
   f.push_back(RN_CONFIG_FIELD(run.deterministic, "bitwise reproducible kernels (possibly slower)"));
   f.push_back(RN_CONFIG_FIELD(run.implementation_mode,
-                              "GPU kernels: high_performance takes the fastest measured cuDNN algorithms; "
-                              "high_precision only deterministic ones and no reduced-precision cuBLAS reductions "
-                              "(BN and the loss accumulate in fp32 in both). Logged at start"));
+                              "kernels: high_performance takes the fastest (GPU: the fastest measured cuDNN "
+                              "algorithms; CPU: Winograd for 3x3 stride-1 fp32 convolutions of 32 or more "
+                              "channels); high_precision only deterministic cuDNN algorithms, no reduced-precision "
+                              "cuBLAS reductions and direct CPU convolutions (BN and the loss accumulate in fp32 in "
+                              "both). Logged at start"));
   f.push_back(RN_CONFIG_FIELD(run.sink_size,
                               "GPU sink mode: capture the training step as a CUDA graph and replay it, "
                               "synchronising with the host (loss read-back, next learning rates) every sink_size "

@@ -147,8 +147,9 @@ struct RunConfig {
   int64_t threads = 0;  // host threads; 0: all cores
   int64_t seed = 42;
   bool deterministic = false;  // bitwise reproducible kernels and data order, possibly slower
-  // GPU: high_precision keeps cuBLAS from reduced-precision reductions and takes only
-  // deterministic cuDNN algorithms; high_performance the fastest measured ones.
+  // high_precision: only deterministic cuDNN algorithms, no reduced-precision cuBLAS
+  // reductions, direct CPU convolutions; high_performance: the fastest measured cuDNN
+  // algorithms, Winograd for the CPU's 3x3 stride-1 fp32 convolutions where it pays.
   ImplementationMode implementation_mode = ImplementationMode::high_performance;
   // GPU sink mode: the step is captured as a CUDA graph and replayed; the host
   // synchronises (reads the loss, uploads the next rates) every sink_size steps. 0: eager.

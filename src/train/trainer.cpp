@@ -220,7 +220,10 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
   RN_LOG_INFO("device {} ({} host threads); {}", backend->describe(), host_threads(), policy.describe());
   RN_LOG_INFO(
       "implementation mode {}{}", enum_name(cfg.run.implementation_mode),
-      backend->device() == Device::cpu ? " (host backends are deterministic and fp32-accumulating anyway)" : "");
+      backend->name() != "cpu" ? ""
+      : backend_options.high_precision
+          ? " (cpu: direct convolutions only)"
+          : " (cpu: Winograd for 3x3 stride-1 fp32 convolutions of 32 or more channels)");
   const int sink_size = static_cast<int>(cfg.run.sink_size);
   if (sink_size > 0) {
     RN_CHECK(backend->device() != Device::cpu)

@@ -50,7 +50,7 @@ bool cpu_has_native_bf16(std::string* why) {
 
 namespace cpu {
 
-Context::Context() : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {
+Context::Context(bool winograd) : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_), winograd_(winograd) {
   native_bf16_ = cpu_has_native_bf16(&bf16_why_not_);
 }
 
@@ -137,7 +137,7 @@ void log_implementations(const std::string& op, std::initializer_list<const Step
   }
 }
 
-WeightsIn::WeightsIn(const Context& ctx, const dnnl::memory::desc& user_md, const dnnl::memory::desc& prim_md,
+ReorderIn::ReorderIn(const Context& ctx, const dnnl::memory::desc& user_md, const dnnl::memory::desc& prim_md,
                      TempLayout& temp)
     : user_md_(user_md), prim_md_(prim_md), needs_reorder_(user_md != prim_md) {
   if (!needs_reorder_) return;
@@ -146,11 +146,30 @@ WeightsIn::WeightsIn(const Context& ctx, const dnnl::memory::desc& user_md, cons
   buffer_at_ = temp.add(prim_md_.get_size());
 }
 
-dnnl::memory WeightsIn::prepare(Context& ctx, const void* user_data) const {
+dnnl::memory ReorderIn::prepare(Context& ctx, const void* user_data) const {
   if (!needs_reorder_) return wrap(ctx, user_md_, user_data);
   dnnl::memory out = wrap_temp(ctx, prim_md_, buffer_at_);
   execute(ctx, reorder_, {{DNNL_ARG_FROM, wrap(ctx, user_md_, user_data)}, {DNNL_ARG_TO, out}});
   return out;
+}
+
+ReorderOut::ReorderOut(const Context& ctx, const dnnl::memory::desc& prim_md, const dnnl::memory::desc& user_md,
+                       TempLayout& temp)
+    : prim_md_(prim_md), user_md_(user_md), needs_reorder_(prim_md != user_md) {
+  if (!needs_reorder_) return;
+  dnnl::reorder::primitive_desc pd(ctx.engine(), prim_md_, ctx.engine(), user_md_, user_scratchpad_attr());
+  reorder_ = make_step<dnnl::reorder>(pd, temp);
+  buffer_at_ = temp.add(prim_md_.get_size());
+}
+
+dnnl::memory ReorderOut::target(const Context& ctx, void* user_data) const {
+  return needs_reorder_ ? wrap_temp(ctx, prim_md_, buffer_at_) : wrap(ctx, user_md_, user_data);
+}
+
+void ReorderOut::finish(Context& ctx, void* user_data) const {
+  if (!needs_reorder_) return;
+  execute(ctx, reorder_,
+          {{DNNL_ARG_FROM, wrap_temp(ctx, prim_md_, buffer_at_)}, {DNNL_ARG_TO, wrap(ctx, user_md_, user_data)}});
 }
 
 GradAccumulate::GradAccumulate(const Context& ctx, const dnnl::memory::desc& prim_md, const dnnl::memory::desc& user_md,
@@ -177,7 +196,7 @@ namespace {
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend() : ctx_(std::make_shared<Context>()) {}
+  explicit CpuBackend(bool winograd) : ctx_(std::make_shared<Context>(winograd)) {}
   std::string name() const override { return "cpu"; }
   Device device() const override { return Device::cpu; }
   Layout preferred_layout() const override { return Layout::nhwc; }
@@ -208,6 +227,8 @@ class CpuBackend final : public Backend {
 }  // namespace
 }  // namespace cpu
 
-std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<cpu::CpuBackend>(); }
+std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options) {
+  return std::make_unique<cpu::CpuBackend>(options.winograd);
+}
 
 }  // namespace rn

@@ -31,7 +31,9 @@ using dt = dnnl::memory::data_type;
 // kernels look up its address at every call.
 class Context {
  public:
-  Context();
+  // winograd: whether 3x3 stride-1 fp32 convolutions may use Winograd (high_performance).
+  explicit Context(bool winograd = true);
+  bool winograd() const { return winograd_; }
   const dnnl::engine& engine() const { return engine_; }
   dnnl::stream& stream() { return stream_; }
 
@@ -49,6 +51,7 @@ class Context {
   dnnl::stream stream_;
   HostBuffer temp_;
   bool native_bf16_ = false;
+  bool winograd_ = true;
   std::string bf16_why_not_;
 };
 using ContextPtr = std::shared_ptr<Context>;
@@ -111,19 +114,37 @@ inline dnnl::memory wrap_temp(const Context& ctx, const dnnl::memory::desc& md, 
 // is a reference implementation (plain loops, orders of magnitude slower).
 void log_implementations(const std::string& op, std::initializer_list<const Step*> steps);
 
-// Weights given in the user's plain layout (PyTorch's OIHW / GOIHW / OI) and fed to a
-// primitive that picked its own format: a cached reorder into temporary memory, or nothing
-// when the formats agree.
-class WeightsIn {
+// An input given in the caller's layout (weights in PyTorch's OIHW / GOIHW / OI, an
+// activation in nhwc / nchw) and fed to a primitive that picked its own format: a cached
+// reorder into temporary memory, or nothing when the formats agree.
+class ReorderIn {
  public:
-  WeightsIn() = default;
-  WeightsIn(const Context& ctx, const dnnl::memory::desc& user_md, const dnnl::memory::desc& prim_md, TempLayout& temp);
-  // The memory to pass as the primitive's weights; reorders `user_data` first if needed.
+  ReorderIn() = default;
+  ReorderIn(const Context& ctx, const dnnl::memory::desc& user_md, const dnnl::memory::desc& prim_md, TempLayout& temp);
+  // The memory to pass to the primitive; reorders `user_data` first if needed.
   dnnl::memory prepare(Context& ctx, const void* user_data) const;
   const Step* reorder_step() const { return needs_reorder_ ? &reorder_ : nullptr; }
 
  private:
   dnnl::memory::desc user_md_, prim_md_;
+  bool needs_reorder_ = false;
+  Step reorder_;
+  size_t buffer_at_ = 0;
+};
+
+// An output a primitive writes in its own format: into temporary memory, then reordered
+// into the caller's layout (finish); straight into the caller's memory when they agree.
+class ReorderOut {
+ public:
+  ReorderOut() = default;
+  ReorderOut(const Context& ctx, const dnnl::memory::desc& prim_md, const dnnl::memory::desc& user_md,
+             TempLayout& temp);
+  dnnl::memory target(const Context& ctx, void* user_data) const;
+  void finish(Context& ctx, void* user_data) const;
+  const Step* reorder_step() const { return needs_reorder_ ? &reorder_ : nullptr; }
+
+ private:
+  dnnl::memory::desc prim_md_, user_md_;
   bool needs_reorder_ = false;
   Step reorder_;
   size_t buffer_at_ = 0;
