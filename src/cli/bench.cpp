@@ -197,6 +197,13 @@ void print_result(const BenchSetup& s, MemoryLevel level, const BenchResult& r) 
   }
 }
 
+ModelOptions bench_model_options(const BenchArgs& a) {
+  ModelOptions o;
+  parse_input_shape(a.input, &o.in_channels, &o.height, &o.width);
+  o.num_classes = a.classes;
+  return o;
+}
+
 std::unique_ptr<Backend> bench_backend(const BenchArgs& a) {
   BackendOptions bo;
   bo.high_precision = a.high_precision;
@@ -206,10 +213,13 @@ std::unique_ptr<Backend> bench_backend(const BenchArgs& a) {
 // The planned total at `batch`: a dry plan (no workspace), or with kernels, made on a fresh
 // backend of the same kind: a backend's workspace only grows (it serves every kernel it
 // made), so a larger batch tried before would otherwise stay in the figure.
+// The fresh backend gets a model of its own too: a plan places its model on its backend's
+// device memory, which the benchmarked model must not end up on.
 size_t planned_total(const BenchSetup& s, int64_t batch, MemoryLevel level, bool with_kernels) {
   if (!with_kernels) return Plan(s.model, nullptr, plan_options(s, batch, level)).planned_peak(1).total();
   const auto backend = bench_backend(s.args);
-  return Plan(s.model, backend.get(), plan_options(s, batch, level)).planned_peak(1).total();
+  Model probe(build_model(s.args.model, bench_model_options(s.args)));
+  return Plan(probe, backend.get(), plan_options(s, batch, level)).planned_peak(1).total();
 }
 
 // The largest batch whose planned total fits `cap`, or 0 when not even batch 1 does.
@@ -261,9 +271,7 @@ int find_max_batch(const BenchSetup& s, size_t cap) {
 
 int run_bench(const BenchArgs& a) {
   set_host_threads(a.threads);
-  ModelOptions o;
-  parse_input_shape(a.input, &o.in_channels, &o.height, &o.width);
-  o.num_classes = a.classes;
+  const ModelOptions o = bench_model_options(a);
   const MemoryLevel level = memory_level_from_name(a.memory);  // checked before any work
   RN_CHECK(!a.find_max_batch || !a.memory_cap.empty()) << "--find-max-batch needs --memory-cap BYTES";
   RN_CHECK(a.sink == 0 || !a.profile) << "--profile times every plan step with a device synchronisation, which a "
