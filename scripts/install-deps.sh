@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git
   libdnnl-dev                       # oneDNN 2.6: the CPU backend
+  ocl-icd-opencl-dev                # only recommended by libdnnl-dev, but its CMake config requires OpenCL
   libspdlog-dev libfmt-dev          # logging
   nlohmann-json3-dev                # safetensors headers, metrics, reports
   libyaml-cpp-dev libcli11-dev      # configs and the command line
