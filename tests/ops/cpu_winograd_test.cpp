@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <oneapi/dnnl/dnnl.hpp>
+
 #include "backends/cpu/cpu_backend.h"
 #include "ops/backend.h"
 #include "ops/conv2d.h"
@@ -41,8 +43,14 @@ std::unique_ptr<Backend> cpu(bool winograd) {
 
 bool is_winograd(const Conv2dKernel& k) { return k.implementation().find("wino") != std::string::npos; }
 
-// oneDNN's Winograd kernel needs AVX-512: elsewhere the backend falls back to direct.
-bool winograd_here() { return is_winograd(*cpu(true)->make_conv2d(desc3x3(64, 64, Layout::nhwc))); }
+// oneDNN's Winograd kernel needs AVX-512 (avx512_core): elsewhere the backend falls back to
+// direct. Asked of the ISA oneDNN dispatches to (ONEDNN_MAX_CPU_ISA included), not of the
+// backend's choice, so that a regression in the choice fails here instead of skipping.
+bool winograd_here() {
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto avx512 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core);
+  return (isa & avx512) == avx512;
+}
 
 TEST(CpuWinograd, TakenWhereItPaysAndNeverInHighPrecisionMode) {
   if (!winograd_here()) GTEST_SKIP() << "no Winograd kernel on this CPU (oneDNN's needs AVX-512)";
