@@ -8,6 +8,7 @@
 // Algorithms: cuDNN's measured search, once per key (cudnn_algo_cache.h); in high_precision
 // mode only deterministic algorithms are taken.
 #include <algorithm>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -39,7 +40,7 @@ class CudnnConv final : public Conv2dKernel {
  private:
   std::string key(Direction dir) const;
   CudnnAlgoChoice choose(Direction dir);
-  size_t fma_workspace(Direction dir, int algo, const std::string& what) const;
+  std::optional<size_t> fma_workspace(Direction dir, int algo) const;
   void* weights_krsc(const Tensor& w) const;  // the transposed weights in the scratch
   char* scratch() const { return static_cast<char*>(ctx_->workspace()); }
   // fp32 convolutions run with FMA math whatever the algorithm cache says: never TF32.
@@ -116,15 +117,16 @@ std::string CudnnConv::key(Direction dir) const {
   return s.str();
 }
 
-// Picks the fastest successful result that fits the workspace limit (and, in
-// high_precision mode, is deterministic). For fp32 data, never a tensor-op (TF32) result:
-// FMA results first, else the fastest default-math one, which set_math runs with FMA math
-// anyway (choose() then asks cuDNN for that pair's workspace). When no algorithm ran at all, a result that failed for another reason than "not
-// supported" (a broken installation, a missing sub-library) is an error, not an unsupported
-// case, so that the harness does not turn it into a skip.
+// The usable results, best first: successful, within the workspace limit and, in
+// high_precision mode, deterministic. For fp32 data never a tensor-op (TF32) result: FMA
+// results first, then the default-math ones, which set_math runs with FMA math anyway (the
+// caller then asks cuDNN whether that pair runs, and with how much workspace). When no
+// algorithm ran at all, a result that failed for another reason than "not supported" (a
+// broken installation, a missing sub-library) is an error, not an unsupported case, so that
+// the harness does not turn it into a skip.
 template <typename Perf>
-CudnnAlgoChoice pick(const std::vector<Perf>& results, int count, bool deterministic_only, bool fp32,
-                     const std::string& what) {
+std::vector<CudnnAlgoChoice> candidates(const std::vector<Perf>& results, int count, bool deterministic_only,
+                                        bool fp32, const std::string& what) {
   bool any_ran = false;
   std::string failures;
   for (int i = 0; i < count; ++i) {
@@ -134,21 +136,20 @@ CudnnAlgoChoice pick(const std::vector<Perf>& results, int count, bool determini
                   cudnnGetErrorString(r.status);
     any_ran = any_ran || r.status == CUDNN_STATUS_SUCCESS;
   }
+  RN_CHECK(any_ran || failures.empty()) << "cuda backend: every cuDNN algorithm for " << what << " failed ("
+                                        << failures << ")";
+  std::vector<CudnnAlgoChoice> out;
   for (const cudnnMathType_t only : {CUDNN_FMA_MATH, CUDNN_DEFAULT_MATH}) {
     for (int i = 0; i < count; ++i) {
       const Perf& r = results[static_cast<size_t>(i)];
       if (r.status != CUDNN_STATUS_SUCCESS || r.memory > kMaxAlgoWorkspace) continue;
       if (deterministic_only && r.determinism != CUDNN_DETERMINISTIC) continue;
       if (fp32 && r.mathType != only) continue;
-      return {static_cast<int>(r.algo), r.memory, static_cast<int>(fp32 ? CUDNN_FMA_MATH : r.mathType)};
+      out.push_back({static_cast<int>(r.algo), r.memory, static_cast<int>(fp32 ? CUDNN_FMA_MATH : r.mathType)});
     }
     if (!fp32) break;  // half: any math type, one pass
   }
-  RN_CHECK(any_ran || failures.empty()) << "cuda backend: every cuDNN algorithm for " << what
-                                        << " failed (" << failures << ")";
-  RN_UNSUPPORTED() << "cuda backend: cuDNN has no usable algorithm for " << what
-                   << (deterministic_only ? " (deterministic algorithms only: high_precision mode)" : "")
-                   << (fp32 ? " (fp32: FMA math only, no TF32)" : "");
+  return out;
 }
 
 // A configuration cuDNN does not implement (shape, type, layout) is unsupported, reported as
@@ -169,30 +170,48 @@ CudnnAlgoChoice CudnnConv::choose(Direction dir) {
   cudnnHandle_t h = ctx_->cudnn();
   constexpr int kAsk = 16;
   int got = 0;
-  CudnnAlgoChoice c;
+  std::vector<CudnnAlgoChoice> found;
   // The measured search allocates its own buffers (the plan's do not exist yet).
   if (dir == Direction::forward) {
     std::vector<cudnnConvolutionFwdAlgoPerf_t> r(kAsk);
     search_status(cudnnFindConvolutionForwardAlgorithm(h, x_, w_, conv_, y_, kAsk, &got, r.data()), what);
-    c = pick(r, got, det, fp32, what);
+    found = candidates(r, got, det, fp32, what);
   } else if (dir == Direction::backward_data) {
     std::vector<cudnnConvolutionBwdDataAlgoPerf_t> r(kAsk);
     search_status(cudnnFindConvolutionBackwardDataAlgorithm(h, w_, y_, conv_, x_, kAsk, &got, r.data()), what);
-    c = pick(r, got, det, fp32, what);
+    found = candidates(r, got, det, fp32, what);
   } else {
     std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> r(kAsk);
     search_status(cudnnFindConvolutionBackwardFilterAlgorithm(h, x_, y_, conv_, w_, kAsk, &got, r.data()), what);
-    c = pick(r, got, det, fp32, what);
+    found = candidates(r, got, det, fp32, what);
   }
-  // A search result's workspace is that of its own math type; fp32 always runs with FMA math.
-  if (fp32) c.workspace = std::max(c.workspace, fma_workspace(dir, c.algo, what));
+  // A search result's workspace is that of its own math type, and fp32 always runs with FMA
+  // math: a default-math result that does not run with FMA math, or needs more workspace than
+  // the limit with it, gives way to the next.
+  std::optional<CudnnAlgoChoice> chosen;
+  for (CudnnAlgoChoice c : found) {
+    if (fp32) {
+      const std::optional<size_t> fma = fma_workspace(dir, c.algo);
+      if (!fma || *fma > kMaxAlgoWorkspace) continue;
+      c.workspace = std::max(c.workspace, *fma);
+    }
+    chosen = c;
+    break;
+  }
   RN_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_, math_));  // the search may have changed it
-  ctx_->algo_cache().put(k, c);
-  RN_LOG_DEBUG("cuda backend: {}: algorithm {} (math {}, workspace {} bytes)", what, c.algo, c.math_type, c.workspace);
-  return c;
+  if (!chosen)
+    RN_UNSUPPORTED() << "cuda backend: cuDNN has no usable algorithm for " << what
+                     << (det ? " (deterministic algorithms only: high_precision mode)" : "")
+                     << (fp32 ? " (fp32: FMA math only, no TF32)" : "") << " within the "
+                     << (kMaxAlgoWorkspace >> 20) << " MiB workspace limit";
+  ctx_->algo_cache().put(k, *chosen);
+  RN_LOG_DEBUG("cuda backend: {}: algorithm {} (math {}, workspace {} bytes)", what, chosen->algo, chosen->math_type,
+               chosen->workspace);
+  return *chosen;
 }
 
-size_t CudnnConv::fma_workspace(Direction dir, int algo, const std::string& what) const {
+// The workspace of `algo` with FMA math; nothing if cuDNN does not run it so.
+std::optional<size_t> CudnnConv::fma_workspace(Direction dir, int algo) const {
   RN_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_, CUDNN_FMA_MATH));
   cudnnHandle_t h = ctx_->cudnn();
   size_t bytes = 0;
@@ -206,7 +225,8 @@ size_t CudnnConv::fma_workspace(Direction dir, int algo, const std::string& what
   else
     st = cudnnGetConvolutionBackwardFilterWorkspaceSize(h, x_, y_, conv_, w_,
                                                         static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo), &bytes);
-  search_status(st, what + " (algorithm " + std::to_string(algo) + " with FMA math)");
+  if (cudnn_not_supported(st)) return std::nullopt;
+  RN_CUDNN_CHECK(st);
   return bytes;
 }
 

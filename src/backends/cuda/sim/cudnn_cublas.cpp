@@ -137,15 +137,22 @@ size_t workspace_bytes(const Conv& c) { return 256 + 4 * w_elems(c); }
 // What the emulated search reports, fastest first, as cuDNN's does: for the backward
 // directions a non-deterministic algorithm ahead of a deterministic one (cuDNN's ALGO_0 is
 // non-deterministic in both), and last an algorithm that does not apply to the shape with
-// one of cuDNN 9's finer "not supported" codes. The successful ones compute the same sums
-// here; which one the backend takes shows in the algorithm cache.
+// one of cuDNN 9's finer "not supported" codes. The fastest forward algorithm does not run
+// with FMA math at all, and the fastest backward-filter one asks for more workspace with FMA
+// math than the backend allows (kHugeWorkspace): for fp32 data the backend must then take
+// the next. The successful ones compute the same sums here; which one the backend takes
+// shows in the algorithm cache.
+enum class WithFma { runs, not_supported, huge_workspace };
+constexpr size_t kHugeWorkspace = size_t{2} << 30;
 template <typename Algo>
 struct Reported {
   Algo algo;
   cudnnStatus_t status;
   cudnnDeterminism_t determinism;
+  WithFma fma = WithFma::runs;
 };
 constexpr Reported<cudnnConvolutionFwdAlgo_t> kForward[] = {
+    {CUDNN_CONVOLUTION_FWD_ALGO_GEMM, CUDNN_STATUS_SUCCESS, CUDNN_DETERMINISTIC, WithFma::not_supported},
     {CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, CUDNN_STATUS_SUCCESS, CUDNN_DETERMINISTIC},
     {CUDNN_CONVOLUTION_FWD_ALGO_FFT, CUDNN_STATUS_NOT_SUPPORTED_SHARED_MEMORY_INSUFFICIENT, CUDNN_DETERMINISTIC}};
 constexpr Reported<cudnnConvolutionBwdDataAlgo_t> kBackwardData[] = {
@@ -153,19 +160,31 @@ constexpr Reported<cudnnConvolutionBwdDataAlgo_t> kBackwardData[] = {
     {CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, CUDNN_STATUS_SUCCESS, CUDNN_DETERMINISTIC},
     {CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT, CUDNN_STATUS_NOT_SUPPORTED_SHARED_MEMORY_INSUFFICIENT, CUDNN_DETERMINISTIC}};
 constexpr Reported<cudnnConvolutionBwdFilterAlgo_t> kBackwardFilter[] = {
+    {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3, CUDNN_STATUS_SUCCESS, CUDNN_NON_DETERMINISTIC, WithFma::huge_workspace},
     {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0, CUDNN_STATUS_SUCCESS, CUDNN_NON_DETERMINISTIC},
     {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, CUDNN_STATUS_SUCCESS, CUDNN_DETERMINISTIC},
     {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT, CUDNN_STATUS_NOT_SUPPORTED_SHARED_MEMORY_INSUFFICIENT,
      CUDNN_DETERMINISTIC}};
 
 template <typename Algo, size_t N>
-bool runs(const Reported<Algo> (&table)[N], Algo algo) {
+const Reported<Algo>* reported(const Reported<Algo> (&table)[N], Algo algo) {
   for (const auto& r : table)
-    if (r.algo == algo) return r.status == CUDNN_STATUS_SUCCESS;
-  return false;
+    if (r.algo == algo) return &r;
+  return nullptr;
 }
 
-// The search's results: the table's first `requested`, with the descriptor's math type.
+// Whether `algo` runs with the descriptor's math type (the huge-workspace one is never
+// given its workspace with FMA math, so it does not run so either).
+template <typename Algo, size_t N>
+bool runs(const Reported<Algo> (&table)[N], Algo algo, const cudnnConvolutionStruct* cd) {
+  const Reported<Algo>* r = reported(table, algo);
+  if (!r || r->status != CUDNN_STATUS_SUCCESS) return false;
+  return !cd || cd->math != CUDNN_FMA_MATH || r->fma == WithFma::runs;
+}
+
+// The search's results: the table's first `requested`, with the descriptor's math type, but
+// for fp32 data cuDNN's default math, as cuDNN reports an algorithm it timed without a
+// math-type variant: whether it runs with FMA math is the caller's question (workspace_size).
 template <typename Perf, typename Algo, size_t N>
 void results(const Conv& c, const Reported<Algo> (&table)[N], int requested, int* returned, Perf* perf) {
   *returned = 0;
@@ -178,7 +197,7 @@ void results(const Conv& c, const Reported<Algo> (&table)[N], int requested, int
     p.time = r.status == CUDNN_STATUS_SUCCESS ? static_cast<float>(*returned) : -1.0f;
     p.memory = r.status == CUDNN_STATUS_SUCCESS ? workspace_bytes(c) : 0;
     p.determinism = r.determinism;
-    p.mathType = c.cd.math;
+    p.mathType = c.type == rn::DType::f32 ? CUDNN_DEFAULT_MATH : c.cd.math;
   }
 }
 
@@ -221,8 +240,11 @@ cudnnStatus_t workspace_size(const cudnnTensorStruct* x, const cudnnFilterStruct
   if (!bytes) return CUDNN_STATUS_BAD_PARAM;
   Conv c;
   if (const cudnnStatus_t st = describe(x, w, cd, y, &c); st != CUDNN_STATUS_SUCCESS) return st;
-  if (!runs(table, algo)) return CUDNN_STATUS_NOT_SUPPORTED;
-  *bytes = workspace_bytes(c);
+  const Reported<Algo>* r = reported(table, algo);
+  if (!r || r->status != CUDNN_STATUS_SUCCESS) return CUDNN_STATUS_NOT_SUPPORTED;
+  const bool fma = c.cd.math == CUDNN_FMA_MATH;
+  if (fma && r->fma == WithFma::not_supported) return CUDNN_STATUS_NOT_SUPPORTED;
+  *bytes = fma && r->fma == WithFma::huge_workspace ? kHugeWorkspace : workspace_bytes(c);
   return CUDNN_STATUS_SUCCESS;
 }
 
@@ -360,7 +382,7 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t h, const void* alpha, const 
                                       const void* x, const cudnnFilterDescriptor_t wd, const void* w,
                                       const cudnnConvolutionDescriptor_t cd, cudnnConvolutionFwdAlgo_t algo, void* ws,
                                       size_t ws_bytes, const void* beta, const cudnnTensorDescriptor_t yd, void* y) {
-  return convolve(h, xd, wd, cd, yd, runs(kForward, algo), ws, ws_bytes, alpha, beta, x,
+  return convolve(h, xd, wd, cd, yd, runs(kForward, algo, cd), ws, ws_bytes, alpha, beta, x,
                   x_elems, w, w_elems, y, y_elems,
                   [](std::vector<double>& acc, const std::vector<double>& xv, const std::vector<double>& wv, size_t xi,
                      size_t wi, size_t yi) { acc[yi] += xv[xi] * wv[wi]; },
@@ -372,7 +394,7 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t h, const void* alpha, c
                                            const cudnnConvolutionDescriptor_t cd, cudnnConvolutionBwdDataAlgo_t algo,
                                            void* ws, size_t ws_bytes, const void* beta, const cudnnTensorDescriptor_t dxd,
                                            void* dx) {
-  return convolve(h, dxd, wd, cd, dyd, runs(kBackwardData, algo), ws, ws_bytes, alpha, beta, dy,
+  return convolve(h, dxd, wd, cd, dyd, runs(kBackwardData, algo, cd), ws, ws_bytes, alpha, beta, dy,
                   y_elems, w, w_elems, dx, x_elems,
                   [](std::vector<double>& acc, const std::vector<double>& gv, const std::vector<double>& wv, size_t xi,
                      size_t wi, size_t yi) { acc[xi] += gv[yi] * wv[wi]; },
@@ -384,7 +406,7 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t h, const void* alpha,
                                              const cudnnConvolutionDescriptor_t cd,
                                              cudnnConvolutionBwdFilterAlgo_t algo, void* ws, size_t ws_bytes, const void* beta,
                                              const cudnnFilterDescriptor_t dwd, void* dw) {
-  return convolve(h, xd, dwd, cd, dyd, runs(kBackwardFilter, algo), ws, ws_bytes, alpha, beta, x,
+  return convolve(h, xd, dwd, cd, dyd, runs(kBackwardFilter, algo, cd), ws, ws_bytes, alpha, beta, x,
                   x_elems, dy, y_elems, dw, w_elems,
                   [](std::vector<double>& acc, const std::vector<double>& xv, const std::vector<double>& gv, size_t xi,
                      size_t wi, size_t yi) { acc[wi] += xv[xi] * gv[yi]; },
