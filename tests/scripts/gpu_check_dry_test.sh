@@ -62,7 +62,7 @@ expect "the golden files are made in the background by GoldenFiles.*" has "$GC_F
 
 run failures FAKE_FAIL=train_sink,bench_fp16,torch_eager_bf16,nccl
 expect "failures: exit 1" rc failures 1
-for line in 'FAILED: training \(sink; exit 1\)' 'FAILED: resnet bench fp16$' 'FAILED: pytorch eager bf16 \(exit 1\)' \
+for line in 'FAILED: training \(sink\): exit 1' 'FAILED: resnet bench fp16: exit 1$' 'FAILED: pytorch eager bf16: exit 1' \
             'FAILED: NCCL collectives' 'eager and sink not compared: a training failed' \
             'torch.compile bf16 skipped: PyTorch eager bf16 failed' 'SOME CHECKS FAILED'; do
   expect "failures: '$line'" has "$work/failures.out" "$line"
@@ -74,7 +74,7 @@ run diagfail FAKE_FAIL=profile_fp16
 expect "a failing diagnostic: reported, and the checks after it still run" \
   bash -c "grep -q 'diag-check: FAIL  profile fp16' '$work/diagfail.out' &&
            grep -q 'diag-check: ok    profile bf16' '$work/diagfail.out' &&
-           grep -q 'FAILED: diag-check (exit 1' '$work/diagfail.out'"
+           grep -q 'FAILED: diag-check (diag/ is in logs.tar.gz): exit 1' '$work/diagfail.out'"
 
 run differ FAKE_SINK_DIFFERS=1
 expect "sink weights differ: reported" has "$work/differ.out" 'FAILED: eager and sink training disagree'
@@ -87,6 +87,24 @@ expect "no GPU: says why" has "$work/nogpu.out" 'no NVIDIA GPU here'
 run noprobe FAKE_FAIL=info
 expect "backend does not start: exit 1 with the library path" has "$work/noprobe.out" 'the cuda backend does not start; library path'
 expect "backend does not start: PyTorch's figures still measured" has "$work/noprobe/bench.jsonl" '"pytorch-eager"'
+
+# A hang that runs into the deadline: the hung command is stopped there, and every later check
+# is reported as not run rather than started with a few seconds to time out as a failure.
+start=$(date +%s)
+run deadline RN_GPU_CHECK_DEADLINE=20 FAKE_HANG=harness
+took=$(( $(date +%s) - start ))
+expect "deadline: the hung harness stopped at the deadline, not after its own 180 s (took ${took} s)" \
+  bash -c "(( $took < 60 ))"
+expect "deadline: the hung harness is a failure" \
+  has "$work/deadline.out" 'FAILED: cross-backend harness on cuda: timed out'
+for line in 'NOT RUN: golden parity on cuda: past the deadline' 'NOT RUN: training \(eager\)' \
+            'NOT RUN: resnet bench bf16 sink' 'NOT RUN: NCCL collectives' 'NOT RUN: diag-check' \
+            'SOME CHECKS FAILED \(and not run, past the deadline: .*golden parity'; do
+  expect "deadline: '$line'" has "$work/deadline.out" "$line"
+done
+expect "deadline: nothing after the harness timed out or failed" \
+  bash -c "! sed -n '/golden parity on cuda (fp32/,\$p' '$work/deadline.out' | grep -q 'FAILED: '"
+expect "deadline: exit 1" rc deadline 1
 
 if ((failures)); then
   echo "gpu_check_dry_test: $failures check(s) failed; outputs:"

@@ -3,3 +3,5 @@
 # bench_bf16_sink, torch_eager_bf16, torch_compile_fp16, harness, harness_kernels, golden, nccl...).
 log() { echo "$(basename "$0") $*" >> "$GC_FAKES/calls.log"; }
 fails() { [[ ",${FAKE_FAIL:-}," == *",$1,"* ]]; }
+# FAKE_HANG=key,...: the steps that hang (same keys) until the script's time limit kills them.
+hang_if() { [[ ",${FAKE_HANG:-}," == *",$1,"* ]] && sleep 300; return 0; }
