@@ -46,6 +46,7 @@ struct ProfileArgs {
   std::string dtype = "fp32";
   std::string device = "auto";
   std::string memory = "O1";
+  bool high_precision = false;
   int steps = 5, warmup = 2, threads = 0, top = 30;
   std::string trace = "profile_trace.json";
   std::string json;
@@ -61,6 +62,7 @@ int run_profile_cmd(const ProfileArgs& a) {
   RN_CHECK(o.dtype == DType::f32 || o.dtype == DType::bf16 || o.dtype == DType::f16)
       << "--dtype must be fp32, bf16 or fp16, got '" << a.dtype << "'";
   o.device = device_from_name(a.device);
+  o.high_precision = a.high_precision;
   o.memory = memory_level_from_name(a.memory);
   o.steps = a.steps;
   o.warmup = a.warmup;
@@ -126,6 +128,8 @@ Runner add_profile_command(CLI::App& app) {
   cmd->add_option("--dtype", a->dtype, "fp32 (precision O0), bf16 or fp16 (precision O2)")->capture_default_str();
   cmd->add_option("--device", a->device, "auto, cpu, ref or cuda")->capture_default_str();
   cmd->add_option("--memory-level", a->memory, "Memory level O0, O1 or O2")->capture_default_str();
+  cmd->add_flag("--high-precision", a->high_precision,
+                "run.implementation_mode=high_precision: deterministic algorithms on a GPU, no Winograd on a CPU");
   cmd->add_option("--steps", a->steps, "Profiled steps (and as many unprofiled)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);

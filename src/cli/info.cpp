@@ -26,6 +26,7 @@ struct InfoArgs {
   int64_t classes = 1000;
   std::string dtype = "fp32";
   std::string device = "cpu";
+  bool high_precision = false;
   bool params = false;
   int64_t fusion_threshold = 0;
 };
@@ -77,9 +78,13 @@ int run_info(const InfoArgs& a) {
   // A backend makes the kernels, so that the shared workspace is known; its arena pages are
   // never touched, so planning costs no memory.
   std::unique_ptr<Backend> backend;
-  if (a.device != "none") backend = make_backend_for(device_from_name(a.device));
+  if (a.device != "none") {
+    BackendOptions bo;
+    bo.high_precision = a.high_precision;
+    backend = make_backend_for(device_from_name(a.device), bo);
+  }
   fmt::print("\nPlanned training memory at batch {} in {} ({}; parameters fp32 master, momentum SGD):\n", a.batch,
-             dtype_name(dt), backend ? "kernels from the " + backend->name() + " backend" : "dry plan, no workspace");
+             dtype_name(dt), backend ? "kernels from " + backend->describe() : "dry plan, no workspace");
   fmt::print("  {:<6} {:>10} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n", "level", "arena",
              "activations", "gradients", "params", "grads", "optimizer", "half w", "workspace", "total");
   auto b = [](size_t v) { return human_bytes(static_cast<double>(v)); };
@@ -124,6 +129,8 @@ Runner add_info_command(CLI::App& app) {
   cmd->add_option("--device", args->device,
                   "Backend whose kernels size the workspace (cpu, ref, auto), or none for a dry plan")
       ->capture_default_str();
+  cmd->add_flag("--high-precision", args->high_precision,
+                "Size the workspace for run.implementation_mode=high_precision (on a CPU: no Winograd)");
   cmd->add_flag("--params", args->params, "Also list the parameters in gradient-production order");
   cmd->add_option("--fusion-threshold", args->fusion_threshold,
                   "With --params: the gradient buckets this dist.fusion_threshold (bytes) makes");

@@ -93,7 +93,7 @@ int run_eval(const EvalArgs& a) {
   Config cfg = config_for_weights(a);
   set_host_threads(static_cast<int>(cfg.run.threads));
   if (!a.data.empty()) cfg.data.root = a.data;
-  auto backend = make_backend_for(cfg.run.device);
+  auto backend = make_backend_for(cfg.run.device, backend_options_for(cfg.run));
   const PrecisionPolicy policy = make_precision_policy(cfg.precision, *backend);
   Model model(build_model(cfg.model.name, model_options(cfg.model)));
   load_weights(a.weights, model);

@@ -29,6 +29,12 @@ std::unique_ptr<Backend> make_backend_for(DeviceChoice choice, const BackendOpti
   RN_FAIL() << "unknown device choice";
 }
 
+BackendOptions backend_options_for(const RunConfig& run) {
+  BackendOptions o;
+  o.high_precision = run.implementation_mode == ImplementationMode::high_precision;
+  return o;
+}
+
 DeviceChoice device_from_name(const std::string& name) {
   if (name == "auto") return DeviceChoice::auto_select;
   if (name == "cpu") return DeviceChoice::cpu;

@@ -11,6 +11,8 @@ namespace rn {
 
 // `auto` falls back to the CPU when the CUDA backend cannot start (no GPU, no driver).
 std::unique_ptr<Backend> make_backend_for(DeviceChoice choice, const BackendOptions& options = {});
+// The backend options a config's run section asks for (run.implementation_mode).
+BackendOptions backend_options_for(const RunConfig& run);
 DeviceChoice device_from_name(const std::string& name);  // auto | cpu | ref | cuda
 
 }  // namespace rn

@@ -195,8 +195,9 @@ std::string format_scale(double s) {
 DoctorReport run_doctor(const Config& cfg, const DoctorOptions& options) {
   RN_CHECK(options.steps >= 1) << "doctor: --steps must be at least 1, got " << options.steps;
   set_host_threads(static_cast<int>(cfg.run.threads));
-  auto backend = make_backend_for(cfg.run.device);
+  auto backend = make_backend_for(cfg.run.device, backend_options_for(cfg.run));
   DoctorReport r;
+  r.backend = backend->describe();
   r.model = cfg.model.name;
   r.level = std::string(enum_name(cfg.precision.level));
   r.half = std::string(dtype_name(cfg.precision.half_dtype));
@@ -292,6 +293,7 @@ std::string DoctorReport::table() const {
   s += fmt::format("precision doctor: {}, {} steps, same initial weights and batches in fp32 (O0) and {}\n", model,
                    steps, level);
   s += fmt::format("  {}\n", precision);
+  s += fmt::format("  backend: {}\n", backend);
   s += fmt::format("  activations {}; BN {}; loss {}; master weights {}; parameter gradients fp32\n", activation_dtype,
                    bn_dtype, loss_dtype, master_dtype);
   if (!mixed_ran) s += fmt::format("  {} run: not made: {}\n", level, not_run_why);
@@ -343,6 +345,7 @@ nlohmann::json DoctorReport::to_json() const {
           {"mixed_ran", mixed_ran},
           {"not_run_why", not_run_why},
           {"precision", precision},
+          {"backend", backend},
           {"activation_dtype", activation_dtype},
           {"bn_dtype", bn_dtype},
           {"loss_dtype", loss_dtype},

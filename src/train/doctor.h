@@ -42,6 +42,7 @@ struct DoctorTensor {
 
 struct DoctorReport {
   std::string model, level, half;
+  std::string backend;  // Backend::describe(): the device and its implementation mode
   bool mixed_ran = false;
   std::string not_run_why;  // when !mixed_ran
   std::string precision;    // PrecisionPolicy::describe() (or what it would be)

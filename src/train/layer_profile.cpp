@@ -221,7 +221,9 @@ ProfileReport run_profile(const ProfileOptions& o) {
   mo.num_classes = o.classes;
   Model model(build_model(o.model, mo));
   model.init(1);
-  auto backend = make_backend_for(o.device);
+  BackendOptions bo;
+  bo.high_precision = o.high_precision;
+  auto backend = make_backend_for(o.device, bo);
   PrecisionConfig pc;
   pc.level = o.dtype == DType::f32 ? PrecisionLevel::O0 : PrecisionLevel::O2;
   if (o.dtype != DType::f32) pc.half_dtype = o.dtype;
@@ -230,6 +232,7 @@ ProfileReport run_profile(const ProfileOptions& o) {
   ProfileReport r;
   r.model = o.model;
   r.device = backend->name();
+  r.backend = backend->describe();
   r.dtype = std::string(dtype_name(o.dtype));
   r.batch = o.batch;
   r.steps = o.steps;
@@ -338,7 +341,7 @@ ProfileReport run_profile(const ProfileOptions& o) {
 std::string ProfileReport::table(int top) const {
   std::string s = fmt::format(
       "per-layer profile: {}, batch {}, {}, {} ({} profiled steps, each plan step followed by a device sync)\n", model,
-      batch, dtype, device, steps);
+      batch, dtype, backend, steps);
   s += fmt::format(
       "peaks measured at start: {:.1f} GFLOP/s ({} GEMM), {:.1f} GB/s (streaming ReLU, read + write); "
       "ridge {:.1f} flop/byte\n\n",
@@ -393,6 +396,7 @@ nlohmann::json ProfileReport::to_json() const {
                   {"roof_fraction", l.roof.roof_fraction}});
   return {{"model", model},
           {"device", device},
+          {"backend", backend},
           {"dtype", dtype},
           {"batch", batch},
           {"steps", steps},

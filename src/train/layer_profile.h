@@ -30,6 +30,7 @@ struct ProfileOptions {
   int64_t batch = 32;
   DType dtype = DType::f32;  // f32 (O0) or a half dtype (O2)
   DeviceChoice device = DeviceChoice::auto_select;
+  bool high_precision = false;  // run.implementation_mode=high_precision
   MemoryLevel memory = MemoryLevel::O1;
   int steps = 5, warmup = 2;
   int threads = 0;
@@ -48,6 +49,7 @@ struct LayerProfile {
 
 struct ProfileReport {
   std::string model, device, dtype;
+  std::string backend;  // Backend::describe(): the device and its implementation mode
   int64_t batch = 0;
   int steps = 0;
   DevicePeaks peaks;

@@ -198,8 +198,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
     RN_LOG_INFO("data-parallel over {} ranks ({} communicator{}); rank:host {}", world.size, comm.name(),
                 world.table ? ", rank table " + world.table->source : "", placement);
   }
-  BackendOptions backend_options;
-  backend_options.high_precision = cfg.run.implementation_mode == ImplementationMode::high_precision;
+  BackendOptions backend_options = backend_options_for(cfg.run);
   // The rank table's device, else the local rank, modulo the devices this process sees (a
   // launcher that gives each process one GPU through CUDA_VISIBLE_DEVICES shows it as 0).
   // NCCL uses the same.
@@ -217,13 +216,8 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
     }
   }
   const PrecisionPolicy policy = make_precision_policy(cfg.precision, *backend);
+  // The backend's description names its implementation mode (run.implementation_mode).
   RN_LOG_INFO("device {} ({} host threads); {}", backend->describe(), host_threads(), policy.describe());
-  RN_LOG_INFO(
-      "implementation mode {}{}", enum_name(cfg.run.implementation_mode),
-      backend->name() != "cpu" ? ""
-      : backend_options.high_precision
-          ? " (cpu: direct convolutions only)"
-          : " (cpu: Winograd for 3x3 stride-1 fp32 convolutions of 32 or more channels)");
   const int sink_size = static_cast<int>(cfg.run.sink_size);
   if (sink_size > 0) {
     RN_CHECK(backend->device() != Device::cpu)

@@ -68,6 +68,17 @@ TEST(DiagCli, DoctorExitsTwoOnPlantedUnderflowAndZeroAtTheRecommendedScale) {
   EXPECT_EQ(run(args, dir / "good.log"), 0) << read_all(dir / "good.log");
   EXPECT_NE(read_all(dir / "good.log").find("verdict: OK"), std::string::npos);
   EXPECT_TRUE(nlohmann::json::parse(read_all(dir / "good.json"))["pass"].get<bool>());
+  EXPECT_NE(nlohmann::json::parse(read_all(dir / "good.json"))["backend"].get<std::string>().find("high_performance"),
+            std::string::npos);
+
+  // run.implementation_mode reaches the backend the doctor runs on.
+  args = small("doctor", fp16);
+  for (const std::string& s : std::vector<std::string>{"--set", "run.implementation_mode=high_precision", "--json",
+                                                       (dir / "precise.json").string()})
+    args.push_back(s);
+  run(args, dir / "precise.log");
+  EXPECT_NE(read_all(dir / "precise.log").find("implementation mode high_precision"), std::string::npos)
+      << read_all(dir / "precise.log");
 
   EXPECT_EQ(run(small("doctor", {"--set", "diagnostics.doctor_max_underflow=2"}), dir / "range.log"), 1);
   EXPECT_NE(read_all(dir / "range.log").find("diagnostics.doctor_max_underflow"), std::string::npos);
@@ -102,6 +113,15 @@ TEST(DiagCli, ProfileWritesJsonAndTrace) {
   EXPECT_NEAR(sum, j["layers_s"].get<double>(), 1e-9);
   const auto trace = nlohmann::json::parse(read_all(dir / "t.json"));
   EXPECT_GT(trace["traceEvents"].size(), 50u);
+  EXPECT_NE(j["backend"].get<std::string>().find("high_performance"), std::string::npos) << j["backend"];
+  // --high-precision reaches the backend the profile runs on (its description says which mode).
+  std::vector<std::string> precise = args;
+  precise.back() = "";  // --trace: none
+  precise.push_back("--high-precision");
+  ASSERT_EQ(run(precise, dir / "precise.log"), 0) << read_all(dir / "precise.log");
+  EXPECT_NE(read_all(dir / "precise.log").find("implementation mode high_precision"), std::string::npos);
+  EXPECT_NE(nlohmann::json::parse(read_all(dir / "p.json"))["backend"].get<std::string>().find("high_precision"),
+            std::string::npos);
   EXPECT_EQ(run({"profile", "--dtype", "int8"}, dir / "bad.log"), 1);
   EXPECT_NE(read_all(dir / "bad.log").find("int8"), std::string::npos);
 }

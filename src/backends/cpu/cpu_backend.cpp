@@ -202,6 +202,10 @@ class CpuBackend final : public Backend {
   Layout preferred_layout() const override { return Layout::nhwc; }
   bool supports_dtype(DType dtype, std::string* why_not) const override { return ctx_->supports_dtype(dtype, why_not); }
   size_t workspace_bytes() const override { return ctx_->temp_bytes(); }
+  std::string describe() const override {
+    return ctx_->winograd() ? "cpu, implementation mode high_performance (Winograd for 3x3 convolutions where it pays)"
+                            : "cpu, implementation mode high_precision (direct convolutions)";
+  }
 
   std::unique_ptr<Conv2dKernel> make_conv2d(const Conv2dDesc& d) override { return cpu::make_conv2d(ctx_, d); }
   std::unique_ptr<BatchNormKernel> make_batch_norm(const BatchNormDesc& d) override {

@@ -10,6 +10,7 @@ namespace {
 class RefBackend final : public Backend {
  public:
   std::string name() const override { return "ref"; }
+  std::string describe() const override { return "ref (scalar reference kernels; no implementation modes)"; }
   Device device() const override { return Device::cpu; }
   Layout preferred_layout() const override { return Layout::nchw; }
 
