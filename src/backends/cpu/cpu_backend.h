@@ -7,7 +7,8 @@
 // layout).
 //
 // The kernels of one backend share one block of temporary memory (oneDNN scratchpads,
-// reordered weights, gradient staging), sized when the kernels are made: they must run
+// reordered weights, a Winograd convolution's reordered activations, gradient staging),
+// sized when the kernels are made: they must run
 // one at a time, as a plan does. Two backends made by two make_cpu_backend() calls are
 // independent.
 #pragma once
@@ -19,7 +20,8 @@
 
 namespace rn {
 struct CpuBackendOptions {
-  // 3x3 stride-1 fp32 convolutions with enough channels run as Winograd F(4x4, 3x3) (about
+  // 3x3 stride-1 fp32 convolutions with channels in 16s (at least 32) and 50M+ multiply-adds
+  // run as Winograd F(4x4, 3x3) on AVX-512 CPUs (about
   // twice as fast, activations reordered to oneDNN's blocked layout around them; relative
   // error ~1e-6 instead of ~1e-7): the high_performance implementation mode. false
   // (high_precision): direct convolutions only.

@@ -24,8 +24,10 @@ using dt = dnnl::memory::data_type;
 // State shared by the backend and every kernel it made (kernels hold it by shared_ptr, so
 // they may outlive the Backend object).
 //
-// Temporary memory: oneDNN scratchpads (user-managed), weights reordered into a primitive's
-// format, fp32 gradient staging. It lives only during one call, and the kernels of one
+// Temporary memory: oneDNN scratchpads (user-managed, a Winograd convolution's transformed
+// tiles among them), weights reordered into a primitive's format, activations reordered into
+// a Winograd convolution's blocked layout and back (so it grows with the batch), fp32
+// gradient staging. It lives only during one call, and the kernels of one
 // backend run one at a time (one in-order stream), so a single buffer sized for the largest
 // call serves them all. It grows when a kernel is created (plan time), never during a call;
 // kernels look up its address at every call.
