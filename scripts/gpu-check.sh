@@ -20,11 +20,13 @@
 #   7. our fp16 step with RN_CUDA_VECTOR_KERNELS=0 (one element per access), then PyTorch with
 #      torch.compile in what is left of the budget (the table is made again with them).
 # Every command has a time limit and the script a deadline (465 s): a hang costs its own
-# section, not the run, and a check the deadline leaves no time for is reported as NOT RUN
-# (not as a failure). The results are copied to OUT_DIR every 15 s as well, so a run the
-# device tool stops still returns the section it was in.
+# section, not the run, and a check the deadline leaves no time for, or stops, is reported as
+# NOT RUN (not as a failure). The results are copied to OUT_DIR every 15 s as well, so a run
+# the device tool stops still returns the section it was in.
 # Exit status: 0 all checks ran and passed, 1 some failed, 3 no GPU here, 4 none failed but
-# the deadline kept some from running.
+# the deadline kept some from running or stopped them. The two measurements made last (one
+# element per access, torch.compile) run only in what time is left and are not checks: their
+# absence leaves the status alone.
 # The full log goes to OUT_DIR/gpu-check.log and the table to OUT_DIR/table.md.
 #
 # Binaries: gpu-bundle/bundle.tar.xz (scripts/gpu-bundle.sh, made on a development machine
@@ -65,28 +67,46 @@ fail() { echo "FAILED: $*"; status=1; }
 # Seconds left before the script's own deadline (the device tool kills at timeout_s=540).
 deadline=${RN_GPU_CHECK_DEADLINE:-465}  # another only in tests (tests/scripts)
 left() { echo $(( deadline - $(elapsed) )); }
-# limited N CMD...: CMD under a time limit of N s, never past the deadline. With under 5 s
-# left it is not started at all (exit 125).
+# limited N CMD...: CMD under a time limit of N s, never past the deadline (SIGKILL 10 s
+# after SIGTERM if it ignores that). With under 5 s left it is not started at all (exit 200);
+# one stopped by the deadline rather than by its own limit exits 201.
 limited() {
-  local l; l=$(left)
-  if (( l < 5 )); then echo "not started: the script's ${deadline}-s deadline has passed"; return 125; fi
-  (( l > $1 )) && l=$1
-  shift
-  timeout "$l" "$@"
+  local l want=$1; shift
+  l=$(left)
+  if (( l < 5 )); then echo "not started: under 5 s before the script's ${deadline}-s deadline" >&2; return 200; fi
+  (( l > want )) && l=$want
+  timeout -k 10 "$l" "$@"
+  local rc=$?
+  (( rc == 124 && l < want )) && return 201
+  return $rc
 }
 # Why a command failed: its exit status, its time limit, or the deadline.
-why() { case $1 in 124) echo "timed out" ;; 125) echo "not started: past the deadline" ;; *) echo "exit $1" ;; esac; }
-# failed RC WHAT: a check that failed, or (RC 125) one the deadline kept from running.
+why() {
+  case $1 in
+    124) echo "timed out" ;; 200) echo "not started: past the deadline" ;; 201) echo "stopped at the deadline" ;;
+    *) echo "exit $1" ;;
+  esac
+}
+# failed RC WHAT: a check that failed, or one the deadline kept from running or stopped
+# (RC 200 or 201, and the deadline near indeed: a command's own exit 200 stays a failure).
 failed() {
   local rc=$1; shift
-  if [[ $rc == 125 ]]; then echo "NOT RUN: $*: past the deadline"; not_run+="${not_run:+; }$*"
+  if [[ $rc == 200 || $rc == 201 ]] && (( $(left) < 5 )); then
+    echo "NOT RUN: $*: $(why "$rc")"; not_run+="${not_run:+; }$*"
   else fail "$*: $(why "$rc")"; fi
 }
 
 checks() {
 # nvidia-smi and the first CUDA calls get a limit as well: a wedged driver hangs them.
-smi() { timeout 30 nvidia-smi "$@"; }
-if ! command -v nvidia-smi >/dev/null 2>&1 || (( $(smi -L 2>/dev/null | grep -c '^GPU') == 0 )); then
+smi() { timeout -k 5 30 nvidia-smi "$@"; }
+gpus=""
+if command -v nvidia-smi >/dev/null 2>&1; then
+  gpus=$(smi -L 2>&1); smi_rc=$?
+  if [[ $smi_rc == 124 || $smi_rc == 137 ]]; then
+    echo "gpu-check: nvidia-smi -L did not answer in 30 s (a wedged driver?): nothing can run"; return 1
+  fi
+fi
+if ! command -v nvidia-smi >/dev/null 2>&1 || (( $(grep -c '^GPU' <<< "$gpus") == 0 )); then
   echo "gpu-check: no NVIDIA GPU here (nvidia-smi missing or lists none); nothing to check."
   return 3
 fi
@@ -98,7 +118,7 @@ gpu_name=$(smi --query-gpu=name --format=csv,noheader | head -1)
 driver=$(smi --query-gpu=driver_version --format=csv,noheader | head -1)
 git log -1 --format='commit %H %s' 2>/dev/null || true
 py=$(command -v python3 || true)
-[[ -n $py ]] && timeout 60 "$py" -c 'import torch, torchvision; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(), "torchvision", torchvision.__version__)' || echo "no PyTorch"
+[[ -n $py ]] && timeout -k 5 60 "$py" -c 'import torch, torchvision; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(), "torchvision", torchvision.__version__)' || echo "no PyTorch"
 
 # ---- CUDA library folders ------------------------------------------------------------------
 libdirs=()
@@ -120,11 +140,11 @@ IFS=: read -r -a ld_dirs <<< "${LD_LIBRARY_PATH:-}"
 for d in "${ld_dirs[@]}"; do [[ -n $d ]] && add_dir "$d"; done
 add_dir /usr/local/cuda/lib64
 if [[ -n $py ]]; then
-  site=$(timeout 60 "$py" -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))' 2>/dev/null || true)
+  site=$(timeout -k 5 60 "$py" -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))' 2>/dev/null || true)
   if [[ -n $site ]]; then
     for d in "$site"/nvidia/*/lib "$site"/nvidia/*/lib64 "$site"/nvidia/cu*/lib; do add_dir "$d"; done
   fi
-  tlib=$(timeout 60 "$py" -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))' 2>/dev/null || true)
+  tlib=$(timeout -k 5 60 "$py" -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))' 2>/dev/null || true)
   [[ -n $tlib ]] && add_dir "$tlib"
 fi
 cuda_path=$(IFS=:; echo "${libdirs[*]}")
@@ -169,9 +189,9 @@ test_dist=$bin/test_dist; [[ -x $test_dist ]] || test_dist=$bin/tests/test_dist
 # sets resnet's (default 150 s), never past the deadline.
 resnet() { limited "${limit:-150}" "${run[@]}" "$resnet_bin" "$@"; }
 if ((${#run[@]})); then
-  missing=$(timeout 60 "${run[0]}" --list --library-path "${run[2]}" "$resnet_bin" 2>&1 | grep 'not found' || true)
+  missing=$(timeout -k 5 60 "${run[0]}" --list --library-path "${run[2]}" "$resnet_bin" 2>&1 | grep 'not found' || true)
 else
-  missing=$(timeout 60 ldd "$resnet_bin" | grep 'not found' || true)
+  missing=$(timeout -k 5 60 ldd "$resnet_bin" | grep 'not found' || true)
 fi
 if [[ -n $missing ]]; then
   echo "libraries not found (install them or add their folder):"; echo "$missing"; return 1
@@ -220,7 +240,7 @@ limited 120 "${run[@]}" "$test_ops" --gtest_filter="$kernel_tests:ChannelTiling.
   | tee "$out/harness.log"
 krc=${PIPESTATUS[0]}
 [[ $krc == 0 ]] || failed "$krc" "our CUDA kernels ($kernel_tests)"
-if [[ $krc != 0 && $krc != 125 ]]; then
+if [[ $krc != 0 && $krc != 200 ]]; then
   # A fault (not a wrong value): which kernel, which line, from the same tests under
   # compute-sanitizer's memcheck (the backend is built with -lineinfo). It works on
   # Firecracker machines, not under gVisor. Only its own report lines come back.
@@ -273,8 +293,8 @@ elif [[ -z $py ]]; then
 else
   limited 120 "$py" "$root/tools/compare_checkpoints.py" "$out"/train_eager/checkpoints "$out"/train_sink/checkpoints
   crc=$?
-  if [[ $crc == 125 ]]; then failed "$crc" "the eager and sink checkpoint comparison"
-  elif [[ $crc != 0 ]]; then fail "eager and sink training disagree (the comparison's output is above): $(why $crc)"; fi
+  if [[ $crc == 1 ]]; then fail "eager and sink training disagree (the comparison's output is above)"
+  elif [[ $crc != 0 ]]; then failed "$crc" "the eager and sink checkpoint comparison"; fi
 fi
 
 # ---- 4. throughput ----------------------------------------------------------------------------
@@ -305,7 +325,7 @@ fi
 # ---- 5. table -------------------------------------------------------------------------------------
 make_table() {
 [[ -n $py ]] || return 0
-timeout 60 "$py" - "$bench_json" "$gpu_name" "$driver" > "$out/table.md" <<'PY' || fail "table.md (from bench.jsonl)"
+timeout -k 5 60 "$py" - "$bench_json" "$gpu_name" "$driver" > "$out/table.md" <<'PY' || fail "table.md (from bench.jsonl)"
 import json, sys
 rows = []
 for l in open(sys.argv[1]):
@@ -347,7 +367,7 @@ fi
 # ---- 6. the troubleshooting tools on the GPU (issue 7), after the table so it is never lost -----
 section "diagnostics: device monitor (NVML), doctor fp16/bf16, per-layer profile (scripts/diag-check.sh)"
 if (( $(left) < 60 )); then
-  echo "NOT RUN: diag-check ($(elapsed) s used of the ${deadline}-s budget; run scripts/diag-check.sh on its own)"
+  echo "NOT RUN: diag-check: under 60 s before the deadline ($(elapsed) s used of ${deadline}; run scripts/diag-check.sh on its own)"
   not_run+="${not_run:+; }diag-check"
 else
   printf '#!/usr/bin/env bash\nexec %s "$@"\n' "$(printf '%q ' "${run[@]}" "$resnet_bin")" > "$out/resnet.sh"
@@ -380,7 +400,7 @@ if [[ -n $py ]]; then
     TORCHINDUCTOR_CACHE_DIR="$out/inductor" limited 400 "$py" bench/torch_gpu_step.py --half $half --compile --warmup 3 \
       | tee -a "$bench_json"
     crc=${PIPESTATUS[0]}
-    if [[ $crc == 124 || $crc == 125 ]]; then echo "torch.compile $half stopped at the deadline: not measured"
+    if [[ $crc == 124 || $crc == 200 || $crc == 201 ]]; then echo "torch.compile $half stopped at the deadline: not measured"
     elif [[ $crc != 0 ]]; then fail "pytorch compile $half (exit $crc)"; fi
   done
   make_table
