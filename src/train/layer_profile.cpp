@@ -168,8 +168,8 @@ StepWork step_work(const StepContext& c, const std::string& name, const Plan::St
 
 }  // namespace
 
-DevicePeaks measure_peaks(DeviceChoice device, DType dtype) {
-  auto backend = make_backend_for(device);
+DevicePeaks measure_peaks(DeviceChoice device, DType dtype, const BackendOptions& options) {
+  auto backend = make_backend_for(device, options);
   const bool gpu = backend->device() == Device::cuda;
   DevicePeaks peaks;
   PlanOptions po;
@@ -236,7 +236,7 @@ ProfileReport run_profile(const ProfileOptions& o) {
   r.dtype = std::string(dtype_name(o.dtype));
   r.batch = o.batch;
   r.steps = o.steps;
-  r.peaks = measure_peaks(o.device, o.dtype);
+  r.peaks = measure_peaks(o.device, o.dtype, bo);  // the same implementation mode as the layers
 
   PlanOptions po;
   po.batch = o.batch;

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/backend.h"
 #include "prof/roofline.h"
 #include "train/config.h"
 
@@ -75,6 +76,6 @@ ProfileReport run_profile(const ProfileOptions& options);
 
 // The peaks of `backend`-like device in `dtype`, measured through plans of two tiny
 // graphs (a GEMM, a ReLU over a large tensor).
-DevicePeaks measure_peaks(DeviceChoice device, DType dtype);
+DevicePeaks measure_peaks(DeviceChoice device, DType dtype, const BackendOptions& options = {});
 
 }  // namespace rn

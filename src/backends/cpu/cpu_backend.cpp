@@ -203,8 +203,13 @@ class CpuBackend final : public Backend {
   bool supports_dtype(DType dtype, std::string* why_not) const override { return ctx_->supports_dtype(dtype, why_not); }
   size_t workspace_bytes() const override { return ctx_->temp_bytes(); }
   std::string describe() const override {
-    return ctx_->winograd() ? "cpu, implementation mode high_performance (Winograd for 3x3 convolutions where it pays)"
-                            : "cpu, implementation mode high_precision (direct convolutions)";
+    if (!ctx_->winograd()) return "cpu, implementation mode high_precision (direct convolutions)";
+    // oneDNN's only Winograd kernel is AVX-512 (avx512_core): elsewhere convolutions stay direct.
+    const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+    const auto avx512 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core);
+    return (isa & avx512) == avx512
+               ? "cpu, implementation mode high_performance (Winograd for 3x3 convolutions where it pays)"
+               : "cpu, implementation mode high_performance (direct convolutions: no AVX-512 here for Winograd)";
   }
 
   std::unique_ptr<Conv2dKernel> make_conv2d(const Conv2dDesc& d) override { return cpu::make_conv2d(ctx_, d); }

@@ -163,7 +163,8 @@ void search_status(cudnnStatus_t status, const std::string& what) {
 
 CudnnAlgoChoice CudnnConv::choose(Direction dir) {
   const std::string k = key(dir);
-  if (auto hit = ctx_->algo_cache().find(k)) return *hit;
+  // A cached choice over the workspace limit (a file from an older build) is searched again.
+  if (auto hit = ctx_->algo_cache().find(k); hit && hit->workspace <= kMaxAlgoWorkspace) return *hit;
   const std::string what = std::string(direction_name(dir)) + " " + desc_.str();
   const bool det = ctx_->mode() == CudaImplMode::high_precision;
   const bool fp32 = desc_.dtype == DType::f32;
@@ -189,10 +190,18 @@ CudnnAlgoChoice CudnnConv::choose(Direction dir) {
   // math: a default-math result that does not run with FMA math, or needs more workspace than
   // the limit with it, gives way to the next.
   std::optional<CudnnAlgoChoice> chosen;
+  int no_fma = 0, over_limit = 0;  // candidates passed over, and why
   for (CudnnAlgoChoice c : found) {
     if (fp32) {
       const std::optional<size_t> fma = fma_workspace(dir, c.algo);
-      if (!fma || *fma > kMaxAlgoWorkspace) continue;
+      if (!fma) {
+        ++no_fma;
+        continue;
+      }
+      if (*fma > kMaxAlgoWorkspace) {
+        ++over_limit;
+        continue;
+      }
       c.workspace = std::max(c.workspace, *fma);
     }
     chosen = c;
@@ -202,8 +211,11 @@ CudnnAlgoChoice CudnnConv::choose(Direction dir) {
   if (!chosen)
     RN_UNSUPPORTED() << "cuda backend: cuDNN has no usable algorithm for " << what
                      << (det ? " (deterministic algorithms only: high_precision mode)" : "")
-                     << (fp32 ? " (fp32: FMA math only, no TF32)" : "") << " within the "
-                     << (kMaxAlgoWorkspace >> 20) << " MiB workspace limit";
+                     << (fp32 ? " (fp32: FMA math only, no TF32)" : "")
+                     << (no_fma ? "; " + std::to_string(no_fma) + " ran only without FMA math" : "")
+                     << (over_limit ? "; " + std::to_string(over_limit) + " need over the " +
+                                          std::to_string(kMaxAlgoWorkspace >> 20) + " MiB workspace limit with it"
+                                    : "");
   ctx_->algo_cache().put(k, *chosen);
   RN_LOG_DEBUG("cuda backend: {}: algorithm {} (math {}, workspace {} bytes)", what, chosen->algo, chosen->math_type,
                chosen->workspace);

@@ -137,12 +137,14 @@ size_t workspace_bytes(const Conv& c) { return 256 + 4 * w_elems(c); }
 // What the emulated search reports, fastest first, as cuDNN's does: for the backward
 // directions a non-deterministic algorithm ahead of a deterministic one (cuDNN's ALGO_0 is
 // non-deterministic in both), and last an algorithm that does not apply to the shape with
-// one of cuDNN 9's finer "not supported" codes. The fastest forward algorithm does not run
-// with FMA math at all, and the fastest backward-filter one asks for more workspace with FMA
-// math than the backend allows (kHugeWorkspace): for fp32 data the backend must then take
-// the next. The successful ones compute the same sums here; which one the backend takes
+// one of cuDNN 9's finer "not supported" codes. For fp32 data, where the search reports
+// default math (results()), the fastest forward algorithm does not run with FMA math at all
+// and the fastest backward-filter one asks for more workspace with FMA math than the backend
+// allows (kHugeWorkspace): the backend must then take the next; and the deterministic
+// backward-data one is reported with FMA math, which the backend prefers to a faster
+// default-math result. The successful ones compute the same sums here; which one the backend takes
 // shows in the algorithm cache.
-enum class WithFma { runs, not_supported, huge_workspace };
+enum class WithFma { runs, reported, not_supported, huge_workspace };
 constexpr size_t kHugeWorkspace = size_t{2} << 30;
 template <typename Algo>
 struct Reported {
@@ -157,7 +159,7 @@ constexpr Reported<cudnnConvolutionFwdAlgo_t> kForward[] = {
     {CUDNN_CONVOLUTION_FWD_ALGO_FFT, CUDNN_STATUS_NOT_SUPPORTED_SHARED_MEMORY_INSUFFICIENT, CUDNN_DETERMINISTIC}};
 constexpr Reported<cudnnConvolutionBwdDataAlgo_t> kBackwardData[] = {
     {CUDNN_CONVOLUTION_BWD_DATA_ALGO_0, CUDNN_STATUS_SUCCESS, CUDNN_NON_DETERMINISTIC},
-    {CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, CUDNN_STATUS_SUCCESS, CUDNN_DETERMINISTIC},
+    {CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, CUDNN_STATUS_SUCCESS, CUDNN_DETERMINISTIC, WithFma::reported},
     {CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT, CUDNN_STATUS_NOT_SUPPORTED_SHARED_MEMORY_INSUFFICIENT, CUDNN_DETERMINISTIC}};
 constexpr Reported<cudnnConvolutionBwdFilterAlgo_t> kBackwardFilter[] = {
     {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3, CUDNN_STATUS_SUCCESS, CUDNN_NON_DETERMINISTIC, WithFma::huge_workspace},
@@ -179,12 +181,13 @@ template <typename Algo, size_t N>
 bool runs(const Reported<Algo> (&table)[N], Algo algo, const cudnnConvolutionStruct* cd) {
   const Reported<Algo>* r = reported(table, algo);
   if (!r || r->status != CUDNN_STATUS_SUCCESS) return false;
-  return !cd || cd->math != CUDNN_FMA_MATH || r->fma == WithFma::runs;
+  return !cd || cd->math != CUDNN_FMA_MATH || r->fma == WithFma::runs || r->fma == WithFma::reported;
 }
 
 // The search's results: the table's first `requested`, with the descriptor's math type, but
-// for fp32 data cuDNN's default math, as cuDNN reports an algorithm it timed without a
-// math-type variant: whether it runs with FMA math is the caller's question (workspace_size).
+// for fp32 data cuDNN's default math (unless the table says FMA), as cuDNN reports an
+// algorithm it timed without a math-type variant: whether that runs with FMA math is the
+// caller's question (workspace_size).
 template <typename Perf, typename Algo, size_t N>
 void results(const Conv& c, const Reported<Algo> (&table)[N], int requested, int* returned, Perf* perf) {
   *returned = 0;
@@ -197,7 +200,9 @@ void results(const Conv& c, const Reported<Algo> (&table)[N], int requested, int
     p.time = r.status == CUDNN_STATUS_SUCCESS ? static_cast<float>(*returned) : -1.0f;
     p.memory = r.status == CUDNN_STATUS_SUCCESS ? workspace_bytes(c) : 0;
     p.determinism = r.determinism;
-    p.mathType = c.type == rn::DType::f32 ? CUDNN_DEFAULT_MATH : c.cd.math;
+    p.mathType = c.type != rn::DType::f32   ? c.cd.math
+                 : r.fma == WithFma::reported ? CUDNN_FMA_MATH
+                                              : CUDNN_DEFAULT_MATH;
   }
 }
 
