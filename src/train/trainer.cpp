@@ -217,7 +217,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
   }
   const PrecisionPolicy policy = make_precision_policy(cfg.precision, *backend);
   // The backend's description names its implementation mode (run.implementation_mode).
-  RN_LOG_INFO("device {} ({} host threads); {}", backend->describe(), host_threads(), policy.describe());
+  RN_LOG_INFO("device {}; {} host threads; {}", backend->describe(), host_threads(), policy.describe());
   const int sink_size = static_cast<int>(cfg.run.sink_size);
   if (sink_size > 0) {
     RN_CHECK(backend->device() != Device::cpu)
