@@ -162,6 +162,25 @@ TEST(CudaEmulationOnCpu, EventsTimeTheWorkBetweenThemUnlessMadeWithoutTiming) {
   for (cudaEvent_t e : {a, b, untimed}) cudaEventDestroy(e);
 }
 
+// An allocation the device cannot satisfy is an out-of-memory error the caller may catch and
+// go on from (bench --find-max-batch does): the failed cudaMalloc's error must not stay in
+// the thread's last-error slot, where the next launch check would blame a kernel for it.
+TEST(CudaEmulationOnCpu, AFailedAllocationLeavesNoErrorForTheNextLaunch) {
+  auto backend = make_cuda_backend(CudaBackendOptions{});
+  try {
+    backend->memory().allocate(size_t{1} << 62);
+    FAIL() << "a 4 EiB allocation succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("out of device memory"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  void* p = backend->memory().allocate(1024);  // and the device goes on working
+  backend->memory().zero(p, 1024);
+  backend->synchronize();
+  backend->memory().free(p);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
 // A kernel may not be launched into a stream of another device than the current one; an
 // event belongs to the device it was made on.
 TEST(CudaEmulationOnCpu, ALaunchIntoAnotherDevicesStreamIsRefused) {

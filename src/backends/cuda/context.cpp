@@ -27,7 +27,10 @@ namespace cuda {
 void* DeviceMemory::allocate(size_t bytes) {
   void* p = nullptr;
   const cudaError_t e = cudaMalloc(&p, bytes == 0 ? 256 : bytes);
-  RN_CHECK(e == cudaSuccess) << "out of device memory allocating " << bytes << " bytes: " << cudaGetErrorString(e);
+  if (e != cudaSuccess) {
+    clear_nonsticky_error();  // the caller may catch this and go on (bench --find-max-batch does)
+    RN_FAIL() << "out of device memory allocating " << bytes << " bytes: " << cudaGetErrorString(e);
+  }
   std::lock_guard lock(mutex_);
   sizes_[p] = bytes;
   in_use_ += bytes;

@@ -186,6 +186,7 @@ CudnnAlgoChoice CudnnConv::choose(Direction dir) {
     search_status(cudnnFindConvolutionBackwardFilterAlgorithm(h, x_, y_, conv_, w_, kAsk, &got, r.data()), what);
     found = candidates(r, got, det, fp32, what);
   }
+  clear_nonsticky_error();  // an allocation the search tried and gave up on
   // A search result's workspace is that of its own math type, and fp32 always runs with FMA
   // math: a default-math result that does not run with FMA math, or needs more workspace than
   // the limit with it, gives way to the next.

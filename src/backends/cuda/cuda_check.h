@@ -44,6 +44,17 @@
 static_assert(CUDNN_MAJOR >= 9, "the cuda backend needs cuDNN 9 or newer (its status codes and sub-libraries)");
 
 namespace rn::cuda {
+// Clears a non-sticky error left in this thread's last-error slot by a call that failed and
+// was handled (a failed cudaMalloc that became an out-of-memory exception; an allocation
+// inside cudnnFind*, which records that algorithm as failed and goes on), so that the next
+// RN_CUDA_LAUNCH_CHECK does not blame an innocent kernel for it. A sticky error (the
+// context is unusable) stays, and throws here.
+inline void clear_nonsticky_error() {
+  if (cudaPeekAtLastError() == cudaSuccess) return;
+  const cudaError_t e = cudaGetLastError();
+  if (cudaPeekAtLastError() != cudaSuccess) RN_CUDA_CHECK(e);
+}
+
 // cuDNN 9's statuses come in categories (CUDNN_STATUS_CATEGORY): every code of the "not
 // supported" category means that this configuration (shape, type, layout, padding, shared
 // memory, launch parameters) has no implementation, except the five that say the

@@ -355,6 +355,14 @@ Allocations& allocations() {
   return a;
 }
 
+}  // namespace
+
+// The emulated GPU's memory, an H200's: one cudaMalloc larger than that fails as on the GPU
+// (host memory backs what is handed out).
+constexpr size_t kDeviceMemoryBytes = size_t{141} << 30;
+
+namespace {
+
 // Work runs when it is queued (or is recorded by a capture), so a stream is always idle and
 // an event complete when its record returns. What they keep is what a GPU would check.
 struct StreamInfo {
@@ -605,7 +613,12 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   if (t_error.sticky) return t_error.last;
   if (t_capture.active) return rn::cuda::sim::invalidate_capture(cudaErrorStreamCaptureUnsupported, "cudaMalloc");
   // 256-byte aligned, as cudaMalloc's are, and exactly `bytes` long for the sanitizer.
-  if (bytes && posix_memalign(p, 256, bytes) != 0) return cudaErrorMemoryAllocation;
+  // A failure is also this thread's last error (not sticky), as the runtime's is.
+  if (bytes > rn::cuda::sim::kDeviceMemoryBytes || (bytes && posix_memalign(p, 256, bytes) != 0)) {
+    *p = nullptr;
+    rn::cuda::sim::set_error(cudaErrorMemoryAllocation, "cudaMalloc of " + std::to_string(bytes) + " bytes", false);
+    return cudaErrorMemoryAllocation;
+  }
   if (*p) rn::cuda::sim::allocations().add(*p, bytes);
   return cudaSuccess;
 }
