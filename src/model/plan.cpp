@@ -463,6 +463,7 @@ void Plan::run_steps(size_t begin, size_t end) {
       step_seconds_[i] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
     if (grad_ready_ && !steps_[i].finishes.empty()) grad_ready_(steps_[i].finishes);
+    if (step_check_) step_check_(steps_[i].name);
   }
 }
 

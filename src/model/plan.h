@@ -141,6 +141,10 @@ class Plan {
   // thread that runs backward(); nullptr: none.
   using GradReadyFn = std::function<void(const std::vector<int>& params)>;
   void set_grad_ready(GradReadyFn fn) { grad_ready_ = std::move(fn); }
+  // Called after every step with its name (sink mode's capture checks that the step left the
+  // CUDA graph capture valid, so that a step that breaks it is named); nullptr: none.
+  using StepCheckFn = std::function<void(const std::string& step)>;
+  void set_step_check(StepCheckFn fn) { step_check_ = std::move(fn); }
 
   // Per-step wall time, accumulated over runs while profiling is on (seconds, program order).
   void set_profiling(bool on);
@@ -162,6 +166,7 @@ class Plan {
   // Marks the last step added as the one that finishes node slots' weight and bias gradients.
   void mark_finishes(int weight, int bias);
   GradReadyFn grad_ready_;
+  StepCheckFn step_check_;
 
   int add_buffer(const std::string& name, Shape shape, DType dtype, Layout layout, BufferRole role,
                  bool persistent = false);

@@ -17,6 +17,7 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
@@ -89,6 +90,10 @@ class StepGraph {
   virtual bool captured() const = 0;
   // Queues one replay.
   virtual void replay() = 0;
+  // During capture(): throws, naming `after`, when the capture has been invalidated (a call
+  // the graph cannot hold was made since the last check), so that the step that broke it is
+  // known instead of only the end of the capture failing. Nothing elsewhere.
+  virtual void check_capture(const std::string& after) { (void)after; }
   // Drops the capture (captured() is false until the next capture): data-parallel ranks
   // capture again together when one of them must.
   virtual void invalidate() = 0;

@@ -145,7 +145,16 @@ bool TrainStep::run(double lr) {
         // timeout and outside the capture: no event may be polled while the stream is captured.
         if (reducer_) reducer_->wait_device();
         if (graph_->captured()) graph_->invalidate();  // another rank's graph went stale
-        graph_->capture([this] { queue_device_step(-1.0f); });
+        graph_->capture([this] {
+          // Each plan step is checked as it is queued, so that one that breaks the capture is named.
+          plan_.set_step_check([this](const std::string& step) { graph_->check_capture(step); });
+          struct Reset {
+            Plan& plan;
+            ~Reset() { plan.set_step_check(nullptr); }
+          } reset{plan_};
+          queue_device_step(-1.0f);
+          graph_->check_capture("the gradient all-reduce and the fused optimizer step");
+        });
         ++captures_;
       }
       graph_->replay();

@@ -162,6 +162,36 @@ TEST(CudaEmulationOnCpu, EventsTimeTheWorkBetweenThemUnlessMadeWithoutTiming) {
   for (cudaEvent_t e : {a, b, untimed}) cudaEventDestroy(e);
 }
 
+// Sink mode checks the capture after each plan step: a step that invalidates it (here a
+// synchronisation, which a capture cannot hold) is named, not only the end of the capture.
+TEST(CudaEmulationOnCpu, TheStepGraphNamesTheStepThatInvalidatedItsCapture) {
+  auto backend = make_cuda_backend(CudaBackendOptions{});
+  auto graph = backend->make_step_graph();
+  ASSERT_NE(graph, nullptr);
+  void* p = backend->memory().allocate(256);
+  auto stream = static_cast<cudaStream_t>(backend->native_stream());
+  try {
+    graph->capture([&] {
+      backend->memory().zero(p, 256);
+      graph->check_capture("a good step");
+      (void)cudaStreamSynchronize(stream);  // refused during a capture, which it invalidates
+      graph->check_capture("the bad step");
+      FAIL() << "check_capture did not see the invalidated capture";
+    });
+    FAIL() << "the capture succeeded";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("invalidated in 'the bad step'"), std::string::npos) << m;
+  }
+  EXPECT_FALSE(graph->captured());
+  (void)cudaGetLastError();
+  graph->capture([&] { backend->memory().zero(p, 256); });  // the stream captures again afterwards
+  EXPECT_TRUE(graph->captured());
+  graph->replay();
+  backend->synchronize();
+  backend->memory().free(p);
+}
+
 // An allocation the device cannot satisfy is an out-of-memory error the caller may catch and
 // go on from (bench --find-max-batch does): the failed cudaMalloc's error must not stay in
 // the thread's last-error slot, where the next launch check would blame a kernel for it.

@@ -1,6 +1,7 @@
 // The CUDA step graph (ops/fused_step.h): stream capture of a whole training step, replayed
 // with cudaGraphLaunch.
 #include <functional>
+#include <string>
 
 #include "backends/cuda/context.h"
 #include "backends/cuda/fused_step.h"
@@ -38,6 +39,13 @@ class CudaStepGraph final : public StepGraph {
     generation_ = generation;
   }
   bool captured() const override { return exec_ != nullptr && generation_ == ctx_->workspace_generation(); }
+  void check_capture(const std::string& after) override {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    RN_CUDA_CHECK(cudaStreamIsCapturing(ctx_->stream(), &status));
+    RN_CHECK(status != cudaStreamCaptureStatusInvalidated)
+        << "sink mode: the CUDA graph capture of the training step was invalidated in '" << after
+        << "' (a call there, or just before it, cannot be captured); run.sink_size=0 trains without graphs";
+  }
   void replay() override {
     RN_CHECK(captured()) << "step graph: replay before capture, or after the workspace it captured was reallocated";
     RN_CUDA_CHECK(cudaGraphLaunch(exec_, ctx_->stream()));
