@@ -139,6 +139,26 @@ TEST(CudaEmulationOnCpu, AnEventRecordedInACaptureOnlyOrdersTheCapture) {
   cudaEventDestroy(ev);
 }
 
+// A captured stream may not wait on an event recorded outside its capture (the dependency
+// would cross the capture's boundary: cudaErrorStreamCaptureIsolation), done or not, unless
+// the wait is made an external-event node.
+TEST(CudaEmulationOnCpu, ACaptureMayNotWaitOnAnEventRecordedOutsideIt) {
+  Streams s;
+  cudaEvent_t ev;
+  ASSERT_EQ(cudaEventCreate(&ev), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(ev, s.side), cudaSuccess);
+  ASSERT_EQ(cudaStreamBeginCapture(s.origin, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  EXPECT_EQ(cudaStreamWaitEvent(s.origin, ev, cudaEventWaitExternal), cudaSuccess) << "an external-event node";
+  EXPECT_NE(cudaStreamWaitEvent(s.origin, ev, 0), cudaSuccess);
+  cudaGetLastError();
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaStreamEndCapture(s.origin, &graph), cudaErrorStreamCaptureInvalidated);
+  EXPECT_EQ(graph, nullptr);
+  cudaGetLastError();
+  EXPECT_EQ(cudaStreamWaitEvent(s.origin, ev, 0), cudaSuccess) << "outside a capture";
+  cudaEventDestroy(ev);
+}
+
 // Timing events measure the host time between their records (the work between them ran
 // in between); events made without timing cannot be timed.
 TEST(CudaEmulationOnCpu, EventsTimeTheWorkBetweenThemUnlessMadeWithoutTiming) {

@@ -748,7 +748,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
 // An event recorded in the running capture: `s` joins the capture if it is not in it (a
 // fork), and the event's stream is joined up to the event. Otherwise `s`'s later work waits
 // for the event's: when it runs, the event's stream runs up to the event first.
-cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags) {
   using namespace rn::cuda::sim;
   if (t_error.sticky) return t_error.last;
   EventInfo ev;
@@ -763,6 +763,12 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
     ev = it->second;
   }
   if (ev.capture == 0) {
+    // A captured stream may not depend on work recorded outside its capture (the dependency
+    // would cross the capture's boundary), whether or not that work is done, unless the wait
+    // asks for an external-event node.
+    if (ev.recorded && t_capture.member(s) && !(flags & cudaEventWaitExternal))
+      return invalidate_capture(cudaErrorStreamCaptureIsolation,
+                                "cudaStreamWaitEvent on an event recorded outside the capture");
     if (ran(ev.stream, ev.position)) return cudaSuccess;
     if (t_capture.member(s) || s == nullptr) {
       drain(ev.stream, ev.position);  // work from before the capture: done before any replay
