@@ -9,8 +9,6 @@
 #include <string>
 #include <vector>
 
-#include <oneapi/dnnl/dnnl.hpp>
-
 #include "backends/cpu/cpu_backend.h"
 #include "ops/backend.h"
 #include "ops/conv2d.h"
@@ -43,14 +41,10 @@ std::unique_ptr<Backend> cpu(bool winograd) {
 
 bool is_winograd(const Conv2dKernel& k) { return k.implementation().find("wino") != std::string::npos; }
 
-// oneDNN's Winograd kernel needs AVX-512 (avx512_core): elsewhere the backend falls back to
-// direct. Asked of the ISA oneDNN dispatches to (ONEDNN_MAX_CPU_ISA included), not of the
-// backend's choice, so that a regression in the choice fails here instead of skipping.
-bool winograd_here() {
-  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
-  const auto avx512 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core);
-  return (isa & avx512) == avx512;
-}
+// oneDNN's Winograd kernel needs AVX-512: elsewhere the backend falls back to direct. Asked
+// of the CPU, not of the backend's choice, so that a regression in the choice fails here
+// instead of skipping.
+bool winograd_here() { return cpu_has_winograd(); }
 
 TEST(CpuWinograd, TakenWhereItPaysAndNeverInHighPrecisionMode) {
   if (!winograd_here()) GTEST_SKIP() << "no Winograd kernel on this CPU (oneDNN's needs AVX-512)";

@@ -32,6 +32,12 @@ std::string_view isa_name(dnnl::cpu_isa isa) {
 
 // oneDNN's effective ISA already accounts for cpuid, the OS (XSAVE state for AMX) and a
 // DNNL_MAX_CPU_ISA limit. Its ISA values are bit sets, each containing the ones below it.
+bool cpu_has_winograd() {
+  const auto bits = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto avx512 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core);
+  return (bits & avx512) == avx512;
+}
+
 bool cpu_has_native_bf16(std::string* why) {
   const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
   const auto bits = static_cast<unsigned>(isa);
@@ -204,10 +210,7 @@ class CpuBackend final : public Backend {
   size_t workspace_bytes() const override { return ctx_->temp_bytes(); }
   std::string describe() const override {
     if (!ctx_->winograd()) return "cpu, implementation mode high_precision (direct convolutions)";
-    // oneDNN's only Winograd kernel is AVX-512 (avx512_core): elsewhere convolutions stay direct.
-    const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
-    const auto avx512 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core);
-    return (isa & avx512) == avx512
+    return cpu_has_winograd()
                ? "cpu, implementation mode high_performance (Winograd for 3x3 convolutions where it pays)"
                : "cpu, implementation mode high_performance (direct convolutions: no AVX-512 here for Winograd)";
   }

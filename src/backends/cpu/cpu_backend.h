@@ -30,4 +30,7 @@ struct CpuBackendOptions {
 std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options = {});
 // True when this CPU runs bf16 natively; otherwise *why says what is missing.
 bool cpu_has_native_bf16(std::string* why);
+// True when oneDNN has a Winograd kernel for this CPU (its only one needs AVX-512,
+// avx512_core, within the ISA oneDNN dispatches to, ONEDNN_MAX_CPU_ISA included).
+bool cpu_has_winograd();
 }  // namespace rn
