@@ -472,7 +472,7 @@ std::vector<Field> build_fields() {
   f.push_back(RN_CONFIG_FIELD(run.implementation_mode,
                               "kernels: high_performance takes the fastest (GPU: the fastest measured cuDNN "
                               "algorithms; CPU: Winograd for the 3x3 stride-1 fp32 convolutions where it pays: "
-                              "channels in 16s, at least 32, 50M+ multiply-adds, an AVX-512 CPU); high_precision only deterministic cuDNN algorithms, no reduced-precision "
+                              "channels in 16s, at least 64, 50M+ multiply-adds, an AVX-512 CPU); high_precision only deterministic cuDNN algorithms, no reduced-precision "
                               "cuBLAS reductions and direct CPU convolutions (BN and the loss accumulate in fp32 in "
                               "both). Logged at start"));
   f.push_back(RN_CONFIG_FIELD(run.sink_size,

@@ -17,7 +17,7 @@ namespace rn {
 namespace {
 
 // 3x3, stride 1, "same" padding; by default 4 images of 21x23 (partial 4x4 output tiles),
-// 53M multiply-accumulates at 48 -> 64 channels: above the backend's 50M threshold.
+// 89M multiply-accumulates at 64 -> 80 channels: above the backend's 50M threshold.
 Conv2dDesc desc3x3(int64_t c, int64_t k, Layout layout, bool bias = false, int64_t batch = 4, int64_t h = 21,
                    int64_t w = 23) {
   Conv2dDesc d;
@@ -49,14 +49,17 @@ bool winograd_here() { return cpu_has_winograd(); }
 TEST(CpuWinograd, TakenWhereItPaysAndNeverInHighPrecisionMode) {
   if (!winograd_here()) GTEST_SKIP() << "no Winograd kernel on this CPU (oneDNN's needs AVX-512)";
   auto fast = cpu(true), precise = cpu(false);
-  EXPECT_TRUE(is_winograd(*fast->make_conv2d(desc3x3(48, 64, Layout::nhwc))));
+  EXPECT_TRUE(is_winograd(*fast->make_conv2d(desc3x3(64, 80, Layout::nhwc))));
   EXPECT_TRUE(is_winograd(*fast->make_conv2d(desc3x3(64, 64, Layout::nchw))));
   EXPECT_FALSE(is_winograd(*precise->make_conv2d(desc3x3(64, 64, Layout::nhwc)))) << "high_precision: direct";
   EXPECT_FALSE(is_winograd(*fast->make_conv2d(desc3x3(16, 16, Layout::nhwc, false, 64, 28, 28))))
       << "16 channels (115M MACs): slower than direct";
+  EXPECT_FALSE(is_winograd(*fast->make_conv2d(desc3x3(32, 32, Layout::nhwc, false, 128, 14, 14))))
+      << "32 channels (231M MACs, resnet20's middle stage): slower than direct";
+  EXPECT_FALSE(is_winograd(*fast->make_conv2d(desc3x3(48, 64, Layout::nhwc)))) << "48 input channels";
   EXPECT_FALSE(is_winograd(*fast->make_conv2d(desc3x3(64, 64, Layout::nhwc, false, 1, 8, 8))))
       << "2.4M MACs: too small to pay for the fixed costs";
-  EXPECT_FALSE(is_winograd(*fast->make_conv2d(desc3x3(40, 64, Layout::nhwc)))) << "channels not in 16-blocks";
+  EXPECT_FALSE(is_winograd(*fast->make_conv2d(desc3x3(72, 64, Layout::nhwc)))) << "channels not in 16-blocks";
   Conv2dDesc strided = desc3x3(64, 64, Layout::nhwc);
   strided.p.stride_h = strided.p.stride_w = 2;
   EXPECT_FALSE(is_winograd(*fast->make_conv2d(strided))) << "stride 2";
@@ -110,12 +113,12 @@ Outputs run(Backend& backend, const Conv2dDesc& d, const std::vector<float>& x, 
 TEST(CpuWinograd, EqualsTheDirectConvolutionWithinTheFp32Bound) {
   if (!winograd_here()) GTEST_SKIP() << "no Winograd kernel on this CPU (oneDNN's needs AVX-512)";
   for (const Layout layout : {Layout::nhwc, Layout::nchw}) {
-    const Conv2dDesc d = desc3x3(48, 64, layout, /*bias=*/true);
+    const Conv2dDesc d = desc3x3(64, 80, layout, /*bias=*/true);
     const auto x = random(static_cast<size_t>(d.x_shape().numel()), 1);
-    const auto w = random(static_cast<size_t>(d.w_shape().numel()), 2, 1.0f / std::sqrt(9.0f * 48));
-    const auto b = random(64, 3);
+    const auto w = random(static_cast<size_t>(d.w_shape().numel()), 2, 1.0f / std::sqrt(9.0f * 64));
+    const auto b = random(80, 3);
     const auto dy = random(static_cast<size_t>(d.y_shape().numel()), 4);
-    const auto dw0 = random(w.size(), 5), db0 = random(64, 6);  // accumulated into
+    const auto dw0 = random(w.size(), 5), db0 = random(80, 6);  // accumulated into
     auto fast = cpu(true), precise = cpu(false);
     ASSERT_TRUE(is_winograd(*fast->make_conv2d(d)));
     const Outputs wino = run(*fast, d, x, w, b, dy, dw0, db0), direct = run(*precise, d, x, w, b, dy, dw0, db0);

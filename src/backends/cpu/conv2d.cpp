@@ -18,13 +18,15 @@ namespace rn::cpu {
 namespace {
 
 // The convolutions oneDNN's Winograd kernel takes (3x3, stride 1, no dilation, no groups,
-// fp32, channels in whole 16-wide blocks) and where it pays for the reorders: with 16
-// channels it lost here (resnet20's 28x28 layers, batch 128: 7.5 ms per layer against 6.3
-// direct, forward and backward), with 32 and more it won (32: 5.9 against 6.9; 64: 4.3
-// against 6.0; ResNet-50's 64-512: 2-2.4x per direction). Its fixed costs (a scratchpad of
-// about 10 MiB, the weight transform) pay only on convolutions of some size: at least 50M
-// multiply-accumulates (resnet20 at batch 128: 231M per layer).
-constexpr int64_t kWinogradMinChannels = 32;
+// fp32, channels in whole 16-wide blocks) and where it pays for the reorders. Per-layer
+// profiles (`resnet profile`, 2026-12-01, 2 threads, AVX-512) put the line at 64 channels:
+// resnet20 at batch 128, its 32-channel 14x14 layers lost (forward + backward 6.2 ms per
+// layer against 4.4 direct) and its 64-channel 7x7 ones won (3.5-3.9 against 4.3); with 16
+// channels it lost too; ResNet-50's 64-512 channel layers at batch 16 won in every
+// direction. Its fixed costs (a scratchpad of about 10 MiB, the weight transform) pay only
+// on convolutions of some size: at least 50M multiply-accumulates (resnet20 at batch 128:
+// 231M per layer).
+constexpr int64_t kWinogradMinChannels = 64;
 constexpr int64_t kWinogradMinMacs = 50'000'000;
 bool winograd_eligible(const Conv2dDesc& d) {
   const auto& p = d.p;

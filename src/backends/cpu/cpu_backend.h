@@ -20,7 +20,7 @@
 
 namespace rn {
 struct CpuBackendOptions {
-  // 3x3 stride-1 fp32 convolutions with channels in 16s (at least 32) and 50M+ multiply-adds
+  // 3x3 stride-1 fp32 convolutions with channels in 16s (at least 64) and 50M+ multiply-adds
   // run as Winograd F(4x4, 3x3) on AVX-512 CPUs (about
   // twice as fast, activations reordered to oneDNN's blocked layout around them; relative
   // error ~1e-6 instead of ~1e-7): the high_performance implementation mode. false
