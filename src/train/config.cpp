@@ -122,6 +122,42 @@ std::string shown(const YAML::Node& node) {
 
 std::string format_number(double v) { return fmt::format("{}", v); }
 
+// The offset of the first byte of `text` that does not belong to well-formed UTF-8 (RFC 3629:
+// no overlong forms, no surrogates, nothing above U+10FFFF), or npos. A YAML file is UTF-8
+// text: yaml-cpp reads other bytes as they are but writes U+FFFD for them, so a string value
+// holding them would not survive the run folder's config.yaml.
+size_t invalid_utf8_at(std::string_view text) {
+  size_t i = 0;
+  while (i < text.size()) {
+    const auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
+    const unsigned char b = byte(i);
+    size_t len = 0;
+    unsigned char lo = 0x80, hi = 0xBF;  // the range of the second byte
+    if (b < 0x80) {
+      ++i;
+      continue;
+    } else if (b >= 0xC2 && b <= 0xDF) {
+      len = 2;
+    } else if (b >= 0xE0 && b <= 0xEF) {
+      len = 3;
+      if (b == 0xE0) lo = 0xA0;  // overlong below U+0800
+      if (b == 0xED) hi = 0x9F;  // surrogates
+    } else if (b >= 0xF0 && b <= 0xF4) {
+      len = 4;
+      if (b == 0xF0) lo = 0x90;  // overlong below U+10000
+      if (b == 0xF4) hi = 0x8F;  // above U+10FFFF
+    } else {
+      return i;
+    }
+    if (i + len > text.size() || byte(i + 1) < lo || byte(i + 1) > hi) return i;
+    for (size_t k = 2; k < len; ++k) {
+      if ((byte(i + k) & 0xC0) != 0x80) return i;
+    }
+    i += len;
+  }
+  return std::string_view::npos;
+}
+
 // ---------------------------------------------------------------------------------------
 // Ranges of numeric values
 
@@ -310,6 +346,11 @@ void check_value(const Field& f, const T& value, const std::string& where) {
     }
   }
   if constexpr (std::is_same_v<T, std::string>) {
+    if (const size_t at = invalid_utf8_at(value); at != std::string_view::npos) {
+      RN_FAIL() << where << "key '" << f.key << "' is not UTF-8 text: no well-formed character starts at byte "
+                << at << fmt::format(" (0x{:02x})", static_cast<unsigned char>(value[at]))
+                << "; a YAML config holds UTF-8 only";
+    }
     if (!f.choices.empty() && std::find(f.choices.begin(), f.choices.end(), value) == f.choices.end()) {
       std::string list;
       for (const auto& c : f.choices) list += (list.empty() ? "" : ", ") + c;
@@ -859,7 +900,8 @@ std::string config_reference_markdown() {
       "wrong type or out of range is an error naming the key and the value. Some keys are also checked\n"
       "against each other: `data.mean` and `data.std` need one value per `model.in_channels`,\n"
       "`schedule.warmup_epochs` may not exceed `schedule.epochs`, `schedule.step_milestones` must increase,\n"
-      "and Nesterov needs a momentum above 0.\n"
+      "and Nesterov needs a momentum above 0. String values must be UTF-8 text (a path in another\n"
+      "encoding is refused, naming the key and the first bad byte): `config.yaml` could not hold it.\n"
       "\n"
       "The peak learning rate is `optimizer.base_lr * global_batch / optimizer.lr_scale_batch`. The\n"
       "schedule ramps linearly from `warmup_start_factor * peak` to the peak over the warmup, then decays;\n"
