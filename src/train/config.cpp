@@ -351,6 +351,12 @@ void check_value(const Field& f, const T& value, const std::string& where) {
                 << at << fmt::format(" (0x{:02x})", static_cast<unsigned char>(value[at]))
                 << "; a YAML config holds UTF-8 only";
     }
+    // The string keys are paths, names and a switch schedule, which a NUL ("\0" in YAML) would
+    // silently cut short where they reach the C library.
+    if (const size_t at = value.find('\0'); at != std::string::npos) {
+      RN_FAIL() << where << "key '" << f.key << "' holds a NUL character at byte " << at
+                << "; a path or a name cannot contain one";
+    }
     if (!f.choices.empty() && std::find(f.choices.begin(), f.choices.end(), value) == f.choices.end()) {
       std::string list;
       for (const auto& c : f.choices) list += (list.empty() ? "" : ", ") + c;
@@ -900,8 +906,8 @@ std::string config_reference_markdown() {
       "wrong type or out of range is an error naming the key and the value. Some keys are also checked\n"
       "against each other: `data.mean` and `data.std` need one value per `model.in_channels`,\n"
       "`schedule.warmup_epochs` may not exceed `schedule.epochs`, `schedule.step_milestones` must increase,\n"
-      "and Nesterov needs a momentum above 0. String values must be UTF-8 text (a path in another\n"
-      "encoding is refused, naming the key and the first bad byte): `config.yaml` could not hold it.\n"
+      "and Nesterov needs a momentum above 0. String values must be UTF-8 text without NUL characters\n"
+      "(a path in another encoding is refused, naming the key and the first bad byte).\n"
       "\n"
       "The peak learning rate is `optimizer.base_lr * global_batch / optimizer.lr_scale_batch`. The\n"
       "schedule ramps linearly from `warmup_start_factor * peak` to the peak over the warmup, then decays;\n"

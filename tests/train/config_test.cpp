@@ -242,6 +242,9 @@ TEST(Config, StringsMustBeUtf8) {
     e = error_of([bad] { load_config("", {std::string("data.root=") + bad}); });
     EXPECT_TRUE(contains(e, "key 'data.root' is not UTF-8 text")) << e;
   }
+  // A NUL would cut a path short.
+  e = error_of([] { load_config_from_string("data:\n  val_root: \"ab\\0c\"\n", {}, "n.yaml"); });
+  EXPECT_TRUE(contains(e, "n.yaml:2: key 'data.val_root' holds a NUL character at byte 2")) << e;
   Config cfg;
   cfg.data.val_list = "x\xe9";  // Latin-1, set in code: validate() refuses it too
   EXPECT_THROW(cfg.validate(), Error);
