@@ -235,7 +235,13 @@ TEST(MemoryLevels, NamesRoundTripAndUnknownIsAnError) {
 // planned end (the plan is used, no more, no less), and the process's peak resident memory
 // while making and running the plan must be the planned arena plus workspace within a
 // stated margin: 10% plus 8 MiB for what the plan does not own (oneDNN primitives and
-// their JIT code, thread stacks, allocator slack).
+// their JIT code, thread stacks, allocator slack). The workspace is the backend's, not the
+// plan's: it is allocated and zeroed when a plan first needs it and kept for the next plan,
+// so only the part that grew while this plan was made is new resident memory (all of it at
+// O0, the first level; none at O1 and O2 when they need no more). Counting all of it as new
+// at every level passed on earlier hosts, but not on one whose workspace (mostly oneDNN's
+// scratchpads, sized for the CPU found) is 16.6 MB: there the lower bound at O2 came 2 MB
+// above the growth measured (45.1 MB, the arena alone).
 TEST(MemoryMeasured, PlannedPeakWithinMarginOfMeasured) {
   if (!reset_peak_resident()) GTEST_SKIP() << "/proc/self/clear_refs is not writable here";
 #if defined(__SANITIZE_ADDRESS__)
@@ -248,6 +254,7 @@ TEST(MemoryMeasured, PlannedPeakWithinMarginOfMeasured) {
     const std::string where = "resnet20 batch 64 at " + std::string(memory_level_name(level));
     ASSERT_TRUE(reset_peak_resident());
     const size_t base = process_memory().resident;
+    const size_t workspace_before = backend->workspace_bytes();
     PlannedPeak planned;
     RangeResidency used;
     {
@@ -267,9 +274,12 @@ TEST(MemoryMeasured, PlannedPeakWithinMarginOfMeasured) {
       used = plan.arena_residency();
     }
     const size_t measured = process_memory().peak_resident - base;
-    const size_t expect = planned.arena + planned.workspace;
-    std::printf("[memory] %s: planned arena %zu, touched %zu, high-water %zu; workspace %zu; peak RSS growth %zu\n",
-                where.c_str(), planned.arena, used.touched, used.high_water, planned.workspace, measured);
+    ASSERT_GE(planned.workspace, workspace_before) << where << ": the backend's workspace shrank";
+    const size_t new_workspace = planned.workspace - workspace_before;
+    const size_t expect = planned.arena + new_workspace;
+    std::printf(
+        "[memory] %s: planned arena %zu, touched %zu, high-water %zu; workspace %zu (%zu new); peak RSS growth %zu\n",
+        where.c_str(), planned.arena, used.touched, used.high_water, planned.workspace, new_workspace, measured);
     EXPECT_GE(used.high_water + 4096, planned.arena) << where;
     EXPECT_LE(used.high_water, planned.arena) << where;
     EXPECT_GE(static_cast<double>(used.touched), 0.95 * static_cast<double>(planned.arena)) << where;
