@@ -127,9 +127,9 @@ std::string format_number(double v) { return fmt::format("{}", v); }
 // text: yaml-cpp reads other bytes as they are but writes U+FFFD for them, so a string value
 // holding them would not survive the run folder's config.yaml.
 size_t invalid_utf8_at(std::string_view text) {
+  const auto byte = [text](size_t k) { return static_cast<unsigned char>(text[k]); };
   size_t i = 0;
   while (i < text.size()) {
-    const auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
     const unsigned char b = byte(i);
     size_t len = 0;
     unsigned char lo = 0x80, hi = 0xBF;  // the range of the second byte
@@ -347,8 +347,8 @@ void check_value(const Field& f, const T& value, const std::string& where) {
   }
   if constexpr (std::is_same_v<T, std::string>) {
     if (const size_t at = invalid_utf8_at(value); at != std::string_view::npos) {
-      RN_FAIL() << where << "key '" << f.key << "' is not UTF-8 text: no well-formed character starts at byte "
-                << at << fmt::format(" (0x{:02x})", static_cast<unsigned char>(value[at]))
+      RN_FAIL() << where << "key '" << f.key << "' is not UTF-8 text: no well-formed character starts at byte " << at
+                << fmt::format(" (0x{:02x})", static_cast<unsigned char>(value[at]))
                 << "; a YAML config holds UTF-8 only";
     }
     // The string keys are paths, names and a switch schedule, which a NUL ("\0" in YAML) would
@@ -519,7 +519,8 @@ std::vector<Field> build_fields() {
   f.push_back(RN_CONFIG_FIELD(run.implementation_mode,
                               "kernels: high_performance takes the fastest (GPU: the fastest measured cuDNN "
                               "algorithms; CPU: Winograd for the 3x3 stride-1 fp32 convolutions where it pays: "
-                              "channels in 16s, at least 64, 50M+ multiply-adds, an AVX-512 CPU); high_precision only deterministic cuDNN algorithms, no reduced-precision "
+                              "channels in 16s, at least 64, 50M+ multiply-adds, an AVX-512 CPU); high_precision only "
+                              "deterministic cuDNN algorithms, no reduced-precision "
                               "cuBLAS reductions and direct CPU convolutions (BN and the loss accumulate in fp32 in "
                               "both). Logged at start"));
   f.push_back(RN_CONFIG_FIELD(run.sink_size,
@@ -577,8 +578,8 @@ std::vector<Field> build_fields() {
                               "spread of step times (robust coefficient of variation over variance_window steps) "
                               "past which one warning names the likely cause",
                               above(0)));
-  f.push_back(RN_CONFIG_FIELD(diagnostics.variance_window, "steps in the variance analysis' rolling window",
-                              at_least(8)));
+  f.push_back(
+      RN_CONFIG_FIELD(diagnostics.variance_window, "steps in the variance analysis' rolling window", at_least(8)));
   f.push_back(RN_CONFIG_FIELD(diagnostics.doctor_max_grad_diff,
                               "resnet doctor fails when the whole gradient (all tensors) differs from fp32 by more "
                               "than this (relative L2 norm, first step)",

@@ -230,8 +230,8 @@ TEST(Config, ToYamlRoundTrips) {
 }
 
 // yaml-cpp reads any bytes but writes U+FFFD for those that are not UTF-8, so such a value
-// would come back changed from the run folder's config.yaml: it is refused when read, by
-// key, whether it comes from a file or an override (found by fuzz/config_fuzz.cpp).
+// would come back changed from the run folder's config.yaml: it is refused by key, whether
+// it comes from a file, an override or code (found by fuzz/config_fuzz.cpp). So is a NUL.
 TEST(Config, StringsMustBeUtf8) {
   std::string e = error_of([] { load_config_from_string("run:\n  out_dir: runs/\xff\xfex\n", {}, "u.yaml"); });
   EXPECT_TRUE(contains(e, "u.yaml:2: key 'run.out_dir' is not UTF-8 text")) << e;
@@ -249,7 +249,8 @@ TEST(Config, StringsMustBeUtf8) {
   cfg.data.val_list = "x\xe9";  // Latin-1, set in code: validate() refuses it too
   EXPECT_THROW(cfg.validate(), Error);
   // Well-formed text of every length survives the round trip, as do control characters.
-  for (const char* good : {"caf\xc3\xa9", "\xe2\x82\xac/\xe4\xb8\xad", "\xf0\x9f\x98\x80", "\xf4\x8f\xbf\xbf", "a\x01\x1f\x7f"}) {
+  for (const char* good :
+       {"caf\xc3\xa9", "\xe2\x82\xac/\xe4\xb8\xad", "\xf0\x9f\x98\x80", "\xf4\x8f\xbf\xbf", "a\x01\x1f\x7f"}) {
     Config c;
     c.data.root = good;
     EXPECT_EQ(load_config_from_string(c.to_yaml()).data.root, good) << c.to_yaml();
