@@ -43,8 +43,10 @@ Tolerance tolerance(const std::string& backend, DType dtype) {
   // ref: fp64 sums on both sides; the outputs differ by the final fp32 rounding and by
   //   normalising with the fp32-rounded statistics (a relative 6e-8 each): 1e-6 has margin.
   if (backend == "ref") return {1e-6, 1e-6, 1e-6};
-  // cpu fp32: the whole batch runs oneDNN (fp32 accumulation in blocked order over M = 90
-  //   values, ~sqrt(M) * 6e-8 ~ 1e-6), the ranks fp32 element arithmetic with fp64 sums.
+  // cpu fp32: the whole batch runs oneDNN in NCHW (fp32 accumulation in blocked order over
+  //   M = 90 values, ~sqrt(M) * 6e-8 ~ 1e-6) and the backend's NHWC loops in NHWC (fp32
+  //   sums over chunks of pixels, fp64 across them), the ranks fp32 element arithmetic with
+  //   fp64 sums.
   //   Measured below 2e-7; 1e-5 is the cross-backend harness's fp32 bound.
   // cuda (fp32, and the statistics of bf16/fp16 below): the whole batch's statistics are
   //   one-pass fp32 Welford runs merged in double, the ranks' fp32 block sums merged in
@@ -53,15 +55,15 @@ Tolerance tolerance(const std::string& backend, DType dtype) {
   // cpu bf16: inputs are the same bf16 values on both sides, so the fp32 statistics and
   //   parameter gradients stay as tight as fp32 (products of bf16 values are exact in fp32).
   //   Activations are rounded to 8 significant bits (u = 2^-9 = 2e-3) once by the ranks and
-  //   once or, for add_relu (oneDNN rounds bn(x) and then bn(x) + residual), twice by the
-  //   whole batch: 5e-3, the harness's bf16 bound. dx and dresidual are rounded once on
+  //   once or, for add_relu in NCHW (oneDNN rounds bn(x) and then bn(x) + residual), twice
+  //   by the whole batch: 5e-3, the harness's bf16 bound. dx and dresidual are rounded once on
   //   each side (their inputs are identical; see below).
   return {5e-3, 1e-5, 1e-5};
 }
 // Backward inputs: the ranks' backward reads the whole batch's y (for the ReLU mask), as the
 // cross-backend harness does, so that a forward difference is reported once, at the forward.
-// With the rank's own y, bf16 add_relu fails legitimately: oneDNN rounds bn(x) to bf16
-// before adding the residual, the ranks add in fp32, and where bn(x) ~ -residual the two z
+// With the rank's own y, bf16 add_relu fails legitimately in NCHW: oneDNN rounds bn(x) to
+// bf16 before adding the residual, the ranks add in fp32, and where bn(x) ~ -residual the two z
 // can differ in sign (measured: 3 of 540 elements), flipping O(1) mask entries of dresidual
 // and dx. (The plan test runs the ranks end to end on their own outputs.)
 
@@ -323,7 +325,8 @@ TEST_P(SyncBatchNormSingle, RecomputeRejectsChangedInputs) {
 }
 
 // Inference ignores the reducer; setting it back to nullptr returns to per-rank statistics
-// (for the cpu backend, oneDNN again): bit for bit what a kernel that never had one does.
+// (for the cpu backend, oneDNN or its NHWC loops again): bit for bit what a kernel that never
+// had one does.
 TEST_P(SyncBatchNormSingle, InferenceAndUnsetAreUnchanged) {
   const SyncCase& c = GetParam();
   RN_BACKEND_OR_SKIP(backend, c.backend);

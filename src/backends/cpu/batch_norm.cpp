@@ -1,5 +1,7 @@
-// batch_norm on oneDNN (scale and shift as separate fp32 arrays, stats fp32, data in the
-// caller's dtype and layout).
+// batch_norm on the CPU. NHWC activations (the CPU backend's layout) run our own loops
+// (batch_norm_nhwc.h: fused add+ReLU and ReLU mask, fewer passes than oneDNN 2.6); NCHW runs
+// oneDNN as below; a stats reducer (synchronised BN) runs SyncBatchNorm's loops in either.
+// oneDNN (scale and shift as separate fp32 arrays, stats fp32, data in the caller's dtype):
 //   forward training: oneDNN writes the batch mean into saved_mean and the biased variance
 //     into saved_invstd, which we then turn into 1/sqrt(var + eps) while updating the
 //     running stats (PyTorch's rule, unbiased variance var*n/(n-1)).
@@ -17,14 +19,16 @@
 //     staged and then added (parameter gradients accumulate).
 //   synchronised (a stats reducer set): oneDNN cannot reduce its statistics over ranks, so
 //     training forward, recompute and backward run SyncBatchNorm's loops instead
-//     (batch_norm_sync.h); inference stays on oneDNN.
+//     (batch_norm_sync.h); inference ignores the reducer.
 #include <algorithm>
 #include <bit>
 #include <cmath>
 #include <memory>
 
+#include "backends/cpu/batch_norm_nhwc.h"
 #include "backends/cpu/batch_norm_sync.h"
 #include "backends/cpu/cpu_common.h"
+#include "core/log.h"
 
 namespace rn::cpu {
 namespace {
@@ -67,10 +71,16 @@ class CpuBatchNorm final : public BatchNormKernel {
   AddElementwise add_relu_;  // add_relu forward post-pass
   ReluMask relu_mask_;       // relu / add_relu backward pre-pass
   std::unique_ptr<SyncBatchNorm> sync_;  // set iff a stats reducer is
+  std::unique_ptr<NhwcBatchNorm> nhwc_;  // NHWC: our loops instead of oneDNN
 };
 
 CpuBatchNorm::CpuBatchNorm(const ContextPtr& ctx, const BatchNormDesc& d) : BatchNormKernel(d), ctx_(ctx) {
   const std::string op = d.str();
+  if (d.layout == Layout::nhwc) {
+    nhwc_ = std::make_unique<NhwcBatchNorm>(d);
+    RN_LOG_DEBUG("cpu backend: {}: nhwc loops ({})", op, NhwcBatchNorm::isa());
+    return;
+  }
   const auto& eng = ctx->engine();
   const auto attr = user_scratchpad_attr();
   data_md_ = activation_md(d.x_shape(), d.dtype, d.layout);
@@ -127,6 +137,10 @@ void CpuBatchNorm::do_forward_training(const Tensor& y, const Tensor& saved_mean
                             running_var);
     return;
   }
+  if (nhwc_) {
+    nhwc_->forward_training(y, saved_mean, saved_invstd, x, residual, gamma, beta, running_mean, running_var);
+    return;
+  }
   const int64_t n = desc_.batch * desc_.h * desc_.w;
   RN_CHECK(n > 1) << desc_.str() << ": training needs more than one value per channel (N*H*W = " << n << ")";
   Context& c = *ctx_;
@@ -155,6 +169,10 @@ void CpuBatchNorm::do_forward_training(const Tensor& y, const Tensor& saved_mean
 
 void CpuBatchNorm::do_forward_inference(const Tensor& y, const Tensor& x, const Tensor* residual, const Tensor& gamma,
                                         const Tensor& beta, const Tensor& running_mean, const Tensor& running_var) {
+  if (nhwc_) {
+    nhwc_->forward_inference(y, x, residual, gamma, beta, running_mean, running_var);
+    return;
+  }
   Context& c = *ctx_;
   execute(c, infer_,
           {{DNNL_ARG_SRC, wrap(c, data_md_, x.data)},
@@ -170,6 +188,10 @@ void CpuBatchNorm::do_forward_recompute(const Tensor& y, const Tensor& x, const 
                                         const Tensor& beta, const Tensor& saved_mean, const Tensor& saved_invstd) {
   if (sync_) {
     sync_->forward_recompute(y, x, residual, gamma, beta, saved_mean, saved_invstd);
+    return;
+  }
+  if (nhwc_) {
+    nhwc_->forward_recompute(y, x, residual, gamma, beta, saved_mean, saved_invstd);
     return;
   }
   Context& c = *ctx_;
@@ -201,6 +223,10 @@ void CpuBatchNorm::do_backward(const Tensor& dx, const Tensor* dresidual, const 
                                const Tensor& saved_mean, const Tensor& saved_invstd) {
   if (sync_) {
     sync_->backward(*stats_reducer(), dx, dresidual, dgamma, dbeta, dy, x, y, gamma, saved_mean, saved_invstd);
+    return;
+  }
+  if (nhwc_) {
+    nhwc_->backward(dx, dresidual, dgamma, dbeta, dy, x, y, gamma, saved_mean, saved_invstd);
     return;
   }
   Context& c = *ctx_;

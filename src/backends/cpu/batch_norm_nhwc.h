@@ -1,0 +1,63 @@
+// Batch norm over NHWC activations (fp32 or bf16) in our own vectorised loops, for the
+// per-rank (not synchronised) case. oneDNN 2.6's NHWC batch norm has no fused add+ReLU
+// and no ReLU in its backward that reads y, so it cost two extra passes over the tensor
+// (an add+ReLU after the forward, a ReLU mask before the backward); these loops fold both
+// in, and read each tensor fewer times:
+//   forward training: one pass for the statistics (reads x), one to normalise (reads x
+//     [and residual], writes y);
+//   backward: one pass that forms g = dy * (y > 0) when fused, writes it into dresidual
+//     (add_relu) or dx (relu), and sums g and g * (x - mean); one that writes dx from g and x.
+// Statistics: per-channel sums of d = x - K and d^2, where K is the first pixel's value of
+// the channel (a shift that keeps the one-pass variance from cancelling when the mean is
+// large next to the spread), accumulated in fp32 over chunks of 128 pixels (in vector
+// registers, 64 channels at a time) and in fp64 across chunks and threads.
+// mean = K + S/M, var = max(Q/M - (S/M)^2, 0).
+// Pixels are split evenly over the OpenMP threads and the per-thread sums added in thread
+// order, so for a fixed thread count the statistics are the same bits every time, which
+// forward_recompute relies on.
+// The loops are compiled for x86-64-v4 (AVX-512), v3 (AVX2, FMA) and baseline x86-64, and the
+// best the CPU runs is chosen at load time (GCC's target_clones); isa() names it.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ops/batch_norm.h"
+
+namespace rn::cpu {
+
+class NhwcBatchNorm {
+ public:
+  explicit NhwcBatchNorm(const BatchNormDesc& d);
+
+  // Arguments and contract as BatchNormKernel's (already validated).
+  void forward_training(const Tensor& y, const Tensor& saved_mean, const Tensor& saved_invstd, const Tensor& x,
+                        const Tensor* residual, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                        const Tensor& running_var);
+  void forward_inference(const Tensor& y, const Tensor& x, const Tensor* residual, const Tensor& gamma,
+                         const Tensor& beta, const Tensor& running_mean, const Tensor& running_var);
+  void forward_recompute(const Tensor& y, const Tensor& x, const Tensor* residual, const Tensor& gamma,
+                         const Tensor& beta, const Tensor& saved_mean, const Tensor& saved_invstd);
+  void backward(const Tensor& dx, const Tensor* dresidual, const Tensor& dgamma, const Tensor& dbeta, const Tensor& dy,
+                const Tensor& x, const Tensor& y, const Tensor& gamma, const Tensor& saved_mean,
+                const Tensor& saved_invstd);
+
+  // The instruction set the loops run with on this CPU: "x86-64-v4", "x86-64-v3" or "x86-64".
+  static std::string isa();
+
+ private:
+  // Batch mean and biased variance of x per channel (mean_, var_).
+  void statistics(const Tensor& x);
+  // y = [relu]((x - mean) * scale + beta [+ residual]) with scale = gamma * invstd, all fp32.
+  void normalize(const Tensor& y, const Tensor& x, const Tensor* residual, const float* mean, const float* invstd,
+                 const float* gamma, const float* beta);
+
+  BatchNormDesc d_;
+  int64_t m_;                 // N * H * W
+  std::vector<double> part_;  // [threads][2C]: per-thread sums
+  std::vector<float> shift_;  // [C]: K
+  std::vector<double> mean_, var_;
+  std::vector<float> scale_, a_, b_, e_;  // [C] each
+};
+
+}  // namespace rn::cpu
