@@ -5,7 +5,8 @@
 // means 10^3 times the spread, where a one-pass variance without a shift loses every digit
 // in fp32.
 // Also: the same bits at a fixed thread count, dx written over dy, and a NaN kept to its
-// channel.
+// channel. oneDNN's NHWC batch norm, which the backend can still be asked for, is held to the
+// same formulas on a few cases.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "backends/cpu/batch_norm_nhwc.h"
+#include "backends/cpu/cpu_backend.h"
 #include "ops/backend.h"
 
 namespace rn {
@@ -28,12 +30,13 @@ struct Case {
   BnFuse fuse;
   DType dtype;
   float mean, spread;  // of x, per channel: mean * (1 + c / C) +- spread
+  bool loops = true;   // false: oneDNN's batch norm (CpuBackendOptions::batch_norm_loops)
 };
 
 std::string case_name(const Case& k) {
   std::ostringstream s;
   s << "n" << k.n << "c" << k.c << "_" << k.h << "x" << k.w << "_" << bn_fuse_name(k.fuse) << "_" << dtype_name(k.dtype)
-    << "_mean" << (k.mean < 0 ? "m" : "") << static_cast<int>(std::fabs(k.mean));
+    << "_mean" << (k.mean < 0 ? "m" : "") << static_cast<int>(std::fabs(k.mean)) << (k.loops ? "" : "_onednn");
   return s.str();
 }
 std::string name(const ::testing::TestParamInfo<Case>& info) { return case_name(info.param); }
@@ -90,7 +93,9 @@ TEST_P(CpuBatchNormNhwc, MatchesFp64Formulas) {
   const Case& k = GetParam();
   BatchNormDesc d;
   d.batch = k.n, d.channels = k.c, d.h = k.h, d.w = k.w, d.fuse = k.fuse, d.dtype = k.dtype, d.layout = Layout::nhwc;
-  auto backend = make_backend("cpu");
+  CpuBackendOptions options;
+  options.batch_norm_loops = k.loops;
+  auto backend = make_cpu_backend(options);
   std::string why;
   if (!backend->supports_dtype(k.dtype, &why)) GTEST_SKIP() << why;
   auto kernel = backend->make_batch_norm(d);
@@ -196,7 +201,11 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CpuBatchNormNhwc,
                                            Case{1, 3, 40, 40, BnFuse::relu, DType::f32, -3.0f, 0.25f},
                                            Case{3, 17, 11, 13, BnFuse::relu, DType::bf16, 100.0f, 1.0f},
                                            Case{2, 64, 9, 9, BnFuse::add_relu, DType::bf16, 0.5f, 2.0f},
-                                           Case{1, 3, 40, 40, BnFuse::none, DType::bf16, -3.0f, 0.25f}),
+                                           Case{1, 3, 40, 40, BnFuse::none, DType::bf16, -3.0f, 0.25f},
+                                           // oneDNN's NHWC batch norm, still selectable for comparisons (bench/micro)
+                                           Case{3, 17, 11, 13, BnFuse::add_relu, DType::f32, 0.5f, 2.0f, false},
+                                           Case{2, 64, 9, 9, BnFuse::relu, DType::f32, -3.0f, 0.25f, false},
+                                           Case{2, 64, 9, 9, BnFuse::add_relu, DType::bf16, 0.5f, 2.0f, false}),
                          name);
 
 // The per-thread sums are added in thread order: at a fixed thread count every run gives the

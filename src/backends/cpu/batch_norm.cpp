@@ -76,7 +76,7 @@ class CpuBatchNorm final : public BatchNormKernel {
 
 CpuBatchNorm::CpuBatchNorm(const ContextPtr& ctx, const BatchNormDesc& d) : BatchNormKernel(d), ctx_(ctx) {
   const std::string op = d.str();
-  if (d.layout == Layout::nhwc) {
+  if (d.layout == Layout::nhwc && ctx->batch_norm_loops()) {
     nhwc_ = std::make_unique<NhwcBatchNorm>(d);
     RN_LOG_DEBUG("cpu backend: {}: nhwc loops ({})", op, NhwcBatchNorm::isa());
     return;

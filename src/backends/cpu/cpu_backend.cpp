@@ -56,7 +56,8 @@ bool cpu_has_native_bf16(std::string* why) {
 
 namespace cpu {
 
-Context::Context(bool winograd) : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_), winograd_(winograd) {
+Context::Context(const CpuBackendOptions& options)
+    : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_), options_(options) {
   native_bf16_ = cpu_has_native_bf16(&bf16_why_not_);
 }
 
@@ -202,7 +203,7 @@ namespace {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(bool winograd) : ctx_(std::make_shared<Context>(winograd)) {}
+  explicit CpuBackend(const CpuBackendOptions& options) : ctx_(std::make_shared<Context>(options)) {}
   std::string name() const override { return "cpu"; }
   Device device() const override { return Device::cpu; }
   Layout preferred_layout() const override { return Layout::nhwc; }
@@ -240,7 +241,7 @@ class CpuBackend final : public Backend {
 }  // namespace cpu
 
 std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options) {
-  return std::make_unique<cpu::CpuBackend>(options.winograd);
+  return std::make_unique<cpu::CpuBackend>(options);
 }
 
 }  // namespace rn

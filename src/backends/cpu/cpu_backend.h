@@ -1,10 +1,10 @@
-// The CPU backend: oneDNN primitives, created once per descriptor and reused, fp32 and
-// bf16 (bf16 only on CPUs with native bf16 support: AVX512-BF16 or AMX; elsewhere
-// make_* throws rn::Unsupported saying so; fp16 never). Activations in nchw or nhwc; nhwc
-// is the fast one (weights are reordered from PyTorch's OIHW into each primitive's
-// preferred format at each call, which costs little next to the convolution; activations
-// are reordered only around a Winograd convolution, whose kernel wants oneDNN's blocked
-// layout).
+// The CPU backend: oneDNN primitives (and our own loops for NHWC batch norm), created once
+// per descriptor and reused, fp32 and bf16 (bf16 only on CPUs with native bf16 support:
+// AVX512-BF16 or AMX; elsewhere make_* throws rn::Unsupported saying so; fp16 never).
+// Activations in nchw or nhwc; nhwc is the fast one (weights are reordered from PyTorch's
+// OIHW into each primitive's preferred format at each call, which costs little next to the
+// convolution; activations are reordered only around a Winograd convolution, whose kernel
+// wants oneDNN's blocked layout).
 //
 // The kernels of one backend share one block of temporary memory (oneDNN scratchpads,
 // reordered weights, a Winograd convolution's reordered activations, gradient staging),
@@ -26,6 +26,10 @@ struct CpuBackendOptions {
   // error ~1e-6 instead of ~1e-7): the high_performance implementation mode. false
   // (high_precision): direct convolutions only.
   bool winograd = true;
+  // Batch norm over NHWC activations in our own loops (backends/cpu/batch_norm_nhwc.h: the
+  // residual add+ReLU and the backward's ReLU mask folded into its passes). false: oneDNN's
+  // batch norm with separate add+ReLU and mask passes, kept for comparisons (bench/micro).
+  bool batch_norm_loops = true;
 };
 std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options = {});
 // True when this CPU runs bf16 natively; otherwise *why says what is missing.

@@ -11,6 +11,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "backends/cpu/cpu_backend.h"
 #include "core/check.h"
 #include "core/tensor.h"
 #include "ops/backend.h"
@@ -33,9 +34,11 @@ using dt = dnnl::memory::data_type;
 // kernels look up its address at every call.
 class Context {
  public:
-  // winograd: whether 3x3 stride-1 fp32 convolutions may use Winograd (high_performance).
-  explicit Context(bool winograd = true);
-  bool winograd() const { return winograd_; }
+  explicit Context(const CpuBackendOptions& options = {});
+  // Whether 3x3 stride-1 fp32 convolutions may use Winograd (high_performance).
+  bool winograd() const { return options_.winograd; }
+  // Whether NHWC batch norm runs our loops (batch_norm_nhwc.h) rather than oneDNN.
+  bool batch_norm_loops() const { return options_.batch_norm_loops; }
   const dnnl::engine& engine() const { return engine_; }
   dnnl::stream& stream() { return stream_; }
 
@@ -53,7 +56,7 @@ class Context {
   dnnl::stream stream_;
   HostBuffer temp_;
   bool native_bf16_ = false;
-  bool winograd_ = true;
+  CpuBackendOptions options_;
   std::string bf16_why_not_;
 };
 using ContextPtr = std::shared_ptr<Context>;
