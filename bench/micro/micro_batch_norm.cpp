@@ -15,7 +15,6 @@
 #include <cstring>
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "backends/cpu/cpu_backend.h"
 #include "ops/backend.h"
