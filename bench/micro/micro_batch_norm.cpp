@@ -1,7 +1,9 @@
 // Micro-benchmarks of single kernels (Google Benchmark): the cpu backend's batch norm on
 // ResNet-50's shapes at batch 16, NHWC, our loops (backends/cpu/batch_norm_nhwc.h) against
 // oneDNN's batch norm with its separate add+ReLU and ReLU-mask passes
-// (CpuBackendOptions::batch_norm_loops = false), forward (training) and backward apart.
+// (CpuBackendOptions::batch_norm_loops = false), and the synchronised batch norm
+// (dist.sync_bn) with a reducer of one rank (no communication: the loops alone), forward
+// (training) and backward apart.
 //
 //   build/bench/micro/rn_micro                                  # all, about a minute
 //   build/bench/micro/rn_micro --benchmark_filter='Backward/.*/bf16'
@@ -22,6 +24,14 @@
 namespace rn {
 namespace {
 
+enum class Impl { loops, onednn, sync };
+const char* impl_name(Impl i) { return i == Impl::loops ? "loops" : i == Impl::onednn ? "onednn" : "sync"; }
+
+// A world of one rank: the sums stay as they are.
+struct OneRank final : BatchStatsReducer {
+  void sum(double*, int64_t) override {}
+};
+
 struct Shape16 {
   const char* name;
   int64_t channels, size;
@@ -39,20 +49,22 @@ const Shape16 kShapes[] = {
 // Everything one batch norm call needs, filled with values of the right kind (x with a
 // non-zero mean, y from a real forward so that the ReLU mask is realistic).
 struct Setup {
+  OneRank one_rank;  // outlives the kernel that holds it
   std::unique_ptr<Backend> backend;
   std::unique_ptr<BatchNormKernel> kernel;
   HostTensor x, y, res, dy, dx, dres, gamma, beta, rmean, rvar, smean, sinvstd, dgamma, dbeta;
   bool add = false;
 
-  Setup(const Shape16& s, DType dtype, bool loops, std::string* skip) {
+  Setup(const Shape16& s, DType dtype, Impl impl, std::string* skip) {
     CpuBackendOptions o;
-    o.batch_norm_loops = loops;
+    o.batch_norm_loops = impl != Impl::onednn;
     backend = make_cpu_backend(o);
     if (!backend->supports_dtype(dtype, skip)) return;
     BatchNormDesc d;
     d.batch = 16, d.channels = s.channels, d.h = d.w = s.size, d.fuse = s.fuse, d.dtype = dtype;
     d.layout = Layout::nhwc;
     kernel = backend->make_batch_norm(d);
+    if (impl == Impl::sync) kernel->set_stats_reducer(&one_rank);
     add = s.fuse == BnFuse::add_relu;
     const Shape xs = d.x_shape(), cs = {s.channels};
     for (HostTensor* t : {&x, &y, &res, &dy, &dx, &dres}) *t = HostTensor(xs, dtype, Layout::nhwc);
@@ -84,9 +96,9 @@ struct Setup {
   }
 };
 
-void run(benchmark::State& state, const Shape16& s, DType dtype, bool loops, bool backward) {
+void run(benchmark::State& state, const Shape16& s, DType dtype, Impl impl, bool backward) {
   std::string skip;
-  Setup k(s, dtype, loops, &skip);
+  Setup k(s, dtype, impl, &skip);
   if (!k.kernel) {
     state.SkipWithError(skip.c_str());
     return;
@@ -108,10 +120,10 @@ void register_all() {
   for (const Shape16& s : kShapes)
     for (const bool backward : {false, true})
       for (const DType dtype : {DType::f32, DType::bf16})
-        for (const bool loops : {true, false}) {
+        for (const Impl impl : {Impl::loops, Impl::onednn, Impl::sync}) {
           const std::string name = std::string(backward ? "Backward/" : "Forward/") + s.name + "/" +
-                                   std::string(dtype_name(dtype)) + (loops ? "/loops" : "/onednn");
-          benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& st) { run(st, s, dtype, loops, backward); })
+                                   std::string(dtype_name(dtype)) + "/" + impl_name(impl);
+          benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& st) { run(st, s, dtype, impl, backward); })
               ->UseRealTime()
               ->Unit(benchmark::kMillisecond);
         }

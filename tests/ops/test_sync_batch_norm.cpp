@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -67,27 +68,32 @@ Tolerance tolerance(const std::string& backend, DType dtype) {
 // can differ in sign (measured: 3 of 540 elements), flipping O(1) mask entries of dresidual
 // and dx. (The plan test runs the ranks end to end on their own outputs.)
 
+// The default shape per rank: batch B (the whole batch is ranks * B), odd H*W and a channel
+// count that is not a multiple of a vector width.
+constexpr int64_t kB = 2, kC = 6, kH = 3, kW = 5;
+
 struct SyncCase {
   std::string backend;
   DType dtype;
   Layout layout;
   BnFuse fuse;
   int ranks;
+  int64_t b = kB, channels = kC, h = kH, w = kW;  // per rank
 };
 
-std::string case_name(const ::testing::TestParamInfo<SyncCase>& info) {
-  const SyncCase& c = info.param;
+std::string case_text(const SyncCase& c) {
   return c.backend + "_" + std::string(dtype_name(c.dtype)) + "_" + std::string(layout_name(c.layout)) + "_" +
-         std::string(bn_fuse_name(c.fuse)) + "_w" + std::to_string(c.ranks);
+         std::string(bn_fuse_name(c.fuse)) + "_w" + std::to_string(c.ranks) +
+         (c.channels == kC ? "" : "_c" + std::to_string(c.channels));
 }
-
-// Per-rank batch B; the whole batch is ranks * B. Odd H*W and a channel count that is not
-// a multiple of a vector width.
-constexpr int64_t kB = 2, kC = 6, kH = 3, kW = 5;
+std::string case_name(const ::testing::TestParamInfo<SyncCase>& info) { return case_text(info.param); }
+// How GoogleTest shows a failing case's parameter.
+void PrintTo(const SyncCase& c, std::ostream* os) { *os << case_text(c); }
 
 BatchNormDesc desc_for(const SyncCase& c, int64_t batch) {
   BatchNormDesc d;
-  d.batch = batch, d.channels = kC, d.h = kH, d.w = kW, d.fuse = c.fuse, d.dtype = c.dtype, d.layout = c.layout;
+  d.batch = batch, d.channels = c.channels, d.h = c.h, d.w = c.w, d.fuse = c.fuse, d.dtype = c.dtype,
+  d.layout = c.layout;
   d.momentum = 0.25f, d.eps = 1e-5f;
   return d;
 }
@@ -100,9 +106,9 @@ std::unique_ptr<Backend> backend_for(const std::string& name, std::string* why) 
   return make_staged_backend(make_backend("cuda"));
 }
 
-#define RN_BACKEND_OR_SKIP(var, name)                                              \
-  std::string why_;                                                                \
-  auto var = backend_for(name, &why_);                                             \
+#define RN_BACKEND_OR_SKIP(var, name)  \
+  std::string why_;                    \
+  auto var = backend_for(name, &why_); \
   if (!var) GTEST_SKIP() << "cuda backend not run: " << why_;
 
 std::vector<float> to_f32(const Tensor& t) {
@@ -117,11 +123,11 @@ HostTensor from_f32(const std::vector<float>& v, Shape shape, DType dtype, Layou
   return t;
 }
 
-// Rank r's slice of a whole-batch activation: the batch is the outermost dimension in NCHW
-// and NHWC alike, so it is a contiguous block.
-Tensor rank_slice(const Tensor& whole, int r) {
+// Rank r's slice (batch b) of a whole-batch activation: the batch is the outermost dimension
+// in NCHW and NHWC alike, so it is a contiguous block.
+Tensor rank_slice(const Tensor& whole, int r, int64_t b) {
   Tensor t = whole;
-  t.shape = {kB, whole.shape[1], whole.shape[2], whole.shape[3]};
+  t.shape = {b, whole.shape[1], whole.shape[2], whole.shape[3]};
   t.data = static_cast<char*>(whole.data) + static_cast<size_t>(r) * t.bytes();
   return t;
 }
@@ -164,13 +170,14 @@ struct Outputs {
 };
 
 Outputs run_whole_batch(Backend& backend, const SyncCase& c, const Inputs& in) {
-  const BatchNormDesc d = desc_for(c, kB * c.ranks);
+  const BatchNormDesc d = desc_for(c, c.b * c.ranks);
   auto bn = backend.make_batch_norm(d);
-  const Shape xs = d.x_shape(), cs = {kC};
+  const Shape xs = d.x_shape(), cs = {c.channels};
   HostTensor y(xs, d.dtype, d.layout), dx(xs, d.dtype, d.layout), dr(xs, d.dtype, d.layout);
   HostTensor sm(cs, DType::f32), si(cs, DType::f32);
   HostTensor rm = from_f32(in.running_mean, cs, DType::f32), rv = from_f32(in.running_var, cs, DType::f32);
-  HostTensor dg = from_f32(std::vector<float>(kC, 0.0f), cs, DType::f32), db = from_f32(to_f32(dg), cs, DType::f32);
+  HostTensor dg = from_f32(std::vector<float>(static_cast<size_t>(c.channels), 0.0f), cs, DType::f32),
+             db = from_f32(to_f32(dg), cs, DType::f32);
   const bool add = c.fuse == BnFuse::add_relu;
   bn->forward_training(y, sm, si, in.x, add ? &in.residual.view() : nullptr, in.gamma, in.beta, rm, rv);
   bn->backward(dx, add ? &dr.view() : nullptr, dg, db, in.dy, in.x, y, in.gamma, sm, si);
@@ -189,12 +196,12 @@ TEST_P(SyncBatchNorm, RanksEqualOneKernelOnTheWholeBatch) {
   RN_BACKEND_OR_SKIP(backend, c.backend);
   std::string why;
   if (!backend->supports_dtype(c.dtype, &why)) GTEST_SKIP() << why;
-  const BatchNormDesc whole = desc_for(c, kB * c.ranks), local = desc_for(c, kB);
+  const BatchNormDesc whole = desc_for(c, c.b * c.ranks), local = desc_for(c, c.b);
   const Inputs in(whole, 17);
   const Outputs want = run_whole_batch(*backend, c, in);
 
   // The ranks write their activations into whole-batch buffers, slice by slice.
-  const Shape xs = whole.x_shape(), cs = {kC};
+  const Shape xs = whole.x_shape(), cs = {c.channels};
   HostTensor y(xs, c.dtype, c.layout), y_again(xs, c.dtype, c.layout), dx(xs, c.dtype, c.layout),
       dr(xs, c.dtype, c.layout);
   const bool add = c.fuse == BnFuse::add_relu;
@@ -207,23 +214,25 @@ TEST_P(SyncBatchNorm, RanksEqualOneKernelOnTheWholeBatch) {
   for (auto& p : per) {
     p.sm = HostTensor(cs, DType::f32), p.si = HostTensor(cs, DType::f32);
     p.rm = from_f32(in.running_mean, cs, DType::f32), p.rv = from_f32(in.running_var, cs, DType::f32);
-    for (int i = 0; i < kC; ++i) p.dg0.push_back(rng.uniform(-1.0f, 1.0f)), p.db0.push_back(rng.uniform(-1.0f, 1.0f));
+    for (int64_t i = 0; i < c.channels; ++i)
+      p.dg0.push_back(rng.uniform(-1.0f, 1.0f)), p.db0.push_back(rng.uniform(-1.0f, 1.0f));
     p.dg = from_f32(p.dg0, cs, DType::f32), p.db = from_f32(p.db0, cs, DType::f32);
   }
   std::vector<std::unique_ptr<BatchNormKernel>> kernels;
   for (int r = 0; r < c.ranks; ++r) kernels.push_back(backend->make_batch_norm(local));
 
+  auto slice = [&c](const Tensor& whole_batch, int r) { return rank_slice(whole_batch, r, c.b); };
   SimulatedRanks ranks(c.ranks);
   ranks.run([&](int r, BatchStatsReducer& reducer) {
     BatchNormKernel& bn = *kernels[static_cast<size_t>(r)];
     PerRank& p = per[static_cast<size_t>(r)];
     bn.set_stats_reducer(&reducer);
-    const Tensor x = rank_slice(in.x, r), res = rank_slice(in.residual, r), dy = rank_slice(in.dy, r);
-    const Tensor yr = rank_slice(y, r), y2 = rank_slice(y_again, r), dxr = rank_slice(dx, r), drr = rank_slice(dr, r);
+    const Tensor x = slice(in.x, r), res = slice(in.residual, r), dy = slice(in.dy, r);
+    const Tensor yr = slice(y, r), y2 = slice(y_again, r), dxr = slice(dx, r), drr = slice(dr, r);
     bn.forward_training(yr, p.sm, p.si, x, add ? &res : nullptr, in.gamma, in.beta, p.rm, p.rv);
     bn.forward_recompute(y2, x, add ? &res : nullptr, in.gamma, in.beta, p.sm, p.si);
     // The whole batch's y, not the rank's own: see "Backward inputs" above.
-    bn.backward(dxr, add ? &drr : nullptr, p.dg, p.db, dy, x, rank_slice(want.y_as_stored, r), in.gamma, p.sm, p.si);
+    bn.backward(dxr, add ? &drr : nullptr, p.dg, p.db, dy, x, slice(want.y_as_stored, r), in.gamma, p.sm, p.si);
   });
   EXPECT_EQ(ranks.calls_per_rank(), 2) << "one reducer call in forward_training, one in backward, none in recompute";
 
@@ -240,7 +249,8 @@ TEST_P(SyncBatchNorm, RanksEqualOneKernelOnTheWholeBatch) {
       << "forward_recompute must rewrite y bit for bit";
   expect_close(to_f32(dx), want.dx, tol.activations, "dx");
   if (add) expect_close(to_f32(dr), want.dresidual, tol.activations, "dresidual");
-  std::vector<float> dg_sum(kC, 0.0f), db_sum(kC, 0.0f);
+  const auto nc = static_cast<size_t>(c.channels);
+  std::vector<float> dg_sum(nc, 0.0f), db_sum(nc, 0.0f);
   for (int r = 0; r < c.ranks; ++r) {
     const PerRank& p = per[static_cast<size_t>(r)];
     const std::string rank = "rank " + std::to_string(r) + " ";
@@ -252,9 +262,9 @@ TEST_P(SyncBatchNorm, RanksEqualOneKernelOnTheWholeBatch) {
     for (auto [a, b] : {std::pair{&p.sm, &per[0].sm}, {&p.si, &per[0].si}, {&p.rm, &per[0].rm}, {&p.rv, &per[0].rv}})
       EXPECT_EQ(std::memcmp(a->view().data, b->view().data, a->view().bytes()), 0) << rank << "vs rank 0";
     const std::vector<float> dg = to_f32(p.dg), db = to_f32(p.db);
-    for (int i = 0; i < kC; ++i) {
-      dg_sum[static_cast<size_t>(i)] += dg[static_cast<size_t>(i)] - p.dg0[static_cast<size_t>(i)];
-      db_sum[static_cast<size_t>(i)] += db[static_cast<size_t>(i)] - p.db0[static_cast<size_t>(i)];
+    for (size_t i = 0; i < nc; ++i) {
+      dg_sum[i] += dg[i] - p.dg0[i];
+      db_sum[i] += db[i] - p.db0[i];
     }
   }
   // (The fp32 subtraction of the initial values costs up to 2^-24 of them: well inside.)
@@ -270,6 +280,15 @@ std::vector<SyncCase> sync_cases() {
       for (Layout layout : {Layout::nchw, Layout::nhwc})
         for (BnFuse fuse : {BnFuse::none, BnFuse::relu, BnFuse::add_relu})
           for (int ranks : {1, 3}) cases.push_back({backend, dtype, layout, fuse, ranks});
+    }
+  // cpu NHWC runs the passes of its per-rank NHWC loops: also a shape that reaches their
+  // 64- and 16-channel register blocks and their second chunk of pixels (147 per rank, chunks
+  // of 128), with channel means up to 40 standard deviations from zero.
+  for (DType dtype : {DType::f32, DType::bf16})
+    for (BnFuse fuse : {BnFuse::relu, BnFuse::add_relu}) {
+      SyncCase big{"cpu", dtype, Layout::nhwc, fuse, 2};
+      big.b = 3, big.channels = 81, big.h = 7, big.w = 7;
+      cases.push_back(big);
     }
   // cuda: NHWC only; fp16 too. The whole batch's statistics are one-pass fp32 (Welford), the
   // ranks' fp64 sums: within the cpu bounds.
@@ -298,12 +317,12 @@ TEST_P(SyncBatchNormSingle, RecomputeRejectsChangedInputs) {
   RN_BACKEND_OR_SKIP(backend, c.backend);
   std::string why;
   if (!backend->supports_dtype(c.dtype, &why)) GTEST_SKIP() << why;
-  const BatchNormDesc d = desc_for(c, kB);
+  const BatchNormDesc d = desc_for(c, c.b);
   Inputs in(d, 3);
   auto bn = backend->make_batch_norm(d);
   CountingReducer reducer;
   const bool add = c.fuse == BnFuse::add_relu;
-  const Shape cs = {kC};
+  const Shape cs = {c.channels};
   HostTensor y(d.x_shape(), c.dtype, c.layout), sm(cs, DType::f32), si(cs, DType::f32);
   HostTensor rm = from_f32(in.running_mean, cs, DType::f32), rv = from_f32(in.running_var, cs, DType::f32);
   const Tensor* res = add ? &in.residual.view() : nullptr;
@@ -332,14 +351,14 @@ TEST_P(SyncBatchNormSingle, InferenceAndUnsetAreUnchanged) {
   RN_BACKEND_OR_SKIP(backend, c.backend);
   std::string why;
   if (!backend->supports_dtype(c.dtype, &why)) GTEST_SKIP() << why;
-  const BatchNormDesc d = desc_for(c, kB);
+  const BatchNormDesc d = desc_for(c, c.b);
   Inputs in(d, 9);
   auto plain = backend->make_batch_norm(d), synced = backend->make_batch_norm(d);
   CountingReducer reducer;
   synced->set_stats_reducer(&reducer);
   EXPECT_EQ(synced->stats_reducer(), &reducer);
   const bool add = c.fuse == BnFuse::add_relu;
-  const Shape cs = {kC};
+  const Shape cs = {c.channels};
   const Tensor* res = add ? &in.residual.view() : nullptr;
   HostTensor rm = from_f32(in.running_mean, cs, DType::f32), rv = from_f32(in.running_var, cs, DType::f32);
   auto bits = [](const HostTensor& t) {

@@ -55,27 +55,82 @@ inline __attribute__((always_inline)) void block_sums(int64_t a, int64_t b, int6
   }
 }
 
-// The sums of block_sums over pixels [p0, p1) and all C channels, kChunk pixels at a time,
-// in blocks of 64 channels, then 16, then 1.
-template <typename Term>
+// block_sums with fp64 accumulators, for the synchronised batch norm: term(offset, c, &u, &v)
+// gives two fp32 values and S[c] += u, S[C + c] += u * v, the product formed in fp64 (exact).
+// Staged: the terms go through a small array first. For the backward's terms (which store g)
+// GCC left the one-loop form scalar, 4x slower; for the forward's (x, x) the one-loop form
+// is the faster (measured with rn_micro).
+template <int B, bool Staged, typename Term>
+inline __attribute__((always_inline)) void block_sums64(int64_t a, int64_t b, int64_t C, int64_t c0, double* S,
+                                                        Term term) {
+  double su[B] = {}, sv[B] = {};
+  for (int64_t p = a; p < b; ++p) {
+    const int64_t o = p * C + c0;
+    if constexpr (Staged) {
+      float u[B], v[B];
+#pragma omp simd
+      for (int j = 0; j < B; ++j) term(o + j, c0 + j, &u[j], &v[j]);
+#pragma omp simd
+      for (int j = 0; j < B; ++j) {
+        const double e = u[j];
+        su[j] += e;
+        sv[j] += e * v[j];
+      }
+    } else {
+#pragma omp simd
+      for (int j = 0; j < B; ++j) {
+        float u, v;
+        term(o + j, c0 + j, &u, &v);
+        const double e = u;
+        su[j] += e;
+        sv[j] += e * v;
+      }
+    }
+  }
+  for (int j = 0; j < B; ++j) {
+    S[c0 + j] += su[j];
+    S[C + c0 + j] += sv[j];
+  }
+}
+
+// The sums of block_sums (Sum64::no) or block_sums64 over pixels [p0, p1) and all C channels,
+// kChunk pixels at a time (so that the chunk stays in cache while each block of channels goes
+// over it), in blocks of 64 channels (fp64: 32, the same registers), then 16, then 1.
+enum class Sum64 { no, direct, staged };
+template <Sum64 Fp64, typename Term>
 inline __attribute__((always_inline)) void chunked_sums(int64_t p0, int64_t p1, int64_t C, double* S, Term term) {
+  constexpr int kWide = Fp64 == Sum64::no ? 64 : 32;
+  auto block = [&]<int B>(int64_t a, int64_t b, int64_t c0) {
+    if constexpr (Fp64 == Sum64::no)
+      block_sums<B>(a, b, C, c0, S, term);
+    else
+      block_sums64<B, Fp64 == Sum64::staged>(a, b, C, c0, S, term);
+  };
   for (int64_t a = p0; a < p1; a += kChunk) {
     const int64_t b = std::min(a + kChunk, p1);
     int64_t c0 = 0;
-    for (; c0 + 64 <= C; c0 += 64) block_sums<64>(a, b, C, c0, S, term);
-    for (; c0 + 16 <= C; c0 += 16) block_sums<16>(a, b, C, c0, S, term);
-    for (; c0 < C; ++c0) block_sums<1>(a, b, C, c0, S, term);
+    for (; c0 + kWide <= C; c0 += kWide) block.template operator()<kWide>(a, b, c0);
+    for (; c0 + 16 <= C; c0 += 16) block.template operator()<16>(a, b, c0);
+    for (; c0 < C; ++c0) block.template operator()<1>(a, b, c0);
   }
 }
 
 template <typename T>
 inline __attribute__((always_inline)) void stats_body(const T* x, const float* K, int64_t p0, int64_t p1, int64_t C,
                                                       double* S) {
-  chunked_sums(p0, p1, C, S, [=](int64_t i, int64_t c, float* u, float* v) {
+  chunked_sums<Sum64::no>(p0, p1, C, S, [=](int64_t i, int64_t c, float* u, float* v) {
     const float d = load(x, i) - K[c];
     *u = d;
     *v = d * d;
   });
+}
+
+// The synchronised batch norm's sums of x and x^2, fp64 per element (x^2 of an fp32 value is
+// exact in fp64, and no shift is needed): the same to fp64 rounding however the pixels are
+// split over ranks and threads.
+template <typename T>
+inline __attribute__((always_inline)) void stats64_body(const T* x, int64_t p0, int64_t p1, int64_t C, double* S) {
+  chunked_sums<Sum64::direct>(p0, p1, C, S, [=](int64_t i, int64_t, float* u, float* v) { *u = *v = load(x, i); });
 }
 
 template <typename T>
@@ -121,16 +176,35 @@ inline __attribute__((always_inline)) void grad_sums_body(T* g_out, const T* dy,
                                                           const float* mean, int64_t p0, int64_t p1, int64_t C,
                                                           double* S) {
   if (y != nullptr) {
-    chunked_sums(p0, p1, C, S, [=](int64_t i, int64_t c, float* u, float* v) {
+    chunked_sums<Sum64::no>(p0, p1, C, S, [=](int64_t i, int64_t c, float* u, float* v) {
       const float g = masked(dy, y, g_out, i);
       *u = g;
       *v = g * (load(x, i) - mean[c]);
     });
   } else {
-    chunked_sums(p0, p1, C, S, [=](int64_t i, int64_t c, float* u, float* v) {
+    chunked_sums<Sum64::no>(p0, p1, C, S, [=](int64_t i, int64_t c, float* u, float* v) {
       const float g = load(dy, i);
       *u = g;
       *v = g * (load(x, i) - mean[c]);
+    });
+  }
+}
+
+// grad_sums_body with fp64 sums (and g * (x - mean) formed in fp64 from its fp32 factors), for
+// the synchronised batch norm, as stats64_body.
+template <typename T>
+inline __attribute__((always_inline)) void grad_sums64_body(T* g_out, const T* dy, const T* y, const T* x,
+                                                            const float* mean, int64_t p0, int64_t p1, int64_t C,
+                                                            double* S) {
+  if (y != nullptr) {
+    chunked_sums<Sum64::staged>(p0, p1, C, S, [=](int64_t i, int64_t c, float* u, float* v) {
+      *u = masked(dy, y, g_out, i);
+      *v = load(x, i) - mean[c];
+    });
+  } else {
+    chunked_sums<Sum64::staged>(p0, p1, C, S, [=](int64_t i, int64_t c, float* u, float* v) {
+      *u = load(dy, i);
+      *v = load(x, i) - mean[c];
     });
   }
 }
@@ -164,6 +238,13 @@ inline __attribute__((always_inline)) void grad_input_body(T* dx, const T* g, co
                                      int64_t p1, int64_t C, double* S) {                                             \
     grad_sums_body(g_out, dy, y, x, mean, p0, p1, C, S);                                                             \
   }                                                                                                                  \
+  RN_BN_CLONES void stats64_##name(const T* x, int64_t p0, int64_t p1, int64_t C, double* S) {                       \
+    stats64_body(x, p0, p1, C, S);                                                                                   \
+  }                                                                                                                  \
+  RN_BN_CLONES void grad_sums64_##name(T* g_out, const T* dy, const T* y, const T* x, const float* mean, int64_t p0, \
+                                       int64_t p1, int64_t C, double* S) {                                           \
+    grad_sums64_body(g_out, dy, y, x, mean, p0, p1, C, S);                                                           \
+  }                                                                                                                  \
   RN_BN_CLONES void grad_input_##name(T* dx, const T* g, const T* x, const float* mean, const float* A,              \
                                       const float* B, const float* E, int64_t p0, int64_t p1, int64_t C) {           \
     grad_input_body(dx, g, x, mean, A, B, E, p0, p1, C);                                                             \
@@ -195,6 +276,16 @@ void grad_sums(float* g, const float* dy, const float* y, const float* x, const 
 void grad_sums(bf16_t* g, const bf16_t* dy, const bf16_t* y, const bf16_t* x, const float* mean, int64_t p0, int64_t p1,
                int64_t C, double* S) {
   grad_sums_bf16(g, dy, y, x, mean, p0, p1, C, S);
+}
+void stats64(const float* x, int64_t p0, int64_t p1, int64_t C, double* S) { stats64_f32(x, p0, p1, C, S); }
+void stats64(const bf16_t* x, int64_t p0, int64_t p1, int64_t C, double* S) { stats64_bf16(x, p0, p1, C, S); }
+void grad_sums64(float* g, const float* dy, const float* y, const float* x, const float* mean, int64_t p0, int64_t p1,
+                 int64_t C, double* S) {
+  grad_sums64_f32(g, dy, y, x, mean, p0, p1, C, S);
+}
+void grad_sums64(bf16_t* g, const bf16_t* dy, const bf16_t* y, const bf16_t* x, const float* mean, int64_t p0,
+                 int64_t p1, int64_t C, double* S) {
+  grad_sums64_bf16(g, dy, y, x, mean, p0, p1, C, S);
 }
 void grad_input(float* dx, const float* g, const float* x, const float* mean, const float* A, const float* B,
                 const float* E, int64_t p0, int64_t p1, int64_t C) {
@@ -252,6 +343,17 @@ std::string NhwcBatchNorm::isa() {
   if (__builtin_cpu_supports("x86-64-v4")) return "x86-64-v4";
   if (__builtin_cpu_supports("x86-64-v3")) return "x86-64-v3";
   return "x86-64";
+}
+
+void NhwcBatchNorm::sums_of_x(const Tensor& x, double* sums) {
+  const int64_t C = d_.channels;
+  channel_sums(m_, C, part_, [&](int64_t p0, int64_t p1, double* S) {
+    if (d_.dtype == DType::bf16)
+      stats64(as<bf16_t>(x), p0, p1, C, S);
+    else
+      stats64(as<float>(x), p0, p1, C, S);
+  });
+  std::copy(part_.begin(), part_.begin() + 2 * C, sums);
 }
 
 void NhwcBatchNorm::statistics(const Tensor& x) {
@@ -335,29 +437,64 @@ void NhwcBatchNorm::forward_recompute(const Tensor& y, const Tensor& x, const Te
   normalize(y, x, residual, saved_mean.ptr<float>(), saved_invstd.ptr<float>(), gamma.ptr<float>(), beta.ptr<float>());
 }
 
-void NhwcBatchNorm::backward(const Tensor& dx, const Tensor* dresidual, const Tensor& dgamma, const Tensor& dbeta,
-                             const Tensor& dy, const Tensor& x, const Tensor& y, const Tensor& gamma,
-                             const Tensor& saved_mean, const Tensor& saved_invstd) {
+const Tensor& NhwcBatchNorm::first_backward_pass(const Tensor& dx, const Tensor* dresidual, const Tensor& dy,
+                                                 const Tensor& x, const Tensor& y, const float* mean, bool fp64,
+                                                 double* sums) {
   const int64_t C = d_.channels;
   const bool bf16 = d_.dtype == DType::bf16;
   const bool fused = d_.fuse != BnFuse::none;
-  const float* mean = saved_mean.ptr<float>();
-  const float* invstd = saved_invstd.ptr<float>();
   // g = dy * (y > 0) goes to dresidual (add_relu: that is its value) or dx (relu), where the
   // second pass reads it (dx may be dy: each element is read before it is written).
   const Tensor& g = !fused ? dy : dresidual != nullptr ? *dresidual : dx;
   channel_sums(m_, C, part_, [&](int64_t p0, int64_t p1, double* S) {
-    if (bf16)
-      grad_sums(fused ? as_mut<bf16_t>(g) : nullptr, as<bf16_t>(dy), fused ? as<bf16_t>(y) : nullptr, as<bf16_t>(x),
-                mean, p0, p1, C, S);
-    else
-      grad_sums(fused ? as_mut<float>(g) : nullptr, as<float>(dy), fused ? as<float>(y) : nullptr, as<float>(x), mean,
-                p0, p1, C, S);
+    if (bf16) {
+      bf16_t* go = fused ? as_mut<bf16_t>(g) : nullptr;
+      const bf16_t* yp = fused ? as<bf16_t>(y) : nullptr;
+      if (fp64)
+        grad_sums64(go, as<bf16_t>(dy), yp, as<bf16_t>(x), mean, p0, p1, C, S);
+      else
+        grad_sums(go, as<bf16_t>(dy), yp, as<bf16_t>(x), mean, p0, p1, C, S);
+    } else {
+      float* go = fused ? as_mut<float>(g) : nullptr;
+      const float* yp = fused ? as<float>(y) : nullptr;
+      if (fp64)
+        grad_sums64(go, as<float>(dy), yp, as<float>(x), mean, p0, p1, C, S);
+      else
+        grad_sums(go, as<float>(dy), yp, as<float>(x), mean, p0, p1, C, S);
+    }
   });
+  std::copy(part_.begin(), part_.begin() + 2 * C, sums);
+  return g;
+}
+
+const Tensor& NhwcBatchNorm::gradient_sums(const Tensor& dx, const Tensor* dresidual, const Tensor& dy, const Tensor& x,
+                                           const Tensor& y, const float* mean, double* sums) {
+  return first_backward_pass(dx, dresidual, dy, x, y, mean, /*fp64=*/true, sums);
+}
+
+void NhwcBatchNorm::gradient_input(const Tensor& dx, const Tensor& g, const Tensor& x, const float* mean,
+                                   const float* a, const float* b, const float* e) {
+  const int64_t C = d_.channels;
+  over_pixels(m_, [&](int64_t, int64_t p0, int64_t p1) {
+    if (d_.dtype == DType::bf16)
+      grad_input(as_mut<bf16_t>(dx), as<bf16_t>(g), as<bf16_t>(x), mean, a, b, e, p0, p1, C);
+    else
+      grad_input(as_mut<float>(dx), as<float>(g), as<float>(x), mean, a, b, e, p0, p1, C);
+  });
+}
+
+void NhwcBatchNorm::backward(const Tensor& dx, const Tensor* dresidual, const Tensor& dgamma, const Tensor& dbeta,
+                             const Tensor& dy, const Tensor& x, const Tensor& y, const Tensor& gamma,
+                             const Tensor& saved_mean, const Tensor& saved_invstd) {
+  const int64_t C = d_.channels;
+  const float* mean = saved_mean.ptr<float>();
+  const float* invstd = saved_invstd.ptr<float>();
+  sums_.resize(static_cast<size_t>(2 * C));
+  const Tensor& g = first_backward_pass(dx, dresidual, dy, x, y, mean, /*fp64=*/false, sums_.data());
   const double m = static_cast<double>(m_);
   for (int64_t c = 0; c < C; ++c) {
     const auto k = static_cast<size_t>(c);
-    const double sum_g = part_[k], sum_gxc = part_[static_cast<size_t>(C) + k];
+    const double sum_g = sums_[k], sum_gxc = sums_[static_cast<size_t>(C) + k];
     const double s = invstd[c], a = static_cast<double>(gamma.ptr<float>()[c]) * s;
     dbeta.ptr<float>()[c] = static_cast<float>(dbeta.ptr<float>()[c] + sum_g);
     dgamma.ptr<float>()[c] = static_cast<float>(dgamma.ptr<float>()[c] + sum_gxc * s);
@@ -366,12 +503,7 @@ void NhwcBatchNorm::backward(const Tensor& dx, const Tensor* dresidual, const Te
     b_[k] = static_cast<float>(-a * s * s * sum_gxc / m);
     e_[k] = static_cast<float>(-a * sum_g / m);
   }
-  over_pixels(m_, [&](int64_t, int64_t p0, int64_t p1) {
-    if (bf16)
-      grad_input(as_mut<bf16_t>(dx), as<bf16_t>(g), as<bf16_t>(x), mean, a_.data(), b_.data(), e_.data(), p0, p1, C);
-    else
-      grad_input(as_mut<float>(dx), as<float>(g), as<float>(x), mean, a_.data(), b_.data(), e_.data(), p0, p1, C);
-  });
+  gradient_input(dx, g, x, mean, a_.data(), b_.data(), e_.data());
 }
 
 }  // namespace rn::cpu

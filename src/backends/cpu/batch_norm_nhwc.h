@@ -42,19 +42,41 @@ class NhwcBatchNorm {
                 const Tensor& x, const Tensor& y, const Tensor& gamma, const Tensor& saved_mean,
                 const Tensor& saved_invstd);
 
+  // The passes on their own, for the synchronised batch norm (SyncBatchNorm), which reduces
+  // the per-channel sums over the ranks between them. Each covers this rank's N*H*W pixels.
+  // Its sums are fp64 per element (no shift, no fp32 chunks): the same to fp64 rounding
+  // however the batch is split over ranks and threads, so that W ranks of batch B give the
+  // statistics of one batch of W*B to the last bit nearly always; and the same bits on every
+  // call with the same inputs and thread count.
+  //
+  // sums[c] = sum of x, sums[C + c] = sum of x^2 over channel c.
+  void sums_of_x(const Tensor& x, double* sums);
+  // y = [relu]((x - mean) * scale + beta [+ residual]) with scale = gamma * invstd, all fp32.
+  void normalize(const Tensor& y, const Tensor& x, const Tensor* residual, const float* mean, const float* invstd,
+                 const float* gamma, const float* beta);
+  // The backward's first pass: g = dy * (y > 0) when fused, written to dresidual (add_relu)
+  // or dx (relu), and sums[c] = sum of g, sums[C + c] = sum of g * (x - mean) over channel c.
+  // Returns the tensor that holds g (dy when not fused).
+  const Tensor& gradient_sums(const Tensor& dx, const Tensor* dresidual, const Tensor& dy, const Tensor& x,
+                              const Tensor& y, const float* mean, double* sums);
+  // The second: dx = a g + (b (x - mean) + e) per channel (dx may be g).
+  void gradient_input(const Tensor& dx, const Tensor& g, const Tensor& x, const float* mean, const float* a,
+                      const float* b, const float* e);
+
   // The instruction set the loops run with on this CPU: "x86-64-v4", "x86-64-v3" or "x86-64".
   static std::string isa();
 
  private:
   // Batch mean and biased variance of x per channel (mean_, var_).
   void statistics(const Tensor& x);
-  // y = [relu]((x - mean) * scale + beta [+ residual]) with scale = gamma * invstd, all fp32.
-  void normalize(const Tensor& y, const Tensor& x, const Tensor* residual, const float* mean, const float* invstd,
-                 const float* gamma, const float* beta);
+  // gradient_sums with fp64 (fp64 true) or the per-rank fp32 chunks.
+  const Tensor& first_backward_pass(const Tensor& dx, const Tensor* dresidual, const Tensor& dy, const Tensor& x,
+                                    const Tensor& y, const float* mean, bool fp64, double* sums);
 
   BatchNormDesc d_;
   int64_t m_;                 // N * H * W
   std::vector<double> part_;  // [threads][2C]: per-thread sums
+  std::vector<double> sums_;  // [2C]: backward's sums of g and g * (x - mean)
   std::vector<float> shift_;  // [C]: K
   std::vector<double> mean_, var_;
   std::vector<float> scale_, a_, b_, e_;  // [C] each

@@ -1,4 +1,4 @@
-// Synchronised batch norm in OpenMP loops (M = N*H*W values per channel on this rank).
+// Synchronised batch norm (M = N*H*W values per channel on this rank).
 //   forward:  S = sum x, Q = sum x^2 per channel in fp64; reduce [S, Q, M] over the ranks;
 //             mean = S/M, var = max(Q/M - mean^2, 0), invstd = 1/sqrt(var + eps) from the
 //             global sums, rounded to fp32 and saved; then
@@ -8,10 +8,13 @@
 //             local sum g and sum g*xhat in fp64, dbeta/dgamma += them; reduce
 //             [sum g, sum g*xhat, M]; dx = gamma*invstd * (g - sum g/M - xhat * sum(g xhat)/M)
 //             with the global sums, dresidual = g.
-// Per-channel sums run over channels in parallel (NCHW) or over pixel ranges, one row of
-// partial sums per thread added in thread order (NHWC); so for a fixed thread count they
-// are the same bits every time, which forward_recompute's check relies on. Every element
-// pass reads an element before writing it, so dx may be dy.
+// NHWC runs the passes of the per-rank NHWC loops (batch_norm_nhwc.h: sums in vector
+// registers, here with fp64 accumulators) with the reductions between them; NCHW runs the
+// OpenMP loops below, parallel over channels. Both are fp32 per element with fp64 sums (so
+// the ranks' sums add up to the whole batch's to fp64 rounding, and W ranks of batch B get
+// the statistics of one batch of W*B to the last bit nearly always), and both give the same
+// bits for a fixed thread count every time, which forward_recompute's check relies on. Every
+// element pass reads an element before writing it, so dx may be dy.
 #include "backends/cpu/batch_norm_sync.h"
 
 #include <omp.h>
@@ -20,6 +23,7 @@
 #include <bit>
 #include <cmath>
 
+#include "backends/cpu/batch_norm_nhwc.h"
 #include "core/check.h"
 
 namespace rn::cpu {
@@ -30,84 +34,49 @@ inline float load(const bf16_t* p, int64_t i) { return bf16_to_f32(p[i]); }
 inline void store(float* p, int64_t i, float v) { p[i] = v; }
 inline void store(bf16_t* p, int64_t i, float v) { p[i] = f32_to_bf16(v); }
 
-struct Geometry {
+struct Geometry {  // NCHW
   int64_t n, c, hw;
-  Layout layout;
 };
 
-// out[c] = sum of u and out[C + c] = sum of v over channel c's elements, where
+// out[c] = sum of u and out[C + c] = sum of v over channel c's elements (NCHW), where
 // term(i, c, &u, &v) gives the two terms of the element at offset i.
 template <typename Term>
-void sum_per_channel(const Geometry& g, std::vector<double>& partial, double* out, Term term) {
+void sum_per_channel(const Geometry& g, double* out, Term term) {
   const int64_t C = g.c;
-  if (g.layout == Layout::nchw) {
 #pragma omp parallel for schedule(static)
-    for (int64_t c = 0; c < C; ++c) {
-      double su = 0.0, sv = 0.0;
-      for (int64_t n = 0; n < g.n; ++n) {
-        const int64_t base = (n * C + c) * g.hw;
+  for (int64_t c = 0; c < C; ++c) {
+    double su = 0.0, sv = 0.0;
+    for (int64_t n = 0; n < g.n; ++n) {
+      const int64_t base = (n * C + c) * g.hw;
 #pragma omp simd reduction(+ : su, sv)
-        for (int64_t i = 0; i < g.hw; ++i) {
-          double u, v;
-          term(base + i, c, &u, &v);
-          su += u;
-          sv += v;
-        }
-      }
-      out[c] = su;
-      out[C + c] = sv;
-    }
-    return;
-  }
-  const int threads = omp_get_max_threads();
-  partial.assign(static_cast<size_t>(threads) * static_cast<size_t>(2 * C), 0.0);
-  const int64_t pixels = g.n * g.hw;
-#pragma omp parallel num_threads(threads)
-  {
-    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    double* su = partial.data() + t * 2 * C;
-    double* sv = su + C;
-    for (int64_t p = pixels * t / nt; p < pixels * (t + 1) / nt; ++p) {
-#pragma omp simd
-      for (int64_t c = 0; c < C; ++c) {
+      for (int64_t i = 0; i < g.hw; ++i) {
         double u, v;
-        term(p * C + c, c, &u, &v);
-        su[c] += u;
-        sv[c] += v;
+        term(base + i, c, &u, &v);
+        su += u;
+        sv += v;
       }
     }
-  }
-  for (int64_t c = 0; c < 2 * C; ++c) {
-    double s = 0.0;
-    for (int t = 0; t < threads; ++t) s += partial[static_cast<size_t>(t * 2 * C + c)];
-    out[c] = s;
+    out[c] = su;
+    out[C + c] = sv;
   }
 }
 
-// Calls fn(i, c) for every element (offset i, channel c), in parallel.
+// Calls fn(i, c) for every element (offset i, channel c; NCHW), in parallel.
 template <typename Fn>
 void for_each_element(const Geometry& g, Fn fn) {
   const int64_t C = g.c;
-  if (g.layout == Layout::nchw) {
 #pragma omp parallel for schedule(static)
-    for (int64_t plane = 0; plane < g.n * C; ++plane) {
-      const int64_t c = plane % C, base = plane * g.hw;
+  for (int64_t plane = 0; plane < g.n * C; ++plane) {
+    const int64_t c = plane % C, base = plane * g.hw;
 #pragma omp simd
-      for (int64_t i = 0; i < g.hw; ++i) fn(base + i, c);
-    }
-    return;
-  }
-#pragma omp parallel for schedule(static)
-  for (int64_t p = 0; p < g.n * g.hw; ++p) {
-#pragma omp simd
-    for (int64_t c = 0; c < C; ++c) fn(p * C + c, c);
+    for (int64_t i = 0; i < g.hw; ++i) fn(base + i, c);
   }
 }
 
 template <typename T>
-void sums_of_x(const Geometry& g, std::vector<double>& partial, double* out, const void* x) {
+void sums_of_x(const Geometry& g, double* out, const void* x) {
   const T* xp = static_cast<const T*>(x);
-  sum_per_channel(g, partial, out, [xp](int64_t i, int64_t, double* u, double* v) {
+  sum_per_channel(g, out, [xp](int64_t i, int64_t, double* u, double* v) {
     const double e = load(xp, i);
     *u = e;
     *v = e * e;
@@ -140,10 +109,9 @@ float masked_grad(const GradPointers& a, int64_t i) {
 }
 
 template <typename T>
-void grad_sums(const Geometry& g, std::vector<double>& partial, double* out, const GradPointers& a, const float* mean,
-               const float* invstd) {
+void grad_sums(const Geometry& g, double* out, const GradPointers& a, const float* mean, const float* invstd) {
   const T* xp = static_cast<const T*>(a.x);
-  sum_per_channel(g, partial, out, [&a, xp, mean, invstd](int64_t i, int64_t c, double* u, double* v) {
+  sum_per_channel(g, out, [&a, xp, mean, invstd](int64_t i, int64_t c, double* u, double* v) {
     const float gr = masked_grad<T>(a, i);
     const float xhat = (load(xp, i) - mean[c]) * invstd[c];
     *u = gr;
@@ -172,15 +140,19 @@ SyncBatchNorm::SyncBatchNorm(const BatchNormDesc& d) : d_(d), m_(d.batch * d.h *
       << d.str() << ": synchronised batch norm on the CPU computes fp32 or bf16 only";
   const auto C = static_cast<size_t>(d.channels);
   sync_.resize(2 * C + 1);
-  for (auto* v : {&mean_, &invstd_, &scale_, &mean_g_, &mean_g_xhat_}) v->resize(C);
+  for (auto* v : {&mean_, &invstd_, &scale_, &mean_g_, &mean_g_xhat_, &a_, &b_, &e_}) v->resize(C);
+  if (d.layout == Layout::nhwc) nhwc_ = std::make_unique<NhwcBatchNorm>(d);
 }
 
+SyncBatchNorm::~SyncBatchNorm() = default;
+
 void SyncBatchNorm::local_sums_of_x(const Tensor& x) {
-  const Geometry g{d_.batch, d_.channels, d_.h * d_.w, d_.layout};
+  if (nhwc_) return nhwc_->sums_of_x(x, sync_.data());
+  const Geometry g{d_.batch, d_.channels, d_.h * d_.w};
   if (d_.dtype == DType::bf16)
-    sums_of_x<bf16_t>(g, partial_, sync_.data(), x.data);
+    sums_of_x<bf16_t>(g, sync_.data(), x.data);
   else
-    sums_of_x<float>(g, partial_, sync_.data(), x.data);
+    sums_of_x<float>(g, sync_.data(), x.data);
 }
 
 void SyncBatchNorm::set_affine(const Tensor& gamma, const Tensor& saved_mean, const Tensor& saved_invstd) {
@@ -192,8 +164,12 @@ void SyncBatchNorm::set_affine(const Tensor& gamma, const Tensor& saved_mean, co
   }
 }
 
-void SyncBatchNorm::normalize(const Tensor& y, const Tensor& x, const Tensor* residual, const Tensor& beta) {
-  const Geometry g{d_.batch, d_.channels, d_.h * d_.w, d_.layout};
+void SyncBatchNorm::normalize(const Tensor& y, const Tensor& x, const Tensor* residual, const Tensor& gamma,
+                              const Tensor& beta) {
+  // The NHWC loops form scale = gamma * invstd as set_affine does: the same fp32 product.
+  if (nhwc_)
+    return nhwc_->normalize(y, x, residual, mean_.data(), invstd_.data(), gamma.ptr<float>(), beta.ptr<float>());
+  const Geometry g{d_.batch, d_.channels, d_.h * d_.w};
   const void* r = residual != nullptr ? residual->data : nullptr;
   const bool relu = d_.fuse != BnFuse::none;
   if (d_.dtype == DType::bf16)
@@ -229,7 +205,7 @@ void SyncBatchNorm::forward_training(BatchStatsReducer& reducer, const Tensor& y
   forward_saved_.assign(saved_mean.ptr<float>(), saved_mean.ptr<float>() + C);
   forward_saved_.insert(forward_saved_.end(), saved_invstd.ptr<float>(), saved_invstd.ptr<float>() + C);
   set_affine(gamma, saved_mean, saved_invstd);
-  normalize(y, x, residual, beta);
+  normalize(y, x, residual, gamma, beta);
 }
 
 void SyncBatchNorm::forward_recompute(const Tensor& y, const Tensor& x, const Tensor* residual, const Tensor& gamma,
@@ -250,7 +226,7 @@ void SyncBatchNorm::forward_recompute(const Tensor& y, const Tensor& x, const Te
         << ": the input or the saved statistics differ from those of the last synchronised forward_training";
   }
   set_affine(gamma, saved_mean, saved_invstd);
-  normalize(y, x, residual, beta);
+  normalize(y, x, residual, gamma, beta);
 }
 
 void SyncBatchNorm::backward(BatchStatsReducer& reducer, const Tensor& dx, const Tensor* dresidual,
@@ -258,15 +234,20 @@ void SyncBatchNorm::backward(BatchStatsReducer& reducer, const Tensor& dx, const
                              const Tensor& y, const Tensor& gamma, const Tensor& saved_mean,
                              const Tensor& saved_invstd) {
   const int64_t C = d_.channels;
-  const Geometry g{d_.batch, C, d_.h * d_.w, d_.layout};
+  const Geometry g{d_.batch, C, d_.h * d_.w};
   const GradPointers a{
       dx.data, dresidual != nullptr ? dresidual->data : nullptr, dy.data, x.data, y.data, d_.fuse != BnFuse::none};
   set_affine(gamma, saved_mean, saved_invstd);
   const bool bf16 = d_.dtype == DType::bf16;
-  if (bf16)
-    grad_sums<bf16_t>(g, partial_, sync_.data(), a, mean_.data(), invstd_.data());
-  else
-    grad_sums<float>(g, partial_, sync_.data(), a, mean_.data(), invstd_.data());
+  const Tensor* grad = nullptr;  // NHWC: where the first pass left g
+  if (nhwc_) {
+    grad = &nhwc_->gradient_sums(dx, dresidual, dy, x, y, mean_.data(), sync_.data());
+    for (int64_t c = 0; c < C; ++c) sync_[static_cast<size_t>(C + c)] *= invstd_[static_cast<size_t>(c)];
+  } else if (bf16) {
+    grad_sums<bf16_t>(g, sync_.data(), a, mean_.data(), invstd_.data());
+  } else {
+    grad_sums<float>(g, sync_.data(), a, mean_.data(), invstd_.data());
+  }
   for (int64_t c = 0; c < C; ++c) {  // the local sums: the gradient all-reduce combines them
     dbeta.ptr<float>()[c] = static_cast<float>(dbeta.ptr<float>()[c] + sync_[static_cast<size_t>(c)]);
     dgamma.ptr<float>()[c] = static_cast<float>(dgamma.ptr<float>()[c] + sync_[static_cast<size_t>(C + c)]);
@@ -274,6 +255,17 @@ void SyncBatchNorm::backward(BatchStatsReducer& reducer, const Tensor& dx, const
   sync_[static_cast<size_t>(2 * C)] = static_cast<double>(m_);
   reducer.sum(sync_.data(), 2 * C + 1);
   const double inv_m = 1.0 / sync_[static_cast<size_t>(2 * C)];
+  if (nhwc_) {
+    // dx = a g + (b (x - mean) + e): a = scale, b = -a invstd mean(g xhat), e = -a mean(g)
+    for (int64_t c = 0; c < C; ++c) {
+      const auto k = static_cast<size_t>(c);
+      const double sa = scale_[k];
+      a_[k] = scale_[k];
+      b_[k] = static_cast<float>(-sa * invstd_[k] * sync_[static_cast<size_t>(C) + k] * inv_m);
+      e_[k] = static_cast<float>(-sa * sync_[k] * inv_m);
+    }
+    return nhwc_->gradient_input(dx, *grad, x, mean_.data(), a_.data(), b_.data(), e_.data());
+  }
   for (int64_t c = 0; c < C; ++c) {
     mean_g_[static_cast<size_t>(c)] = static_cast<float>(sync_[static_cast<size_t>(c)] * inv_m);
     mean_g_xhat_[static_cast<size_t>(c)] = static_cast<float>(sync_[static_cast<size_t>(C + c)] * inv_m);
