@@ -17,8 +17,6 @@
 // element pass reads an element before writing it, so dx may be dy.
 #include "backends/cpu/batch_norm_sync.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <bit>
 #include <cmath>
