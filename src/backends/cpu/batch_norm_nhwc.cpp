@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <type_traits>
 
 #include "core/check.h"
 
@@ -30,40 +31,19 @@ inline void store(bf16_t* p, int64_t i, float v) {
   reinterpret_cast<uint16_t*>(p)[i] = static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
 }
 
-// Sums over pixels [a, b) of channels [c0, c0 + B): u and v (term(offset, c, &u, &v) gives an
-// element's two terms) added into S[c] and S[C + c]. The B-wide fp32 accumulators are local
-// arrays that the compiler keeps in vector registers across the pixel loop; accumulating in
-// memory instead (a [C] row per thread) made every add wait for the previous store, 4-8x
-// slower on ResNet shapes.
-template <int B, typename Term>
+// Sums over pixels [a, b) of channels [c0, c0 + B): term(offset, c, &u, &v) gives two fp32
+// values per element, and S[c] += sum of u, S[C + c] += sum of u * v. The B-wide accumulators,
+// of type A, are local arrays that the compiler keeps in vector registers across the pixel
+// loop; accumulating in memory instead (a [C] row per thread) made every add wait for the
+// previous store, 4-8x slower on ResNet shapes. With A = double (the synchronised batch norm)
+// u * v is formed in fp64, exactly.
+// Staged: the terms go through a small array first. With fp64 sums and the backward's terms
+// (which store g) GCC left the one-loop form scalar, 4x slower; for the forward's terms and
+// for fp32 sums the one-loop form is the faster (measured with rn_micro).
+template <int B, typename A, bool Staged, typename Term>
 inline __attribute__((always_inline)) void block_sums(int64_t a, int64_t b, int64_t C, int64_t c0, double* S,
                                                       Term term) {
-  float su[B] = {}, sv[B] = {};
-  for (int64_t p = a; p < b; ++p) {
-    const int64_t o = p * C + c0;
-#pragma omp simd
-    for (int j = 0; j < B; ++j) {
-      float u, v;
-      term(o + j, c0 + j, &u, &v);
-      su[j] += u;
-      sv[j] += v;
-    }
-  }
-  for (int j = 0; j < B; ++j) {
-    S[c0 + j] += su[j];
-    S[C + c0 + j] += sv[j];
-  }
-}
-
-// block_sums with fp64 accumulators, for the synchronised batch norm: term(offset, c, &u, &v)
-// gives two fp32 values and S[c] += u, S[C + c] += u * v, the product formed in fp64 (exact).
-// Staged: the terms go through a small array first. For the backward's terms (which store g)
-// GCC left the one-loop form scalar, 4x slower; for the forward's (x, x) the one-loop form
-// is the faster (measured with rn_micro).
-template <int B, bool Staged, typename Term>
-inline __attribute__((always_inline)) void block_sums64(int64_t a, int64_t b, int64_t C, int64_t c0, double* S,
-                                                        Term term) {
-  double su[B] = {}, sv[B] = {};
+  A su[B] = {}, sv[B] = {};
   for (int64_t p = a; p < b; ++p) {
     const int64_t o = p * C + c0;
     if constexpr (Staged) {
@@ -72,7 +52,7 @@ inline __attribute__((always_inline)) void block_sums64(int64_t a, int64_t b, in
       for (int j = 0; j < B; ++j) term(o + j, c0 + j, &u[j], &v[j]);
 #pragma omp simd
       for (int j = 0; j < B; ++j) {
-        const double e = u[j];
+        const A e = u[j];
         su[j] += e;
         sv[j] += e * v[j];
       }
@@ -81,7 +61,7 @@ inline __attribute__((always_inline)) void block_sums64(int64_t a, int64_t b, in
       for (int j = 0; j < B; ++j) {
         float u, v;
         term(o + j, c0 + j, &u, &v);
-        const double e = u;
+        const A e = u;
         su[j] += e;
         sv[j] += e * v;
       }
@@ -93,36 +73,33 @@ inline __attribute__((always_inline)) void block_sums64(int64_t a, int64_t b, in
   }
 }
 
-// The sums of block_sums (Sum64::no) or block_sums64 over pixels [p0, p1) and all C channels,
-// kChunk pixels at a time (so that the chunk stays in cache while each block of channels goes
-// over it), in blocks of 64 channels (fp64: 32, the same registers), then 16, then 1.
+// How a pass sums: fp32 over chunks of pixels (the per-rank loops), or fp64 in one loop or
+// staged (the synchronised batch norm's).
 enum class Sum64 { no, direct, staged };
-template <Sum64 Fp64, typename Term>
+
+// The sums of block_sums over pixels [p0, p1) and all C channels, kChunk pixels at a time (so
+// that the chunk stays in cache while each block of channels goes over it; fp32 sums are
+// added to the fp64 S chunk by chunk), in blocks of 64 channels (fp64: 32, the same
+// registers), then 16, then 1.
+template <Sum64 Mode, typename Term>
 inline __attribute__((always_inline)) void chunked_sums(int64_t p0, int64_t p1, int64_t C, double* S, Term term) {
-  constexpr int kWide = Fp64 == Sum64::no ? 64 : 32;
-  auto block = [&]<int B>(int64_t a, int64_t b, int64_t c0) {
-    if constexpr (Fp64 == Sum64::no)
-      block_sums<B>(a, b, C, c0, S, term);
-    else
-      block_sums64<B, Fp64 == Sum64::staged>(a, b, C, c0, S, term);
-  };
+  using A = std::conditional_t<Mode == Sum64::no, float, double>;
+  constexpr bool kStaged = Mode == Sum64::staged;
+  constexpr int kWide = Mode == Sum64::no ? 64 : 32;
   for (int64_t a = p0; a < p1; a += kChunk) {
     const int64_t b = std::min(a + kChunk, p1);
     int64_t c0 = 0;
-    for (; c0 + kWide <= C; c0 += kWide) block.template operator()<kWide>(a, b, c0);
-    for (; c0 + 16 <= C; c0 += 16) block.template operator()<16>(a, b, c0);
-    for (; c0 < C; ++c0) block.template operator()<1>(a, b, c0);
+    for (; c0 + kWide <= C; c0 += kWide) block_sums<kWide, A, kStaged>(a, b, C, c0, S, term);
+    for (; c0 + 16 <= C; c0 += 16) block_sums<16, A, kStaged>(a, b, C, c0, S, term);
+    for (; c0 < C; ++c0) block_sums<1, A, kStaged>(a, b, C, c0, S, term);
   }
 }
 
+// Sums of d = x - K and d^2 (fp32 chunks).
 template <typename T>
 inline __attribute__((always_inline)) void stats_body(const T* x, const float* K, int64_t p0, int64_t p1, int64_t C,
                                                       double* S) {
-  chunked_sums<Sum64::no>(p0, p1, C, S, [=](int64_t i, int64_t c, float* u, float* v) {
-    const float d = load(x, i) - K[c];
-    *u = d;
-    *v = d * d;
-  });
+  chunked_sums<Sum64::no>(p0, p1, C, S, [=](int64_t i, int64_t c, float* u, float* v) { *u = *v = load(x, i) - K[c]; });
 }
 
 // The synchronised batch norm's sums of x and x^2, fp64 per element (x^2 of an fp32 value is
@@ -171,38 +148,18 @@ inline float masked(const bf16_t* dy, const bf16_t* y, bf16_t* g, int64_t i) {
 }
 
 // Sums of g and g * (x - mean); with y (fused ReLU) g = dy * (y > 0) is also written to g_out.
-template <typename T>
+// Mode: Sum64::no (per rank) or Sum64::staged (synchronised: fp64).
+template <Sum64 Mode, typename T>
 inline __attribute__((always_inline)) void grad_sums_body(T* g_out, const T* dy, const T* y, const T* x,
                                                           const float* mean, int64_t p0, int64_t p1, int64_t C,
                                                           double* S) {
   if (y != nullptr) {
-    chunked_sums<Sum64::no>(p0, p1, C, S, [=](int64_t i, int64_t c, float* u, float* v) {
-      const float g = masked(dy, y, g_out, i);
-      *u = g;
-      *v = g * (load(x, i) - mean[c]);
-    });
-  } else {
-    chunked_sums<Sum64::no>(p0, p1, C, S, [=](int64_t i, int64_t c, float* u, float* v) {
-      const float g = load(dy, i);
-      *u = g;
-      *v = g * (load(x, i) - mean[c]);
-    });
-  }
-}
-
-// grad_sums_body with fp64 sums (and g * (x - mean) formed in fp64 from its fp32 factors), for
-// the synchronised batch norm, as stats64_body.
-template <typename T>
-inline __attribute__((always_inline)) void grad_sums64_body(T* g_out, const T* dy, const T* y, const T* x,
-                                                            const float* mean, int64_t p0, int64_t p1, int64_t C,
-                                                            double* S) {
-  if (y != nullptr) {
-    chunked_sums<Sum64::staged>(p0, p1, C, S, [=](int64_t i, int64_t c, float* u, float* v) {
+    chunked_sums<Mode>(p0, p1, C, S, [=](int64_t i, int64_t c, float* u, float* v) {
       *u = masked(dy, y, g_out, i);
       *v = load(x, i) - mean[c];
     });
   } else {
-    chunked_sums<Sum64::staged>(p0, p1, C, S, [=](int64_t i, int64_t c, float* u, float* v) {
+    chunked_sums<Mode>(p0, p1, C, S, [=](int64_t i, int64_t c, float* u, float* v) {
       *u = load(dy, i);
       *v = load(x, i) - mean[c];
     });
@@ -236,14 +193,14 @@ inline __attribute__((always_inline)) void grad_input_body(T* dx, const T* g, co
   }                                                                                                                  \
   RN_BN_CLONES void grad_sums_##name(T* g_out, const T* dy, const T* y, const T* x, const float* mean, int64_t p0,   \
                                      int64_t p1, int64_t C, double* S) {                                             \
-    grad_sums_body(g_out, dy, y, x, mean, p0, p1, C, S);                                                             \
+    grad_sums_body<Sum64::no>(g_out, dy, y, x, mean, p0, p1, C, S);                                                  \
   }                                                                                                                  \
   RN_BN_CLONES void stats64_##name(const T* x, int64_t p0, int64_t p1, int64_t C, double* S) {                       \
     stats64_body(x, p0, p1, C, S);                                                                                   \
   }                                                                                                                  \
   RN_BN_CLONES void grad_sums64_##name(T* g_out, const T* dy, const T* y, const T* x, const float* mean, int64_t p0, \
                                        int64_t p1, int64_t C, double* S) {                                           \
-    grad_sums64_body(g_out, dy, y, x, mean, p0, p1, C, S);                                                           \
+    grad_sums_body<Sum64::staged>(g_out, dy, y, x, mean, p0, p1, C, S);                                              \
   }                                                                                                                  \
   RN_BN_CLONES void grad_input_##name(T* dx, const T* g, const T* x, const float* mean, const float* A,              \
                                       const float* B, const float* E, int64_t p0, int64_t p1, int64_t C) {           \
