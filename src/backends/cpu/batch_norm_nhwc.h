@@ -1,5 +1,6 @@
 // Batch norm over NHWC activations (fp32 or bf16) in our own vectorised loops, for the
-// per-rank (not synchronised) case. oneDNN 2.6's NHWC batch norm has no fused add+ReLU
+// per-rank case; the synchronised batch norm (batch_norm_sync.h) runs the same passes with
+// fp64 sums (see the public passes below). oneDNN 2.6's NHWC batch norm has no fused add+ReLU
 // and no ReLU in its backward that reads y, so it cost two extra passes over the tensor
 // (an add+ReLU after the forward, a ReLU mask before the backward); these loops fold both
 // in, and read each tensor fewer times:
@@ -69,7 +70,8 @@ class NhwcBatchNorm {
  private:
   // Batch mean and biased variance of x per channel (mean_, var_).
   void statistics(const Tensor& x);
-  // gradient_sums with fp64 (fp64 true) or the per-rank fp32 chunks.
+  // The backward's first pass with fp64 sums (fp64 true: gradient_sums) or the per-rank fp32
+  // chunks (backward).
   const Tensor& first_backward_pass(const Tensor& dx, const Tensor* dresidual, const Tensor& dy, const Tensor& x,
                                     const Tensor& y, const float* mean, bool fp64, double* sums);
 
