@@ -395,38 +395,34 @@ void NhwcBatchNorm::forward_recompute(const Tensor& y, const Tensor& x, const Te
 }
 
 const Tensor& NhwcBatchNorm::first_backward_pass(const Tensor& dx, const Tensor* dresidual, const Tensor& dy,
-                                                 const Tensor& x, const Tensor& y, const float* mean, bool fp64,
-                                                 double* sums) {
+                                                 const Tensor& x, const Tensor& y, const float* mean, bool fp64) {
   const int64_t C = d_.channels;
-  const bool bf16 = d_.dtype == DType::bf16;
   const bool fused = d_.fuse != BnFuse::none;
   // g = dy * (y > 0) goes to dresidual (add_relu: that is its value) or dx (relu), where the
   // second pass reads it (dx may be dy: each element is read before it is written).
   const Tensor& g = !fused ? dy : dresidual != nullptr ? *dresidual : dx;
+  auto pass = [&]<typename T>(int64_t p0, int64_t p1, double* S) {
+    T* go = fused ? as_mut<T>(g) : nullptr;
+    const T* yp = fused ? as<T>(y) : nullptr;
+    if (fp64)
+      grad_sums64(go, as<T>(dy), yp, as<T>(x), mean, p0, p1, C, S);
+    else
+      grad_sums(go, as<T>(dy), yp, as<T>(x), mean, p0, p1, C, S);
+  };
   channel_sums(m_, C, part_, [&](int64_t p0, int64_t p1, double* S) {
-    if (bf16) {
-      bf16_t* go = fused ? as_mut<bf16_t>(g) : nullptr;
-      const bf16_t* yp = fused ? as<bf16_t>(y) : nullptr;
-      if (fp64)
-        grad_sums64(go, as<bf16_t>(dy), yp, as<bf16_t>(x), mean, p0, p1, C, S);
-      else
-        grad_sums(go, as<bf16_t>(dy), yp, as<bf16_t>(x), mean, p0, p1, C, S);
-    } else {
-      float* go = fused ? as_mut<float>(g) : nullptr;
-      const float* yp = fused ? as<float>(y) : nullptr;
-      if (fp64)
-        grad_sums64(go, as<float>(dy), yp, as<float>(x), mean, p0, p1, C, S);
-      else
-        grad_sums(go, as<float>(dy), yp, as<float>(x), mean, p0, p1, C, S);
-    }
+    if (d_.dtype == DType::bf16)
+      pass.template operator()<bf16_t>(p0, p1, S);
+    else
+      pass.template operator()<float>(p0, p1, S);
   });
-  std::copy(part_.begin(), part_.begin() + 2 * C, sums);
   return g;
 }
 
 const Tensor& NhwcBatchNorm::gradient_sums(const Tensor& dx, const Tensor* dresidual, const Tensor& dy, const Tensor& x,
                                            const Tensor& y, const float* mean, double* sums) {
-  return first_backward_pass(dx, dresidual, dy, x, y, mean, /*fp64=*/true, sums);
+  const Tensor& g = first_backward_pass(dx, dresidual, dy, x, y, mean, /*fp64=*/true);
+  std::copy(part_.begin(), part_.begin() + 2 * d_.channels, sums);
+  return g;
 }
 
 void NhwcBatchNorm::gradient_input(const Tensor& dx, const Tensor& g, const Tensor& x, const float* mean,
@@ -446,12 +442,11 @@ void NhwcBatchNorm::backward(const Tensor& dx, const Tensor* dresidual, const Te
   const int64_t C = d_.channels;
   const float* mean = saved_mean.ptr<float>();
   const float* invstd = saved_invstd.ptr<float>();
-  sums_.resize(static_cast<size_t>(2 * C));
-  const Tensor& g = first_backward_pass(dx, dresidual, dy, x, y, mean, /*fp64=*/false, sums_.data());
+  const Tensor& g = first_backward_pass(dx, dresidual, dy, x, y, mean, /*fp64=*/false);
   const double m = static_cast<double>(m_);
   for (int64_t c = 0; c < C; ++c) {
     const auto k = static_cast<size_t>(c);
-    const double sum_g = sums_[k], sum_gxc = sums_[static_cast<size_t>(C) + k];
+    const double sum_g = part_[k], sum_gxc = part_[static_cast<size_t>(C) + k];
     const double s = invstd[c], a = static_cast<double>(gamma.ptr<float>()[c]) * s;
     dbeta.ptr<float>()[c] = static_cast<float>(dbeta.ptr<float>()[c] + sum_g);
     dgamma.ptr<float>()[c] = static_cast<float>(dgamma.ptr<float>()[c] + sum_gxc * s);

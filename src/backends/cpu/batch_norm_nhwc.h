@@ -71,14 +71,13 @@ class NhwcBatchNorm {
   // Batch mean and biased variance of x per channel (mean_, var_).
   void statistics(const Tensor& x);
   // The backward's first pass with fp64 sums (fp64 true: gradient_sums) or the per-rank fp32
-  // chunks (backward).
+  // chunks (backward); the sums are left in part_[0, 2C).
   const Tensor& first_backward_pass(const Tensor& dx, const Tensor* dresidual, const Tensor& dy, const Tensor& x,
-                                    const Tensor& y, const float* mean, bool fp64, double* sums);
+                                    const Tensor& y, const float* mean, bool fp64);
 
   BatchNormDesc d_;
   int64_t m_;                 // N * H * W
   std::vector<double> part_;  // [threads][2C]: per-thread sums
-  std::vector<double> sums_;  // [2C]: backward's sums of g and g * (x - mean)
   std::vector<float> shift_;  // [C]: K
   std::vector<double> mean_, var_;
   std::vector<float> scale_, a_, b_, e_;  // [C] each
