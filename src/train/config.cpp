@@ -516,13 +516,15 @@ std::vector<Field> build_fields() {
                               "that chrome://tracing and Perfetto open"));
   f.push_back(RN_CONFIG_FIELD(run.seed, "seed of weights init, data order and augmentation", at_least(0)));
   f.push_back(RN_CONFIG_FIELD(run.deterministic, "bitwise reproducible kernels (possibly slower)"));
-  f.push_back(RN_CONFIG_FIELD(run.implementation_mode,
-                              "kernels: high_performance takes the fastest (GPU: the fastest measured cuDNN "
-                              "algorithms; CPU: Winograd for the 3x3 stride-1 fp32 convolutions where it pays: "
-                              "channels in 16s, at least 64, 50M+ multiply-adds, an AVX-512 CPU); high_precision only "
-                              "deterministic cuDNN algorithms, no reduced-precision "
-                              "cuBLAS reductions and direct CPU convolutions (BN and the loss accumulate in fp32 in "
-                              "both). Logged at start"));
+  f.push_back(
+      RN_CONFIG_FIELD(run.implementation_mode,
+                      "kernels: high_performance takes the fastest (GPU: the fastest measured cuDNN "
+                      "algorithms; CPU: Winograd for the 3x3 stride-1 convolutions computed in fp32 where it pays: "
+                      "channels in 16s, at least 64, 50M+ multiply-adds, an AVX-512 CPU); high_precision only "
+                      "deterministic cuDNN algorithms, no reduced-precision "
+                      "cuBLAS reductions and direct CPU convolutions (BN and the loss accumulate in fp32 in "
+                      "both; on a CPU without AMX, bf16 convolutions with 96+ multiply-adds per activation "
+                      "element compute in fp32 on the same bf16 values in both). Logged at start"));
   f.push_back(RN_CONFIG_FIELD(run.sink_size,
                               "GPU sink mode: capture the training step as a CUDA graph and replay it, "
                               "synchronising with the host (loss read-back, next learning rates) every sink_size "

@@ -149,7 +149,8 @@ struct RunConfig {
   bool deterministic = false;  // bitwise reproducible kernels and data order, possibly slower
   // high_precision: only deterministic cuDNN algorithms, no reduced-precision cuBLAS
   // reductions, direct CPU convolutions; high_performance: the fastest measured cuDNN
-  // algorithms, Winograd for the CPU's 3x3 stride-1 fp32 convolutions where it pays.
+  // algorithms, Winograd for the CPU's 3x3 stride-1 convolutions computed in fp32 where it
+  // pays. (On CPUs without AMX, bf16 convolutions that pay compute in fp32 in both modes.)
   ImplementationMode implementation_mode = ImplementationMode::high_performance;
   // GPU sink mode: the step is captured as a CUDA graph and replayed; the host
   // synchronises (reads the loss, uploads the next rates) every sink_size steps. 0: eager.

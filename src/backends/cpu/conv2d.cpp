@@ -12,6 +12,22 @@
 // activations are reordered into it and back around each call (a memory-bound pass, small
 // next to the convolution). Its relative error is ~1e-6 (direct: ~1e-7), within the fp32
 // parity bounds; high_precision mode keeps the direct algorithm.
+//
+// bf16 in fp32 arithmetic (CpuBackendOptions::bf16_conv_arithmetic: automatic, the default,
+// takes it on CPUs without AMX for the convolutions that pay). There a bf16 dot
+// product instruction (avx512_bf16's vdpbf16ps) does no more multiply-adds per cycle than
+// two fp32 FMAs, and oneDNN's bf16 convolutions ran at about half its fp32 ones' rate
+// (dev-2c-xeon: bf16 GEMM 158 GFLOP/s against fp32 264). So a bf16 convolution that does
+// enough work per element runs as an fp32 one on the same values: its bf16 operands are
+// widened to fp32 (exactly) by the reorders that feed oneDNN's fp32 kernel, and its fp32
+// result is rounded to bf16 once on the way out, as the bf16 kernel rounds its fp32
+// accumulators. The products are the same exact values, summed in fp32 in both, so the two
+// differ only in summation order; dw is fp32 in both. The conversions are memory passes,
+// paid for from 96 multiply-adds per activation element read or written (x and y), measured
+// per ResNet-50 convolution at batch 16 (bench/micro/micro_conv.cpp, forward and both
+// backwards): its 1x1 convolutions at 32, 51 and 85 were 0.85-1.09x as fast converted, those
+// at 102 and more 1.06-1.45x, the stem 1.4x, the 3x3 ones 1.3x (stride 2) and 2-2.9x (stride 1,
+// which then run as Winograd like fp32 ones, in high_performance mode).
 #include "backends/cpu/weighted_op.h"
 
 namespace rn::cpu {
@@ -28,18 +44,40 @@ namespace {
 // 231M per layer).
 constexpr int64_t kWinogradMinChannels = 64;
 constexpr int64_t kWinogradMinMacs = 50'000'000;
-bool winograd_eligible(const Conv2dDesc& d) {
+// `arithmetic`: the dtype the convolution computes in (arithmetic_dtype below).
+bool winograd_eligible(const Conv2dDesc& d, DType arithmetic) {
   const auto& p = d.p;
-  return d.dtype == DType::f32 && p.groups == 1 && p.kernel_h == 3 && p.kernel_w == 3 && p.stride_h == 1 &&
+  return arithmetic == DType::f32 && p.groups == 1 && p.kernel_h == 3 && p.kernel_w == 3 && p.stride_h == 1 &&
          p.stride_w == 1 && p.dilation_h == 1 && p.dilation_w == 1 && p.in_channels % 16 == 0 &&
          p.out_channels % 16 == 0 && p.in_channels >= kWinogradMinChannels && p.out_channels >= kWinogradMinChannels &&
          d.macs() >= kWinogradMinMacs;
 }
 
+// The dtype a convolution computes in: fp32 for the ungrouped bf16 ones when asked, or,
+// automatically, when they do at least this many multiply-adds per activation element.
+constexpr int64_t kFp32ArithmeticMinMacsPerElement = 96;
+DType arithmetic_dtype(const Context& ctx, const Conv2dDesc& d) {
+  using A = CpuBackendOptions::Bf16ConvArithmetic;
+  if (d.dtype != DType::bf16 || d.p.groups != 1) return d.dtype;
+  switch (ctx.bf16_conv_arithmetic()) {
+    case A::native:
+      return d.dtype;
+    case A::fp32:
+      return DType::f32;
+    case A::automatic:
+      break;
+  }
+  const int64_t elements = d.x_shape().numel() + d.y_shape().numel();
+  return d.macs() >= kFp32ArithmeticMinMacsPerElement * elements ? DType::f32 : d.dtype;
+}
+
 class CpuConv2d final : public Conv2dKernel {
  public:
   CpuConv2d(const ContextPtr& ctx, const Conv2dDesc& d);
-  std::string implementation() const override { return op_.forward_implementation(); }
+  std::string implementation() const override {
+    return arithmetic_ == desc().dtype ? op_.forward_implementation()
+                                       : op_.forward_implementation() + " (fp32 arithmetic on bf16 tensors)";
+  }
 
  protected:
   void do_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b) override;
@@ -48,6 +86,7 @@ class CpuConv2d final : public Conv2dKernel {
 
  private:
   WeightedOp op_;
+  DType arithmetic_;
 };
 
 // Weights of logical shape [K, C/G, R, S]; with groups oneDNN wants [G, K/G, C/G, R, S],
@@ -58,18 +97,19 @@ dims weight_dims(const Conv2dDesc& d) {
   return {p.groups, p.out_channels / p.groups, p.in_channels / p.groups, p.kernel_h, p.kernel_w};
 }
 
-CpuConv2d::CpuConv2d(const ContextPtr& ctx, const Conv2dDesc& d) : Conv2dKernel(d) {
+CpuConv2d::CpuConv2d(const ContextPtr& ctx, const Conv2dDesc& d)
+    : Conv2dKernel(d), arithmetic_(arithmetic_dtype(*ctx, d)) {
   const std::string op = d.str();
   const auto& p = d.p;
   const dims wd = weight_dims(d);
   const tag wtag = p.groups == 1 ? tag::oihw : tag::goihw;
-  const dt wdt = to_dnnl(d.dtype);
+  const dt wdt = to_dnnl(d.dtype), adt = to_dnnl(arithmetic_);
 
   const dnnl::memory::desc x_md = activation_md(d.x_shape(), d.dtype, d.layout);
   const dnnl::memory::desc y_md = activation_md(d.y_shape(), d.dtype, d.layout);
   const dnnl::memory::desc b_md = p.bias ? dnnl::memory::desc({p.out_channels}, dt::f32, tag::a) : dnnl::memory::desc();
   const dnnl::memory::desc w_user_md(wd, wdt, wtag), dw_user_md(wd, dt::f32, wtag);
-  const dnnl::memory::desc w_any(wd, wdt, tag::any), dw_any(wd, dt::f32, tag::any);
+  const dnnl::memory::desc w_any(wd, adt, tag::any), dw_any(wd, dt::f32, tag::any);
 
   const dims strides = {p.stride_h, p.stride_w};
   const dims dilates = {p.dilation_h - 1, p.dilation_w - 1};  // oneDNN counts the gaps
@@ -96,16 +136,21 @@ CpuConv2d::CpuConv2d(const ContextPtr& ctx, const Conv2dDesc& d) : Conv2dKernel(
     return WeightedOp::create<fwd_t, bwd_data_t, bwd_w_t>(ctx, op, fwd_pd, bwd_data_pd, bwd_w_pd, x_md, y_md, b_md,
                                                           w_user_md, dw_user_md, p.bias ? p.out_channels : 0);
   };
-  if (winograd_eligible(d) && ctx->winograd()) {
+  // Where the activations are reordered anyway (around Winograd, which takes only oneDNN's
+  // blocked layout, and where bf16 is widened to fp32), the layout is oneDNN's choice.
+  const dnnl::memory::desc x_any(x_md.dims(), adt, tag::any), y_any(y_md.dims(), adt, tag::any);
+  if (winograd_eligible(d, arithmetic_) && ctx->winograd()) {
     try {
-      const dnnl::memory::desc x_any(x_md.dims(), dt::f32, tag::any), y_any(y_md.dims(), dt::f32, tag::any);
       op_ = build(dnnl::algorithm::convolution_winograd, x_any, y_any);
       return;
     } catch (const Unsupported&) {
       // this CPU has no Winograd kernel for it (oneDNN's is AVX-512 only): direct, below
     }
   }
-  op_ = build(dnnl::algorithm::convolution_direct, x_md, y_md);
+  if (arithmetic_ != d.dtype)
+    op_ = build(dnnl::algorithm::convolution_direct, x_any, y_any);
+  else
+    op_ = build(dnnl::algorithm::convolution_direct, x_md, y_md);
 }
 
 void CpuConv2d::do_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b) {

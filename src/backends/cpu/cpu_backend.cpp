@@ -38,6 +38,12 @@ bool cpu_has_winograd() {
   return (bits & avx512) == avx512;
 }
 
+bool cpu_has_amx() {
+  const auto bits = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto amx = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_amx);
+  return (bits & amx) == amx;
+}
+
 bool cpu_has_native_bf16(std::string* why) {
   const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
   const auto bits = static_cast<unsigned>(isa);
@@ -59,6 +65,8 @@ namespace cpu {
 Context::Context(const CpuBackendOptions& options)
     : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_), options_(options) {
   native_bf16_ = cpu_has_native_bf16(&bf16_why_not_);
+  if (options_.bf16_conv_arithmetic == CpuBackendOptions::Bf16ConvArithmetic::automatic && cpu_has_amx())
+    options_.bf16_conv_arithmetic = CpuBackendOptions::Bf16ConvArithmetic::native;
 }
 
 void Context::reserve_temp(size_t bytes) {
@@ -210,10 +218,17 @@ class CpuBackend final : public Backend {
   bool supports_dtype(DType dtype, std::string* why_not) const override { return ctx_->supports_dtype(dtype, why_not); }
   size_t workspace_bytes() const override { return ctx_->temp_bytes(); }
   std::string describe() const override {
-    if (!ctx_->winograd()) return "cpu, implementation mode high_precision (direct convolutions)";
-    return cpu_has_winograd()
-               ? "cpu, implementation mode high_performance (Winograd for 3x3 convolutions where it pays)"
-               : "cpu, implementation mode high_performance (direct convolutions: no AVX-512 here for Winograd)";
+    std::string s = !ctx_->winograd()    ? "cpu, implementation mode high_precision (direct convolutions"
+                    : cpu_has_winograd() ? "cpu, implementation mode high_performance (Winograd for 3x3 convolutions "
+                                           "where it pays"
+                                         : "cpu, implementation mode high_performance (direct convolutions: no "
+                                           "AVX-512 here for Winograd";
+    using A = CpuBackendOptions::Bf16ConvArithmetic;
+    if (ctx_->native_bf16() && ctx_->bf16_conv_arithmetic() == A::automatic)
+      s += "; bf16 convolutions in fp32 arithmetic where it pays, as this CPU has no AMX";
+    else if (ctx_->native_bf16() && ctx_->bf16_conv_arithmetic() == A::fp32)
+      s += "; bf16 convolutions in fp32 arithmetic";
+    return s + ")";
   }
 
   std::unique_ptr<Conv2dKernel> make_conv2d(const Conv2dDesc& d) override { return cpu::make_conv2d(ctx_, d); }

@@ -30,6 +30,14 @@ struct CpuBackendOptions {
   // residual add+ReLU and the backward's ReLU mask folded into its passes). false: oneDNN's
   // batch norm with separate add+ReLU and mask passes, kept for comparisons (bench/micro).
   bool batch_norm_loops = true;
+  // The arithmetic of ungrouped bf16 convolutions (backends/cpu/conv2d.cpp). native:
+  // oneDNN's bf16 kernels. fp32: the same bf16 values widened (exactly) to fp32 for
+  // oneDNN's fp32 kernels (Winograd included) and the result rounded back to bf16.
+  // automatic (default): native where oneDNN may use AMX; elsewhere, whose bf16 dot
+  // products are no faster than its fp32 FMAs, fp32 for the convolutions that do enough
+  // multiply-adds per activation element to pay for the conversions, native for the rest.
+  enum class Bf16ConvArithmetic : uint8_t { automatic, native, fp32 };
+  Bf16ConvArithmetic bf16_conv_arithmetic = Bf16ConvArithmetic::automatic;
 };
 std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options = {});
 // True when this CPU runs bf16 natively; otherwise *why says what is missing.
@@ -37,4 +45,6 @@ bool cpu_has_native_bf16(std::string* why);
 // True when oneDNN has a Winograd kernel for this CPU (its only one needs AVX-512,
 // avx512_core, within the ISA oneDNN dispatches to, ONEDNN_MAX_CPU_ISA included).
 bool cpu_has_winograd();
+// True when oneDNN may use AMX (avx512_core_amx) on this CPU: its bf16 tile multiplies.
+bool cpu_has_amx();
 }  // namespace rn

@@ -39,6 +39,8 @@ class Context {
   bool winograd() const { return options_.winograd; }
   // Whether NHWC batch norm runs our loops (batch_norm_nhwc.h) rather than oneDNN.
   bool batch_norm_loops() const { return options_.batch_norm_loops; }
+  // CpuBackendOptions::bf16_conv_arithmetic, automatic resolved to native on AMX CPUs.
+  CpuBackendOptions::Bf16ConvArithmetic bf16_conv_arithmetic() const { return options_.bf16_conv_arithmetic; }
   const dnnl::engine& engine() const { return engine_; }
   dnnl::stream& stream() { return stream_; }
 
