@@ -19,6 +19,7 @@
 #include <string>
 
 #include "backends/cpu/cpu_backend.h"
+#include "micro.h"
 #include "ops/backend.h"
 
 namespace rn {
@@ -114,9 +115,11 @@ void run(benchmark::State& state, const Shape16& s, DType dtype, Impl impl, bool
   state.SetBytesProcessed(state.iterations() * tensors * tensor);
 }
 
+}  // namespace
+
 // Registered explicitly (no static initialisers in a library): one case per shape, dtype,
 // implementation and pass.
-void register_all() {
+void register_batch_norm() {
   for (const Shape16& s : kShapes)
     for (const bool backward : {false, true})
       for (const DType dtype : {DType::f32, DType::bf16})
@@ -129,14 +132,4 @@ void register_all() {
         }
 }
 
-}  // namespace
 }  // namespace rn
-
-int main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  rn::register_all();
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}
