@@ -4,14 +4,10 @@
 // y and dx, and within the fp32 bound for dw and db, which are fp32 in both.
 #include <gtest/gtest.h>
 
-#include <cmath>
-#include <cstring>
-#include <random>
 #include <string>
-#include <vector>
 
 #include "backends/cpu/cpu_backend.h"
-#include "core/dtype.h"
+#include "conv_test_util.h"
 #include "ops/backend.h"
 #include "ops/conv2d.h"
 
@@ -82,57 +78,11 @@ TEST(CpuConvBf16, ArithmeticChosenPerShape) {
   EXPECT_FALSE(fp32_arithmetic(*fp32->make_conv2d(conv(64, 64, 3, 1, 4, 21, l, DType::f32)))) << "fp32 tensors";
 }
 
-// Normal values rounded to bf16, so that the fp32 reference sees exactly the same inputs.
-std::vector<float> random_bf16_values(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = round_to_dtype(nd(rng), DType::bf16);
-  return v;
-}
-
-double rel_error(const std::vector<float>& a, const std::vector<float>& b) {
-  double d = 0, n = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    d += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    n += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(d / n);
-}
-
-struct Outputs {
-  std::vector<float> y, dx, dw, db;
-};
-
-HostTensor tensor_of(const std::vector<float>& v, const Shape& s, DType dtype, Layout layout) {
-  HostTensor t(s, dtype, layout);
-  convert(t.view().data, dtype, v.data(), DType::f32, v.size());
-  return t;
-}
-std::vector<float> values_of(const HostTensor& t) {
-  std::vector<float> v(static_cast<size_t>(t.numel()));
-  convert(v.data(), DType::f32, t.view().data, t.view().dtype, v.size());
-  return v;
-}
-
-// One forward and backward pass with x, w, dy in d.dtype; dw and db (fp32) start from dw0,
-// db0 (gradients accumulate).
-Outputs run(Backend& backend, const Conv2dDesc& d, const std::vector<float>& x, const std::vector<float>& w,
-            const std::vector<float>& b, const std::vector<float>& dy, const std::vector<float>& dw0,
-            const std::vector<float>& db0) {
-  auto k = backend.make_conv2d(d);
-  const HostTensor xt = tensor_of(x, d.x_shape(), d.dtype, d.layout),
-                   wt = tensor_of(w, d.w_shape(), d.dtype, Layout::nchw);
-  const HostTensor dyt = tensor_of(dy, d.y_shape(), d.dtype, d.layout),
-                   bt = tensor_of(b, {d.p.out_channels}, DType::f32, Layout::nchw);
-  const HostTensor dwt = tensor_of(dw0, d.w_shape(), DType::f32, Layout::nchw);
-  const HostTensor dbt = tensor_of(db0, {d.p.out_channels}, DType::f32, Layout::nchw);
-  const HostTensor yt(d.y_shape(), d.dtype, d.layout), dxt(d.x_shape(), d.dtype, d.layout);
-  k->forward(yt, xt, wt, d.p.bias ? &bt.view() : nullptr);
-  k->backward_data(dxt, dyt, wt);
-  k->backward_weights(dwt, d.p.bias ? &dbt.view() : nullptr, dyt, xt);
-  return Outputs{values_of(yt), values_of(dxt), values_of(dwt), values_of(dbt)};
-}
+using testing::ConvInputs;
+using testing::ConvOutputs;
+using testing::expect_conv_close;
+using testing::random_conv_inputs;
+using testing::run_conv;
 
 TEST(CpuConvBf16, BothArithmeticsEqualTheFp32ConvolutionOfTheSameValues) {
   std::string why;
@@ -152,29 +102,20 @@ TEST(CpuConvBf16, BothArithmeticsEqualTheFp32ConvolutionOfTheSameValues) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     const Conv2dDesc& d = c.d;
-    const int64_t fan_in = d.p.in_channels * d.p.kernel_h * d.p.kernel_w;
-    const auto x = random_bf16_values(static_cast<size_t>(d.x_shape().numel()), 1);
-    const auto w = random_bf16_values(static_cast<size_t>(d.w_shape().numel()), 2, 1.0f / std::sqrt(float(fan_in)));
-    const auto b = random_bf16_values(static_cast<size_t>(d.p.out_channels), 3);
-    const auto dy = random_bf16_values(static_cast<size_t>(d.y_shape().numel()), 4);
-    const auto dw0 = random_bf16_values(w.size(), 5), db0 = random_bf16_values(b.size(), 6);
+    const ConvInputs in = random_conv_inputs(d, DType::bf16);
     Conv2dDesc d32 = d;
     d32.dtype = DType::f32;
-    const Outputs ref = run(*cpu(Arith::automatic, /*winograd=*/false), d32, x, w, b, dy, dw0, db0);
+    const ConvOutputs ref = run_conv(*cpu(Arith::automatic, /*winograd=*/false), d32, in);
     for (const bool fast : {true, false})
       for (const Arith a : {Arith::native, Arith::fp32}) {
         SCOPED_TRACE(std::string(a == Arith::fp32 ? "fp32 arithmetic" : "native bf16") +
                      (fast ? ", high_performance" : ", high_precision"));
-        const Outputs got = run(*cpu(a, fast), d, x, w, b, dy, dw0, db0);
+        const ConvOutputs got = run_conv(*cpu(a, fast), d, in);
         // y and dx are rounded to bf16 once: an RMS relative error of about 1.7e-3 measured
-        // (half an ulp of an 8-bit significand, uniformly spread). A misplaced element or a
-        // wrong reorder is 1e-1 or more.
-        EXPECT_LT(rel_error(got.y, ref.y), 3e-3);
-        EXPECT_LT(rel_error(got.dx, ref.dx), 3e-3);
-        // dw, db: exact products of the same values summed in fp32 (Winograd: ~1e-6)
-        EXPECT_LT(rel_error(got.dw, ref.dw), 1e-5);
-        EXPECT_LT(rel_error(got.db, ref.db), 1e-6);
-        EXPECT_GT(rel_error(got.dw, dw0), 1e-2) << "the gradient was accumulated into, not left alone";
+        // (half an ulp of an 8-bit significand, uniformly spread); dw and db are fp32 sums of
+        // the same exact products (1e-7, Winograd 1e-6). A misplaced element or a wrong
+        // reorder is 1e-1 or more.
+        expect_conv_close(got, ref, in, 3e-3, 1e-5, 1e-6);
       }
   }
 }
