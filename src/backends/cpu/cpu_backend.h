@@ -13,6 +13,7 @@
 // independent.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
