@@ -74,6 +74,13 @@ TEST(CpuConvBf16, ArithmeticChosenPerShape) {
     EXPECT_NE(k->implementation().find("bf16"), std::string::npos) << k->implementation();
   }
   EXPECT_TRUE(fp32_arithmetic(*fp32->make_conv2d(c1_low))) << "asked for: every ungrouped shape";
+  // A widened input whose channels do not fill oneDNN's blocks (the stem's 3) must still get a
+  // real kernel, not oneDNN's reference loops ("ref:any"), in either layout.
+  for (const Layout layout : {Layout::nhwc, Layout::nchw}) {
+    const auto stem = fp32->make_conv2d(conv(3, 64, 7, 2, 2, 32, layout));
+    EXPECT_TRUE(fp32_arithmetic(*stem));
+    EXPECT_NE(stem->implementation().rfind("ref", 0), 0u) << stem->implementation();
+  }
   EXPECT_FALSE(fp32_arithmetic(*fp32->make_conv2d(grouped)));
   EXPECT_FALSE(fp32_arithmetic(*fp32->make_conv2d(conv(64, 64, 3, 1, 4, 21, l, DType::f32)))) << "fp32 tensors";
 }
