@@ -16,6 +16,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backends/cpu/cpu_backend.h"
 #include "micro.h"
@@ -49,13 +50,9 @@ using Arith = CpuBackendOptions::Bf16ConvArithmetic;
 
 // Random-looking values in [-1, 1) (the data's values do not change a convolution's speed).
 void fill(HostTensor& t) {
-  const int64_t n = t.numel();
-  if (t.view().dtype == DType::f32) {
-    for (int64_t i = 0; i < n; ++i) t.ptr<float>()[i] = static_cast<float>((i * 2654435761u) % 2000) / 1000.0f - 1;
-    return;
-  }
-  for (int64_t i = 0; i < n; ++i)
-    t.ptr<bf16_t>()[i] = f32_to_bf16(static_cast<float>((i * 2654435761u) % 2000) / 1000.0f - 1);
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>((i * 2654435761u) % 2000) / 1000.0f - 1;
+  convert(t.view().data, t.view().dtype, v.data(), DType::f32, v.size());
 }
 
 void run(benchmark::State& state, const ConvShape& s, Pass pass, DType dtype, Arith arith) {

@@ -43,11 +43,9 @@ std::unique_ptr<Backend> cpu(Arith arith, bool winograd = true) {
 bool fp32_arithmetic(const Conv2dKernel& k) { return k.implementation().find("fp32 arithmetic") != std::string::npos; }
 bool winograd(const Conv2dKernel& k) { return k.implementation().find("wino") != std::string::npos; }
 
-bool bf16_here(std::string* why) { return cpu_has_native_bf16(why); }
-
 TEST(CpuConvBf16, ArithmeticChosenPerShape) {
   std::string why;
-  if (!bf16_here(&why)) GTEST_SKIP() << why;
+  if (!cpu_has_native_bf16(&why)) GTEST_SKIP() << why;
   const Layout l = Layout::nhwc;
   // 3x3 64 -> 64: 288 multiply-adds per activation element; 1x1 64 -> 256: 51; 1x1 128 ->
   // 512: 102; the threshold is 96.
@@ -93,7 +91,7 @@ using testing::run_conv;
 
 TEST(CpuConvBf16, BothArithmeticsEqualTheFp32ConvolutionOfTheSameValues) {
   std::string why;
-  if (!bf16_here(&why)) GTEST_SKIP() << why;
+  if (!cpu_has_native_bf16(&why)) GTEST_SKIP() << why;
   struct Case {
     const char* name;
     Conv2dDesc d;

@@ -147,17 +147,17 @@ CpuConv2d::CpuConv2d(const ContextPtr& ctx, const Conv2dDesc& d)
       // this CPU has no Winograd kernel for it (oneDNN's is AVX-512 only): direct, below
     }
   }
-  if (arithmetic_ != d.dtype && p.in_channels % 16 == 0) {
-    op_ = build(dnnl::algorithm::convolution_direct, x_any, y_any);
-  } else if (arithmetic_ != d.dtype) {
-    // Input channels that do not fill oneDNN's 16-wide blocks (the stem's 3): the caller's
-    // layout, widened. Blocked, the stem's input took 5.3x the memory (the padding) and more
-    // time; an input in the caller's layout with a blocked output has only oneDNN's
-    // reference kernel (200x slower).
-    const dnnl::memory::desc xa(x_md.dims(), adt, layout_tag(d.layout)), ya(y_md.dims(), adt, layout_tag(d.layout));
-    op_ = build(dnnl::algorithm::convolution_direct, xa, ya);
-  } else
+  if (arithmetic_ == d.dtype) {
     op_ = build(dnnl::algorithm::convolution_direct, x_md, y_md);
+    return;
+  }
+  // Widened to fp32: oneDNN's layout, unless the input channels do not fill its 16-wide
+  // blocks (the stem's 3). Blocked, the stem's input took 5.3x the memory (the padding) and
+  // more time; an input in the caller's layout with a blocked output has only oneDNN's
+  // reference kernel (200x slower), so both stay in the caller's layout then.
+  const tag widened = p.in_channels % 16 == 0 ? tag::any : layout_tag(d.layout);
+  op_ = build(dnnl::algorithm::convolution_direct, dnnl::memory::desc(x_md.dims(), adt, widened),
+              dnnl::memory::desc(y_md.dims(), adt, widened));
 }
 
 void CpuConv2d::do_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b) {
