@@ -21,6 +21,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -125,6 +126,13 @@ class Plan {
   RangeResidency arena_residency() const;
   const std::vector<BufferSpec>& buffers() const { return buffers_; }
   int num_steps() const { return static_cast<int>(steps_.size()); }
+  // The dtype the multiply-adds of conv or linear node `node` run in (Conv2dKernel::
+  // arithmetic(): fp32 where the backend widens half tensors); nullopt for other nodes and in
+  // a dry plan.
+  std::optional<DType> arithmetic(int node) const;
+  // The library's name for conv node `node`'s forward algorithm (Conv2dKernel::
+  // implementation(): "jit_wino_4x3:avx512_core", ...); "" where none is told.
+  std::string implementation(int node) const;
   // Step names in program order ("fwd layer1.0.conv1", "bwd_data fc", ...).
   std::vector<std::string> step_names() const;
   // The arena bytes step `i` reads and writes (its input and output buffers; weights and

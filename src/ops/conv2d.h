@@ -45,6 +45,10 @@ class Conv2dKernel {
   const Conv2dDesc& desc() const { return desc_; }
   // The library's name for the forward algorithm in use, where the backend tells ("" else).
   virtual std::string implementation() const { return {}; }
+  // The dtype its multiply-adds run in: desc().dtype, unless the backend widens half tensors
+  // for fp32 kernels (the cpu backend's bf16 convolutions on CPUs without AMX). The per-layer
+  // profile holds such a layer against the fp32 peak; the doctor shows it.
+  virtual DType arithmetic() const { return desc_.dtype; }
 
   // y = conv(x, w) + b          (b may be null; required iff desc.p.bias)
   void forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b);

@@ -236,6 +236,21 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& options) {
     t[i].numel = views[i].numel;
     t[i].safe = {0, std::numeric_limits<double>::infinity()};
   }
+  if (mixed) {  // the arithmetic made visible: convolutions a backend widens to fp32
+    const Graph& g = mixed->model.graph();
+    for (int id = 0; id < static_cast<int>(g.nodes().size()); ++id) {
+      const std::optional<DType> a = attrs_if<ConvAttrs>(g.node(id)) ? mixed->plan->arithmetic(id) : std::nullopt;
+      if (!a) continue;
+      ++r.convs;
+      if (*a == mixed_policy.conv_dtype) continue;
+      ++r.fp32_arithmetic_convs;
+      const Model::NodeSlots s = mixed->model.slots(id);
+      for (const int p : {s.weight, s.bias})
+        if (p >= 0)
+          t[static_cast<size_t>(p)].compute =
+              fmt::format("{}, {} arith", dtype_name(mixed_policy.conv_dtype), dtype_name(*a));
+    }
+  }
   const double underflow_tol = cfg.diagnostics.doctor_max_underflow;
   double total_d2 = 0, total_n2 = 0;  // the whole gradient's difference, first step
   for (int k = 0; k < options.steps; ++k) {
@@ -296,6 +311,11 @@ std::string DoctorReport::table() const {
   s += fmt::format("  backend: {}\n", backend);
   s += fmt::format("  activations {}; BN {}; loss {}; master weights {}; parameter gradients fp32\n", activation_dtype,
                    bn_dtype, loss_dtype, master_dtype);
+  if (fp32_arithmetic_convs > 0)
+    s += fmt::format(
+        "  {} of {} convolutions compute in fp32 arithmetic on {} tensors (\"{}, fp32 arith\": this CPU has no AMX; "
+        "the products are exact either way, only the summation order differs)\n",
+        fp32_arithmetic_convs, convs, half, half);
   if (!mixed_ran) s += fmt::format("  {} run: not made: {}\n", level, not_run_why);
   s += fmt::format(
       "  underflow/overflow: fp32 gradients x loss scale {} checked against the {} range (computed, not "
@@ -350,6 +370,8 @@ nlohmann::json DoctorReport::to_json() const {
           {"bn_dtype", bn_dtype},
           {"loss_dtype", loss_dtype},
           {"master_dtype", master_dtype},
+          {"convolutions", convs},
+          {"fp32_arithmetic_convolutions", fp32_arithmetic_convs},
           {"loss_scale", loss_scale},
           {"steps", steps},
           {"overflow_skips", overflow_skips},

@@ -31,7 +31,9 @@ struct DoctorOptions {
 struct DoctorTensor {
   std::string name;
   std::string kind;     // conv_weight, bn_gamma, ...
-  std::string compute;  // the dtype it computes in: "bf16", "fp32 (BN)"
+  // The dtype it computes in: "bf16", "fp32 BN, bf16 out", or "bf16, fp32 arith" for a
+  // convolution the backend computes in fp32 on bf16 tensors (Conv2dKernel::arithmetic()).
+  std::string compute;
   int64_t numel = 0;
   double grad_norm = 0;        // fp32 gradient, first step
   double rel_diff_first = -1;  // -1: not measured (no mixed run)
@@ -47,6 +49,9 @@ struct DoctorReport {
   std::string not_run_why;  // when !mixed_ran
   std::string precision;    // PrecisionPolicy::describe() (or what it would be)
   std::string bn_dtype, loss_dtype, master_dtype, activation_dtype;
+  // Of the mixed run's convolutions: how many, and how many compute in fp32 arithmetic on
+  // half tensors (a CPU without AMX); 0 and 0 when it did not run.
+  int convs = 0, fp32_arithmetic_convs = 0;
   double loss_scale = 1;  // the scale the doctor checked (configured initial)
   int steps = 0;
   int64_t overflow_skips = 0;

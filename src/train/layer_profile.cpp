@@ -110,6 +110,7 @@ struct StepContext {
 // recomputation are grouped by what they are.
 struct StepWork {
   std::string layer, kind;
+  int node = -1;  // the graph node, for a node's own steps
   bool backward = false;
   double macs = 0, flops = 0, bytes = 0;
 };
@@ -127,6 +128,7 @@ StepWork step_work(const StepContext& c, const std::string& name, const Plan::St
   if (it != c.node_of.end() && node_step) {
     const Node& n = c.graph.node(it->second);
     w.kind = node_kind(n);
+    w.node = it->second;
     const double m = node_macs(c.graph, n) * c.batch;
     const auto [ef, eb] = elementwise_flops(n);
     const double out_elems = static_cast<double>(n.shape.numel()) * c.batch;
@@ -317,13 +319,23 @@ ProfileReport run_profile(const ProfileOptions& o) {
       a.p.kind = w.kind;
       a.order = static_cast<int>(k);
     }
+    if (w.node >= 0) {
+      a.p.arithmetic = plan.arithmetic(w.node);
+      a.p.implementation = plan.implementation(w.node);
+    }
     (w.backward ? a.p.bwd_s : a.p.fwd_s) += acc[k];
     a.p.macs += w.macs;
     a.p.flops += w.flops;
     a.p.bytes += w.bytes;
   }
+  // Layers computing in fp32 arithmetic within a half-precision profile: the fp32 GEMM is
+  // their compute roof, not the half one.
+  for (const auto& [key, a] : rows)
+    if (o.dtype != DType::f32 && a.p.arithmetic == DType::f32) ++r.fp32_arithmetic_layers;
+  if (r.fp32_arithmetic_layers > 0) r.fp32_peaks = measure_peaks(o.device, DType::f32, bo);
   for (auto& [key, a] : rows) {
-    a.p.roof = roofline(a.p.flops, a.p.bytes, a.p.seconds(), r.peaks);
+    const bool fp32 = r.fp32_arithmetic_layers > 0 && a.p.arithmetic == DType::f32;
+    a.p.roof = roofline(a.p.flops, a.p.bytes, a.p.seconds(), fp32 ? r.fp32_peaks : r.peaks);
     r.layers.push_back(a.p);
     r.layers_s += a.p.seconds();
   }
@@ -344,10 +356,16 @@ std::string ProfileReport::table(int top) const {
       batch, dtype, backend, steps);
   s += fmt::format(
       "peaks measured at start: {:.1f} GFLOP/s ({} GEMM), {:.1f} GB/s (streaming ReLU, read + write); "
-      "ridge {:.1f} flop/byte\n\n",
+      "ridge {:.1f} flop/byte\n",
       peaks.flops_per_s / 1e9, dtype, peaks.bytes_per_s / 1e9, peaks.ridge());
-  s += fmt::format("{:<28} {:<8} {:>9} {:>9} {:>6} {:>9} {:>9} {:>9} {:>8} {:>7} {:>8} {:>6}\n", "layer", "kind",
-                   "fwd ms", "bwd ms", "share", "GMAC", "MB", "GFLOP/s", "GB/s", "flop/B", "bound", "roof");
+  if (fp32_arithmetic_layers > 0)
+    s += fmt::format(
+        "  and for the {} {} layers that compute in fp32 arithmetic (arith fp32): {:.1f} GFLOP/s (fp32 GEMM), "
+        "{:.1f} GB/s; ridge {:.1f} flop/byte\n",
+        fp32_arithmetic_layers, dtype, fp32_peaks.flops_per_s / 1e9, fp32_peaks.bytes_per_s / 1e9, fp32_peaks.ridge());
+  s += "\n";
+  s += fmt::format("{:<28} {:<8} {:<5} {:>9} {:>9} {:>6} {:>9} {:>9} {:>9} {:>8} {:>7} {:>8} {:>6}\n", "layer", "kind",
+                   "arith", "fwd ms", "bwd ms", "share", "GMAC", "MB", "GFLOP/s", "GB/s", "flop/B", "bound", "roof");
   const double step = profiled_step_s > 0 ? profiled_step_s : 1;
   int shown = 0;
   double rest_s = 0;
@@ -358,15 +376,16 @@ std::string ProfileReport::table(int top) const {
     }
     ++shown;
     s += fmt::format(
-        "{:<28} {:<8} {:>9.3f} {:>9.3f} {:>5.1f}% {:>9.3f} {:>9.2f} {:>9.1f} {:>8.1f} {:>7.1f} {:>8} {:>5.0f}%\n",
-        l.name.size() > 28 ? l.name.substr(0, 27) + "~" : l.name, l.kind, 1e3 * l.fwd_s, 1e3 * l.bwd_s,
+        "{:<28} {:<8} {:<5} {:>9.3f} {:>9.3f} {:>5.1f}% {:>9.3f} {:>9.2f} {:>9.1f} {:>8.1f} {:>7.1f} {:>8} {:>5.0f}%\n",
+        l.name.size() > 28 ? l.name.substr(0, 27) + "~" : l.name, l.kind,
+        l.arithmetic ? dtype_name(*l.arithmetic) : std::string_view(), 1e3 * l.fwd_s, 1e3 * l.bwd_s,
         100 * l.seconds() / step, l.macs / 1e9, l.bytes / 1e6, l.roof.achieved_flops / 1e9, l.roof.achieved_bytes / 1e9,
         l.roof.intensity, l.roof.bound, 100 * l.roof.roof_fraction);
   }
   if (rest_s > 0)
-    s += fmt::format("{:<28} {:<8} {:>19.3f} {:>5.1f}%\n", fmt::format("({} more layers)", layers.size() - shown), "",
+    s += fmt::format("{:<28} {:<14} {:>19.3f} {:>5.1f}%\n", fmt::format("({} more layers)", layers.size() - shown), "",
                      1e3 * rest_s, 100 * rest_s / step);
-  s += fmt::format("{:<28} {:<8} {:>19.3f} {:>5.1f}%\n", "(optimizer, overflow check, zeroing)", "", 1e3 * optimizer_s,
+  s += fmt::format("{:<28} {:<14} {:>19.3f} {:>5.1f}%\n", "(optimizer, overflow check, zeroing)", "", 1e3 * optimizer_s,
                    100 * optimizer_s / step);
   s +=
       fmt::format("\ntiming one plan step costs {:.2f} us (device sync and clock reads), measured and taken off each\n",
@@ -384,6 +403,8 @@ nlohmann::json ProfileReport::to_json() const {
   for (const LayerProfile& l : layers)
     lj.push_back({{"name", l.name},
                   {"kind", l.kind},
+                  {"arithmetic", l.arithmetic ? nlohmann::json(dtype_name(*l.arithmetic)) : nlohmann::json()},
+                  {"implementation", l.implementation},
                   {"fwd_s", l.fwd_s},
                   {"bwd_s", l.bwd_s},
                   {"macs", l.macs},
@@ -394,6 +415,7 @@ nlohmann::json ProfileReport::to_json() const {
                   {"intensity", l.roof.intensity},
                   {"bound", l.roof.bound},
                   {"roof_fraction", l.roof.roof_fraction}});
+  auto if_measured = [&](double v) { return fp32_arithmetic_layers > 0 ? nlohmann::json(v) : nlohmann::json(); };
   return {{"model", model},
           {"device", device},
           {"backend", backend},
@@ -402,6 +424,9 @@ nlohmann::json ProfileReport::to_json() const {
           {"steps", steps},
           {"peak_flops_per_s", peaks.flops_per_s},
           {"peak_bytes_per_s", peaks.bytes_per_s},
+          {"fp32_arithmetic_layers", fp32_arithmetic_layers},
+          {"fp32_peak_flops_per_s", if_measured(fp32_peaks.flops_per_s)},
+          {"fp32_peak_bytes_per_s", if_measured(fp32_peaks.bytes_per_s)},
           {"layers_s", layers_s},
           {"outside_plan_s", optimizer_s},
           {"profiled_step_s", profiled_step_s},

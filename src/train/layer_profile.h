@@ -5,7 +5,8 @@
 // it must move (its arena inputs and outputs, weights, weight gradients), the achieved rate
 // and bandwidth, its share of the step, and the roof that bounds it against the device's
 // peaks, measured at start with a large GEMM and a large streaming elementwise op through
-// the same backend.
+// the same backend (and in fp32 too for the layers of a half-precision profile that compute
+// in fp32 arithmetic: LayerProfile::arithmetic).
 //
 // Consistency: the layers plus the optimizer, overflow check and gradient zeroing add up to
 // the profiled step; the report compares that sum with the mean step measured without
@@ -14,6 +15,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +46,11 @@ struct LayerProfile {
   double macs = 0;              // per step, forward and backward
   double flops = 0;             // 2 x macs + elementwise estimate
   double bytes = 0;             // per step
+  // Conv and linear layers: the dtype their multiply-adds run in (Plan::arithmetic(): fp32
+  // for the bf16 convolutions a CPU without AMX computes in fp32), whose GEMM peak is their
+  // roof; nullopt for the other layers (held against the profiled dtype's peaks).
+  std::optional<DType> arithmetic;
+  std::string implementation;  // conv layers: the forward algorithm (Plan::implementation())
   RooflinePoint roof;
   double seconds() const { return fwd_s + bwd_s; }
 };
@@ -54,6 +61,10 @@ struct ProfileReport {
   int64_t batch = 0;
   int steps = 0;
   DevicePeaks peaks;
+  // Measured in fp32 too when some layers of a half-precision profile compute in fp32
+  // arithmetic: their roof (flops_per_s 0 when not measured).
+  DevicePeaks fp32_peaks;
+  int fp32_arithmetic_layers = 0;
   std::vector<LayerProfile> layers;  // by time, slowest first
   double optimizer_s = 0, overflow_check_s = 0, zero_grads_s = 0;
   double layers_s = 0;           // sum of the layers

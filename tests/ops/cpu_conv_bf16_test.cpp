@@ -8,6 +8,9 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "conv_test_util.h"
+#include "model/graph.h"
+#include "model/model.h"
+#include "model/plan.h"
 #include "ops/backend.h"
 #include "ops/conv2d.h"
 
@@ -40,7 +43,15 @@ std::unique_ptr<Backend> cpu(Arith arith, bool winograd = true) {
   return make_cpu_backend(o);
 }
 
-bool fp32_arithmetic(const Conv2dKernel& k) { return k.implementation().find("fp32 arithmetic") != std::string::npos; }
+// Whether the kernel computes its bf16 tensors in fp32 (Conv2dKernel::arithmetic()), checked
+// against what its implementation() says.
+bool fp32_arithmetic(const Conv2dKernel& k) {
+  const bool widened = k.desc().dtype != DType::f32 && k.arithmetic() == DType::f32;
+  EXPECT_EQ(widened, k.implementation().find("fp32 arithmetic") != std::string::npos)
+      << "arithmetic() " << dtype_name(k.arithmetic()) << " against implementation() " << k.implementation();
+  EXPECT_TRUE(k.arithmetic() == DType::f32 || k.arithmetic() == k.desc().dtype) << dtype_name(k.arithmetic());
+  return widened;
+}
 bool winograd(const Conv2dKernel& k) { return k.implementation().find("wino") != std::string::npos; }
 
 TEST(CpuConvBf16, ArithmeticChosenPerShape) {
@@ -81,6 +92,46 @@ TEST(CpuConvBf16, ArithmeticChosenPerShape) {
   }
   EXPECT_FALSE(fp32_arithmetic(*fp32->make_conv2d(grouped)));
   EXPECT_FALSE(fp32_arithmetic(*fp32->make_conv2d(conv(64, 64, 3, 1, 4, 21, l, DType::f32)))) << "fp32 tensors";
+}
+
+// A plan shows each conv node's arithmetic (the doctor's and the profile's source) and the
+// linear layer's dtype; other nodes have none.
+TEST(CpuConvBf16, PlanShowsEachConvolutionsArithmetic) {
+  std::string why;
+  if (!cpu_has_native_bf16(&why)) GTEST_SKIP() << why;
+  Graph g;
+  g.name = "arith";
+  int x = g.input(16, 12, 12);
+  const int wide = g.conv(x, "wide", 64, 3, 1, 1);  // 16 * 9 * 64 / 80 = 115 per element
+  const int bn = g.batch_norm(wide, "bn", BnFuse::relu);
+  const int narrow = g.conv(bn, "narrow", 64, 1, 1, 0);  // 64 * 64 / 128 = 32 per element
+  x = g.global_avg_pool(narrow, "gap");
+  const int fc = g.linear(x, "fc", 10);
+  Model model(std::move(g));
+  model.init(1);
+  PlanOptions po;
+  po.batch = 2;
+  po.dtype = po.activation_dtype = DType::bf16;
+  po.layout = Layout::nhwc;
+  struct Expect {
+    Arith arith;
+    DType wide, narrow;
+  };
+  const DType amx_or_fp32 = cpu_has_amx() ? DType::bf16 : DType::f32;
+  for (const Expect& e : {Expect{Arith::fp32, DType::f32, DType::f32}, Expect{Arith::native, DType::bf16, DType::bf16},
+                          Expect{Arith::automatic, amx_or_fp32, DType::bf16}}) {
+    auto backend = cpu(e.arith);
+    Plan plan(model, backend.get(), po);
+    EXPECT_EQ(plan.arithmetic(wide), e.wide) << static_cast<int>(e.arith);
+    EXPECT_EQ(plan.arithmetic(narrow), e.narrow) << static_cast<int>(e.arith);
+    EXPECT_EQ(plan.arithmetic(fc), DType::bf16);
+    EXPECT_EQ(plan.arithmetic(bn), std::nullopt);
+  }
+  PlanOptions fp32_po = po;
+  fp32_po.dtype = fp32_po.activation_dtype = DType::f32;
+  auto backend = cpu(Arith::fp32);
+  EXPECT_EQ(Plan(model, backend.get(), fp32_po).arithmetic(wide), DType::f32);
+  EXPECT_EQ(Plan(model, nullptr, po).arithmetic(wide), std::nullopt) << "a dry plan has no kernels";
 }
 
 using testing::ConvInputs;

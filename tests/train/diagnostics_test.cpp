@@ -12,6 +12,7 @@
 #include <regex>
 #include <thread>
 
+#include "backends/cpu/cpu_backend.h"
 #include "core/rng.h"
 #include "core/thread_pool.h"
 #include "data/dataset.h"
@@ -278,6 +279,22 @@ TEST(Doctor, MeasuresBf16GradientDifferencesWhereTheCpuRunsBf16) {
   if (!make_backend_for(DeviceChoice::cpu)->supports_dtype(DType::bf16, &why)) GTEST_SKIP() << why;
   const DoctorReport r = run_doctor(cfg, {.steps = 2});
   EXPECT_TRUE(r.mixed_ran);
+  // The arithmetic made visible: each convolution's weight says whether the backend widens
+  // it to fp32 (layer3's 64-channel 3x3 ones on a CPU without AMX), and the count agrees.
+  int conv_weights = 0, widened = 0;
+  for (const auto& t : r.tensors) {
+    if (t.kind != "conv_weight") continue;
+    ++conv_weights;
+    EXPECT_TRUE(t.compute == "bf16" || t.compute == "bf16, fp32 arith") << t.name << ": " << t.compute;
+    if (t.compute == "bf16, fp32 arith") ++widened;
+  }
+  EXPECT_EQ(r.convs, conv_weights);
+  EXPECT_EQ(r.fp32_arithmetic_convs, widened);
+  if (!cpu_has_amx()) {
+    EXPECT_GT(widened, 0) << "layer3's convolutions compute in fp32 on a CPU without AMX";
+  }
+  EXPECT_EQ(r.to_json()["fp32_arithmetic_convolutions"].get<int>(), widened);
+  EXPECT_EQ(r.table().find("fp32 arithmetic on bf16 tensors") != std::string::npos, widened > 0) << r.table();
   double worst = 0;
   for (const auto& t : r.tensors) {
     ASSERT_GE(t.rel_diff_first, 0) << t.name;
@@ -332,6 +349,57 @@ TEST(Profile, LayersAddUpAndWorkIsCounted) {
   double best = std::abs(r.discrepancy);
   for (int retry = 0; retry < 2 && best >= 0.3; ++retry) best = std::min(best, std::abs(run_profile(o).discrepancy));
   EXPECT_LT(best, 0.3) << r.table();
+}
+
+// In a bf16 profile, the layers that compute in fp32 arithmetic (bf16 convolutions on a CPU
+// without AMX) are held against the fp32 GEMM's peak, the others against the bf16 one.
+TEST(Profile, EachLayerIsHeldAgainstThePeakOfItsArithmetic) {
+  std::string why;
+  if (!make_backend_for(DeviceChoice::cpu)->supports_dtype(DType::bf16, &why)) GTEST_SKIP() << why;
+  ProfileOptions o;
+  o.model = "resnet20";
+  o.channels = 1, o.height = 8, o.width = 8, o.classes = 10;
+  o.batch = 16;
+  o.dtype = DType::bf16;
+  o.device = DeviceChoice::cpu;
+  o.steps = 1;
+  o.warmup = 0;
+  o.threads = 1;
+  const ProfileReport r = run_profile(o);
+  int fp32_layers = 0;
+  const nlohmann::json j = r.to_json();
+  ASSERT_EQ(j["layers"].size(), r.layers.size());
+  for (size_t i = 0; i < r.layers.size(); ++i) {
+    const LayerProfile& l = r.layers[i];
+    const bool weighted = l.kind == "conv" || l.kind == "linear";
+    ASSERT_EQ(l.arithmetic.has_value(), weighted) << l.name;
+    if (l.kind == "linear") {
+      EXPECT_EQ(*l.arithmetic, DType::bf16);
+    }
+    const bool fp32 = l.arithmetic == DType::f32;
+    fp32_layers += fp32 ? 1 : 0;
+    const RooflinePoint want = roofline(l.flops, l.bytes, l.seconds(), fp32 ? r.fp32_peaks : r.peaks);
+    EXPECT_DOUBLE_EQ(l.roof.attainable_flops, want.attainable_flops) << l.name;
+    EXPECT_DOUBLE_EQ(l.roof.roof_fraction, want.roof_fraction) << l.name;
+    EXPECT_EQ(j["layers"][i]["arithmetic"].is_null(), !weighted) << l.name;
+    // The cpu backend names every convolution's algorithm, and says when it widens.
+    EXPECT_EQ(l.implementation.empty(), l.kind != "conv") << l.name;
+    EXPECT_EQ(l.implementation.find("fp32 arithmetic") != std::string::npos, fp32)
+        << l.name << ": " << l.implementation;
+    EXPECT_EQ(j["layers"][i]["implementation"], l.implementation);
+  }
+  EXPECT_EQ(r.fp32_arithmetic_layers, fp32_layers);
+  if (cpu_has_amx()) {
+    EXPECT_EQ(fp32_layers, 0) << "AMX: oneDNN's bf16 kernels";
+  } else {
+    EXPECT_GT(fp32_layers, 0) << "layer3's convolutions compute in fp32 on a CPU without AMX";
+  }
+  if (fp32_layers > 0) {
+    EXPECT_GT(r.fp32_peaks.flops_per_s, 0);
+    EXPECT_NE(r.table().find("fp32 GEMM"), std::string::npos) << r.table();
+  } else {
+    EXPECT_TRUE(j["fp32_peak_flops_per_s"].is_null());
+  }
 }
 
 // A training dataset that sleeps in load() for the samples numbered [from, to) in load

@@ -78,6 +78,7 @@ class CpuConv2d final : public Conv2dKernel {
     return arithmetic_ == desc().dtype ? op_.forward_implementation()
                                        : op_.forward_implementation() + " (fp32 arithmetic on bf16 tensors)";
   }
+  DType arithmetic() const override { return arithmetic_; }
 
  protected:
   void do_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b) override;
