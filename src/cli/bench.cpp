@@ -48,13 +48,6 @@ struct BenchArgs {
   bool high_precision = false;  // run.implementation_mode=high_precision
 };
 
-template <typename E>
-E parse_enum(const std::string& s, std::initializer_list<E> values, const char* what) {
-  for (E v : values)
-    if (enum_name(v) == s) return v;
-  RN_FAIL() << "unknown " << what << " '" << s << "'";
-}
-
 void print_step_profile(const Plan& plan, int runs) {
   const auto names = plan.step_names();
   const auto& secs = plan.step_seconds();

@@ -3,7 +3,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
+
+#include "core/check.h"
 
 namespace rn::cli {
 
@@ -15,5 +18,16 @@ std::string human_bytes(double bytes);  // "97.6 MiB"
 size_t parse_bytes(const std::string& text, const std::string& what);
 // Parses "CxHxW" (e.g. 3x224x224); throws rn::Error naming the text otherwise.
 void parse_input_shape(const std::string& text, int64_t* c, int64_t* h, int64_t* w);
+// The one of `values` whose enum_name() is `text`; throws rn::Error naming `what`, the text
+// and the expected names otherwise.
+template <typename E>
+E parse_enum(const std::string& text, std::initializer_list<E> values, const char* what) {
+  std::string expected;
+  for (E v : values) {
+    if (enum_name(v) == text) return v;
+    expected += (expected.empty() ? "" : ", ") + std::string(enum_name(v));
+  }
+  RN_FAIL() << "unknown " << what << " '" << text << "' (expected " << expected << ")";
+}
 
 }  // namespace rn::cli

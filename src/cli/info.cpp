@@ -14,6 +14,7 @@
 #include "model/stats.h"
 #include "model/zoo.h"
 #include "train/device.h"
+#include "train/precision.h"
 
 namespace rn::cli {
 
@@ -25,6 +26,7 @@ struct InfoArgs {
   int64_t batch = 32;
   int64_t classes = 1000;
   std::string dtype = "fp32";
+  std::string precision;  // "": O0 for fp32, O2 for a half dtype (as `resnet profile --dtype`)
   std::string device = "cpu";
   bool high_precision = false;
   bool params = false;
@@ -66,7 +68,18 @@ int run_info(const InfoArgs& a) {
   o.num_classes = a.classes;
   Model model(build_model(a.model, o));
   const ModelStats st = model_stats(model.graph());
+  // The precision level decides which tensors are half: --dtype bf16 alone plans O2 (bf16
+  // activations), --precision O1 the bf16 convolutions between fp32 activations.
   const DType dt = dtype_from_name(a.dtype);
+  PrecisionConfig pc;
+  pc.level =
+      a.precision.empty()
+          ? (dt == DType::f32 ? PrecisionLevel::O0 : PrecisionLevel::O2)
+          : parse_enum(a.precision, {PrecisionLevel::O0, PrecisionLevel::O1, PrecisionLevel::O2, PrecisionLevel::O3},
+                       "precision level");
+  RN_CHECK(pc.level != PrecisionLevel::O0 || dt == DType::f32)
+      << "--dtype " << dtype_name(dt) << " with --precision O0: O0 is fp32 everywhere; use --precision O1, O2 or O3";
+  if (dt != DType::f32) pc.half_dtype = dt;
   fmt::print("model            {}\n", a.model);
   fmt::print("input            {}x{}x{}, {} classes\n", o.in_channels, o.height, o.width, o.num_classes);
   fmt::print("layers           {} conv, {} batch-norm, {} linear\n", st.conv_layers, st.bn_layers, st.linear_layers);
@@ -83,8 +96,15 @@ int run_info(const InfoArgs& a) {
     bo.high_precision = a.high_precision;
     backend = make_backend_for(device_from_name(a.device), bo);
   }
-  fmt::print("\nPlanned training memory at batch {} in {} ({}; parameters fp32 master, momentum SGD):\n", a.batch,
-             dtype_name(dt), backend ? "kernels from " + backend->describe() : "dry plan, no workspace");
+  // Checked against the backend where there is one (fp16 on a CPU is refused with why).
+  const PrecisionPolicy policy = backend ? make_precision_policy(pc, *backend) : intended_precision_policy(pc);
+  const std::string dtypes = pc.level == PrecisionLevel::O0
+                                 ? "fp32"
+                                 : fmt::format("{} convolutions, {} activations", dtype_name(policy.conv_dtype),
+                                               dtype_name(policy.activation_dtype));
+  fmt::print("\nPlanned training memory at batch {}, precision {} ({}) ({}; parameters fp32 master, momentum SGD):\n",
+             a.batch, enum_name(pc.level), dtypes,
+             backend ? "kernels from " + backend->describe() : "dry plan, no workspace");
   fmt::print("  {:<6} {:>10} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n", "level", "arena",
              "activations", "gradients", "params", "grads", "optimizer", "half w", "workspace", "total");
   auto b = [](size_t v) { return human_bytes(static_cast<double>(v)); };
@@ -92,7 +112,8 @@ int run_info(const InfoArgs& a) {
   for (MemoryLevel level : {MemoryLevel::O0, MemoryLevel::O1, MemoryLevel::O2}) {
     PlanOptions po;
     po.batch = a.batch;
-    po.dtype = dt;
+    po.dtype = policy.conv_dtype;
+    po.activation_dtype = policy.activation_dtype;
     po.memory = level;
     if (backend) po.layout = backend->preferred_layout();
     Plan plan(model, backend.get(), po);
@@ -125,7 +146,11 @@ Runner add_info_command(CLI::App& app) {
   cmd->add_option("--input", args->input, "Input shape CxHxW")->capture_default_str();
   cmd->add_option("--batch", args->batch, "Batch size for the memory plan")->capture_default_str();
   cmd->add_option("--classes", args->classes, "Number of classes")->capture_default_str();
-  cmd->add_option("--dtype", args->dtype, "Compute dtype for the memory plan (fp32, bf16)")->capture_default_str();
+  cmd->add_option("--dtype", args->dtype, "fp32, or the half dtype (bf16, fp16) of a mixed-precision plan")
+      ->capture_default_str();
+  cmd->add_option("--precision", args->precision,
+                  "Precision level O0-O3 (default: O0 for --dtype fp32, O2 for a half dtype; O1: half convolutions "
+                  "between fp32 activations)");
   cmd->add_option("--device", args->device,
                   "Backend whose kernels size the workspace (cpu, ref, auto), or none for a dry plan")
       ->capture_default_str();

@@ -106,19 +106,6 @@ std::string compute_dtype(ParamKind kind, const PrecisionPolicy& p) {
   return "?";
 }
 
-// What the policy would be, also where the backend refuses it (for the dtype column).
-PrecisionPolicy intended_policy(const PrecisionConfig& pc) {
-  PrecisionPolicy p;
-  p.level = pc.level;
-  p.half = pc.half_dtype;
-  p.loss_scale = pc.loss_scale;
-  if (pc.level == PrecisionLevel::O0) return p;
-  p.conv_dtype = p.half;
-  p.activation_dtype = pc.level == PrecisionLevel::O1 ? DType::f32 : p.half;
-  p.round_master_to_half = pc.level == PrecisionLevel::O3;
-  return p;
-}
-
 std::string pct(double f) { return f < 0 ? "n/a" : fmt::format("{:.2f}%", 100 * f); }
 
 void decide(DoctorReport& r, const DiagnosticsConfig& d) {
@@ -202,7 +189,7 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& options) {
   r.level = std::string(enum_name(cfg.precision.level));
   r.half = std::string(dtype_name(cfg.precision.half_dtype));
   r.steps = options.steps;
-  PrecisionPolicy mixed_policy = intended_policy(cfg.precision);
+  PrecisionPolicy mixed_policy = intended_precision_policy(cfg.precision);  // also where refused
   r.precision = mixed_policy.describe();
   const bool scaled =
       cfg.precision.level != PrecisionLevel::O0 && cfg.precision.loss_scale.policy != LossScalePolicy::none;

@@ -4,11 +4,20 @@
 
 namespace rn {
 
-PrecisionPolicy make_precision_policy(const PrecisionConfig& cfg, const Backend& backend) {
+PrecisionPolicy intended_precision_policy(const PrecisionConfig& cfg) {
   PrecisionPolicy p;
   p.level = cfg.level;
   p.half = cfg.half_dtype;
   p.loss_scale = cfg.loss_scale;
+  if (cfg.level == PrecisionLevel::O0) return p;
+  p.conv_dtype = p.half;
+  p.activation_dtype = cfg.level == PrecisionLevel::O1 ? DType::f32 : p.half;
+  p.round_master_to_half = cfg.level == PrecisionLevel::O3;
+  return p;
+}
+
+PrecisionPolicy make_precision_policy(const PrecisionConfig& cfg, const Backend& backend) {
+  PrecisionPolicy p = intended_precision_policy(cfg);
   if (cfg.level == PrecisionLevel::O0) {
     p.loss_scale.policy = LossScalePolicy::none;
     return p;
@@ -23,9 +32,6 @@ PrecisionPolicy make_precision_policy(const PrecisionConfig& cfg, const Backend&
   if (!backend.supports_dtype(p.half, &why))
     RN_FAIL() << "precision.level=" << enum_name(cfg.level) << " with " << dtype_name(p.half) << " cannot run on the '"
               << backend.name() << "' backend: " << why << ". Use precision.level=O0 (fp32)";
-  p.conv_dtype = p.half;
-  p.activation_dtype = cfg.level == PrecisionLevel::O1 ? DType::f32 : p.half;
-  p.round_master_to_half = cfg.level == PrecisionLevel::O3;
   return p;
 }
 

@@ -30,6 +30,11 @@ struct PrecisionPolicy {
   std::string describe() const;
 };
 
+// What the configuration asks for, not checked against any backend (a dry memory plan, or
+// the doctor's dtype column where the backend refuses the level); the loss scale is left as
+// configured.
+PrecisionPolicy intended_precision_policy(const PrecisionConfig& cfg);
+
 // Checks the choice against the backend (fp16 on the CPU is refused with what to use
 // instead) and returns the policy.
 PrecisionPolicy make_precision_policy(const PrecisionConfig& cfg, const Backend& backend);

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -38,6 +39,46 @@ TEST(ResnetInfo, PlansEveryMemoryLevel) {
     EXPECT_NE(o.text.find(col), std::string::npos) << col << "\n" << o.text;
   for (const char* level : {"\n  O0 ", "\n  O1 ", "\n  O2 "})
     EXPECT_NE(o.text.find(level), std::string::npos) << o.text;
+}
+
+// The arena of memory level `level` ("O0", ...) in the table `resnet info` prints, in bytes.
+double info_arena(const std::string& text, const std::string& level) {
+  std::smatch m;
+  const std::regex row("\n  " + level + R"(\s+([0-9.]+) (B|KiB|MiB|GiB))");
+  if (!std::regex_search(text, m, row)) return -1;
+  const std::string unit = m[2];
+  const double scale = unit == "B" ? 1 : unit == "KiB" ? 1024.0 : unit == "MiB" ? 1048576.0 : 1073741824.0;
+  return std::stod(m[1]) * scale;
+}
+
+// --dtype bf16 plans precision O2 (bf16 activations: a smaller arena than fp32's at every
+// memory level), --precision O1 the bf16 convolutions between fp32 activations (whose bf16
+// copies come on top of fp32's).
+TEST(ResnetInfo, HalfDtypePlansTheRequestedPrecisionLevel) {
+  const std::string base = "info " + kSmall + " --batch 16 --device none";
+  const Output fp32 = run_resnet(base), o2 = run_resnet(base + " --dtype bf16"),
+               o1 = run_resnet(base + " --dtype bf16 --precision O1");
+  for (const Output* o : {&fp32, &o2, &o1}) ASSERT_EQ(o->status, 0) << o->text;
+  EXPECT_NE(fp32.text.find("precision O0 (fp32)"), std::string::npos) << fp32.text;
+  EXPECT_NE(o2.text.find("precision O2 (bf16 convolutions, bf16 activations)"), std::string::npos) << o2.text;
+  EXPECT_NE(o1.text.find("precision O1 (bf16 convolutions, fp32 activations)"), std::string::npos) << o1.text;
+  for (const char* level : {"O0", "O1", "O2"}) {
+    const double a32 = info_arena(fp32.text, level), a2 = info_arena(o2.text, level), a1 = info_arena(o1.text, level);
+    ASSERT_GT(a32, 0) << level << "\n" << fp32.text;
+    EXPECT_LT(a2, 0.6 * a32) << "memory " << level << ": bf16 activations\n" << o2.text;
+    EXPECT_GT(a1, a2) << "memory " << level << ": O1 keeps fp32 activations\n" << o1.text;
+  }
+  struct Case {
+    std::string args, message;
+  } bad[] = {
+      {"--dtype bf16 --precision O0", "O0 is fp32 everywhere"},
+      {"--precision O5", "unknown precision level 'O5' (expected O0, O1, O2, O3)"},
+  };
+  for (const Case& c : bad) {
+    const Output o = run_resnet(base + " " + c.args);
+    EXPECT_NE(o.status, 0) << c.args;
+    EXPECT_NE(o.text.find(c.message), std::string::npos) << c.args << ":\n" << o.text;
+  }
 }
 
 TEST(ResnetBench, FindMaxBatchFitsMoreAtEachLevel) {
