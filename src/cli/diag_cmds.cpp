@@ -1,6 +1,6 @@
 // The troubleshooting commands (docs/troubleshooting.md):
 //   resnet doctor  --config X [--set k=v] [--steps K] [--json PATH]   precision doctor; exit 2 past thresholds
-//   resnet profile --model M --batch B [--dtype] [--device] [--trace PATH] [--json PATH]
+//   resnet profile --model M --batch B [--dtype] [--precision] [--device] [--trace PATH] [--json PATH]
 //   resnet summary RUN_A [RUN_B] [--tolerance T]                       gradient-monitor summary / comparison
 #include <fmt/format.h>
 
@@ -44,6 +44,7 @@ struct ProfileArgs {
   int64_t classes = 1000;
   int64_t batch = 32;
   std::string dtype = "fp32";
+  std::string precision;  // "": O0 for fp32, O2 for a half dtype
   std::string device = "auto";
   std::string memory = "O1";
   bool high_precision = false;
@@ -61,6 +62,7 @@ int run_profile_cmd(const ProfileArgs& a) {
   o.dtype = dtype_from_name(a.dtype);
   RN_CHECK(o.dtype == DType::f32 || o.dtype == DType::bf16 || o.dtype == DType::f16)
       << "--dtype must be fp32, bf16 or fp16, got '" << a.dtype << "'";
+  o.precision = precision_level_for(a.precision, o.dtype);
   o.device = device_from_name(a.device);
   o.high_precision = a.high_precision;
   o.memory = memory_level_from_name(a.memory);
@@ -125,7 +127,11 @@ Runner add_profile_command(CLI::App& app) {
   cmd->add_option("--input", a->input, "Input shape CxHxW")->capture_default_str();
   cmd->add_option("--classes", a->classes, "Number of classes")->capture_default_str();
   cmd->add_option("--batch", a->batch, "Batch size")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--dtype", a->dtype, "fp32 (precision O0), bf16 or fp16 (precision O2)")->capture_default_str();
+  cmd->add_option("--dtype", a->dtype, "fp32 (precision O0), bf16 or fp16 (precision O2 unless --precision)")
+      ->capture_default_str();
+  cmd->add_option("--precision", a->precision,
+                  "Precision level O0-O3 (default: O0 for --dtype fp32, O2 for a half dtype; O1: half convolutions "
+                  "between fp32 activations)");
   cmd->add_option("--device", a->device, "auto, cpu, ref or cuda")->capture_default_str();
   cmd->add_option("--memory-level", a->memory, "Memory level O0, O1 or O2")->capture_default_str();
   cmd->add_flag("--high-precision", a->high_precision,

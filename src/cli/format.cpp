@@ -73,4 +73,15 @@ void parse_input_shape(const std::string& s, int64_t* c, int64_t* h, int64_t* w)
   *w = ww;
 }
 
+PrecisionLevel precision_level_for(const std::string& precision, DType dtype) {
+  if (precision.empty()) return dtype == DType::f32 ? PrecisionLevel::O0 : PrecisionLevel::O2;
+  const PrecisionLevel level = parse_enum(
+      precision, {PrecisionLevel::O0, PrecisionLevel::O1, PrecisionLevel::O2, PrecisionLevel::O3}, "precision level");
+  RN_CHECK(level != PrecisionLevel::O0 || dtype == DType::f32)
+      << "--dtype " << dtype_name(dtype) << " with --precision O0: O0 is fp32 everywhere; use --precision O1, O2 or O3";
+  RN_CHECK(level == PrecisionLevel::O0 || dtype != DType::f32)
+      << "--precision " << enum_name(level) << " with --dtype fp32: name the half dtype (--dtype bf16 or fp16)";
+  return level;
+}
+
 }  // namespace rn::cli

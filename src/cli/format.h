@@ -7,6 +7,8 @@
 #include <string>
 
 #include "core/check.h"
+#include "core/dtype.h"
+#include "train/config.h"
 
 namespace rn::cli {
 
@@ -18,6 +20,10 @@ std::string human_bytes(double bytes);  // "97.6 MiB"
 size_t parse_bytes(const std::string& text, const std::string& what);
 // Parses "CxHxW" (e.g. 3x224x224); throws rn::Error naming the text otherwise.
 void parse_input_shape(const std::string& text, int64_t* c, int64_t* h, int64_t* w);
+// The precision level that `--precision` names, or, when it is empty, the one `--dtype`
+// implies (O0 for fp32, O2 for a half dtype); throws rn::Error for an unknown level, a half
+// dtype at O0 or fp32 at O1-O3.
+PrecisionLevel precision_level_for(const std::string& precision, DType dtype);
 // The one of `values` whose enum_name() is `text`; throws rn::Error naming `what`, the text
 // and the expected names otherwise.
 template <typename E>

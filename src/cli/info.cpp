@@ -72,13 +72,7 @@ int run_info(const InfoArgs& a) {
   // activations), --precision O1 the bf16 convolutions between fp32 activations.
   const DType dt = dtype_from_name(a.dtype);
   PrecisionConfig pc;
-  pc.level =
-      a.precision.empty()
-          ? (dt == DType::f32 ? PrecisionLevel::O0 : PrecisionLevel::O2)
-          : parse_enum(a.precision, {PrecisionLevel::O0, PrecisionLevel::O1, PrecisionLevel::O2, PrecisionLevel::O3},
-                       "precision level");
-  RN_CHECK(pc.level != PrecisionLevel::O0 || dt == DType::f32)
-      << "--dtype " << dtype_name(dt) << " with --precision O0: O0 is fp32 everywhere; use --precision O1, O2 or O3";
+  pc.level = precision_level_for(a.precision, dt);
   if (dt != DType::f32) pc.half_dtype = dt;
   fmt::print("model            {}\n", a.model);
   fmt::print("input            {}x{}x{}, {} classes\n", o.in_channels, o.height, o.width, o.num_classes);

@@ -227,7 +227,10 @@ ProfileReport run_profile(const ProfileOptions& o) {
   bo.high_precision = o.high_precision;
   auto backend = make_backend_for(o.device, bo);
   PrecisionConfig pc;
-  pc.level = o.dtype == DType::f32 ? PrecisionLevel::O0 : PrecisionLevel::O2;
+  pc.level = o.precision.value_or(o.dtype == DType::f32 ? PrecisionLevel::O0 : PrecisionLevel::O2);
+  RN_CHECK((pc.level == PrecisionLevel::O0) == (o.dtype == DType::f32))
+      << "profile: precision " << enum_name(pc.level) << " with dtype " << dtype_name(o.dtype)
+      << ": O0 is fp32, O1-O3 need a half dtype";
   if (o.dtype != DType::f32) pc.half_dtype = o.dtype;
   const PrecisionPolicy policy = make_precision_policy(pc, *backend);
 
@@ -236,6 +239,7 @@ ProfileReport run_profile(const ProfileOptions& o) {
   r.device = backend->name();
   r.backend = backend->describe();
   r.dtype = std::string(dtype_name(o.dtype));
+  r.precision = std::string(enum_name(pc.level));
   r.batch = o.batch;
   r.steps = o.steps;
   r.peaks = measure_peaks(o.device, o.dtype, bo);  // the same implementation mode as the layers
@@ -352,8 +356,9 @@ ProfileReport run_profile(const ProfileOptions& o) {
 
 std::string ProfileReport::table(int top) const {
   std::string s = fmt::format(
-      "per-layer profile: {}, batch {}, {}, {} ({} profiled steps, each plan step followed by a device sync)\n", model,
-      batch, dtype, backend, steps);
+      "per-layer profile: {}, batch {}, {} (precision {}), {} ({} profiled steps, each plan step followed by a device "
+      "sync)\n",
+      model, batch, dtype, precision, backend, steps);
   s += fmt::format(
       "peaks measured at start: {:.1f} GFLOP/s ({} GEMM), {:.1f} GB/s (streaming ReLU, read + write); "
       "ridge {:.1f} flop/byte\n",
@@ -420,6 +425,7 @@ nlohmann::json ProfileReport::to_json() const {
           {"device", device},
           {"backend", backend},
           {"dtype", dtype},
+          {"precision", precision},
           {"batch", batch},
           {"steps", steps},
           {"peak_flops_per_s", peaks.flops_per_s},

@@ -31,7 +31,8 @@ struct ProfileOptions {
   std::string model = "resnet50";
   int64_t channels = 3, height = 224, width = 224, classes = 1000;
   int64_t batch = 32;
-  DType dtype = DType::f32;  // f32 (O0) or a half dtype (O2)
+  DType dtype = DType::f32;                 // f32 (O0) or a half dtype (O2 unless `precision` says otherwise)
+  std::optional<PrecisionLevel> precision;  // nullopt: O0 for fp32, O2 for a half dtype
   DeviceChoice device = DeviceChoice::auto_select;
   bool high_precision = false;  // run.implementation_mode=high_precision
   MemoryLevel memory = MemoryLevel::O1;
@@ -57,6 +58,7 @@ struct LayerProfile {
 
 struct ProfileReport {
   std::string model, device, dtype;
+  std::string precision;  // "O0" ... "O3"
   std::string backend;  // Backend::describe(): the device and its implementation mode
   int64_t batch = 0;
   int steps = 0;

@@ -73,6 +73,7 @@ TEST(ResnetInfo, HalfDtypePlansTheRequestedPrecisionLevel) {
   } bad[] = {
       {"--dtype bf16 --precision O0", "O0 is fp32 everywhere"},
       {"--precision O5", "unknown precision level 'O5' (expected O0, O1, O2, O3)"},
+      {"--precision O2", "--precision O2 with --dtype fp32: name the half dtype"},
   };
   for (const Case& c : bad) {
     const Output o = run_resnet(base + " " + c.args);

@@ -402,6 +402,43 @@ TEST(Profile, EachLayerIsHeldAgainstThePeakOfItsArithmetic) {
   }
 }
 
+// --precision O1 profiles bf16 convolutions between fp32 activations: the casts around them
+// are a row of their own, and the report says which level it timed.
+TEST(Profile, PrecisionO1TimesTheCastsAroundTheConvolutions) {
+  std::string why;
+  if (!make_backend_for(DeviceChoice::cpu)->supports_dtype(DType::bf16, &why)) GTEST_SKIP() << why;
+  ProfileOptions o;
+  o.model = "resnet20";
+  o.channels = 1, o.height = 8, o.width = 8, o.classes = 10;
+  o.batch = 8;
+  o.dtype = DType::bf16;
+  o.device = DeviceChoice::cpu;
+  o.steps = 1;
+  o.warmup = 0;
+  o.threads = 1;
+  auto casts_of = [](const ProfileReport& r) {
+    for (const LayerProfile& l : r.layers)
+      if (l.name == "(casts)") return l.seconds();
+    return -1.0;
+  };
+  const ProfileReport o2 = run_profile(o);
+  o.precision = PrecisionLevel::O1;
+  const ProfileReport o1 = run_profile(o);
+  EXPECT_EQ(o2.precision, "O2");
+  EXPECT_EQ(o1.precision, "O1");
+  EXPECT_NE(o1.table().find("bf16 (precision O1)"), std::string::npos) << o1.table();
+  EXPECT_EQ(o1.to_json()["precision"], "O1");
+  EXPECT_GT(casts_of(o1), 0) << o1.table();
+  // O1 casts every convolution's input and output (and their gradients); O2 only the weights,
+  // the input batch and the logits.
+  int64_t o1_casts = 0, o2_casts = 0;
+  for (const auto& [name, s] : o1.step_spans) o1_casts += name.find("cast") != std::string::npos;
+  for (const auto& [name, s] : o2.step_spans) o2_casts += name.find("cast") != std::string::npos;
+  EXPECT_GT(o1_casts, 2 * o2_casts) << o1_casts << " against " << o2_casts;
+  o.dtype = DType::f32;
+  EXPECT_THROW(run_profile(o), Error) << "O1 needs a half dtype";
+}
+
 // A training dataset that sleeps in load() for the samples numbered [from, to) in load
 // order: a loader that is slow for a stretch of steps.
 class SlowStretchDataset : public Dataset {
