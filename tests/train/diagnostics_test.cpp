@@ -351,20 +351,26 @@ TEST(Profile, LayersAddUpAndWorkIsCounted) {
   EXPECT_LT(best, 0.3) << r.table();
 }
 
-// In a bf16 profile, the layers that compute in fp32 arithmetic (bf16 convolutions on a CPU
-// without AMX) are held against the fp32 GEMM's peak, the others against the bf16 one.
-TEST(Profile, EachLayerIsHeldAgainstThePeakOfItsArithmetic) {
-  std::string why;
-  if (!make_backend_for(DeviceChoice::cpu)->supports_dtype(DType::bf16, &why)) GTEST_SKIP() << why;
+// resnet20 on 8x8 single-channel images, bf16 (O2), one profiled step on the CPU.
+ProfileOptions one_step_bf16_profile(int64_t batch) {
   ProfileOptions o;
   o.model = "resnet20";
   o.channels = 1, o.height = 8, o.width = 8, o.classes = 10;
-  o.batch = 16;
+  o.batch = batch;
   o.dtype = DType::bf16;
   o.device = DeviceChoice::cpu;
   o.steps = 1;
   o.warmup = 0;
   o.threads = 1;
+  return o;
+}
+
+// In a bf16 profile, the layers that compute in fp32 arithmetic (bf16 convolutions on a CPU
+// without AMX) are held against the fp32 GEMM's peak, the others against the bf16 one.
+TEST(Profile, EachLayerIsHeldAgainstThePeakOfItsArithmetic) {
+  std::string why;
+  if (!make_backend_for(DeviceChoice::cpu)->supports_dtype(DType::bf16, &why)) GTEST_SKIP() << why;
+  const ProfileOptions o = one_step_bf16_profile(16);
   const ProfileReport r = run_profile(o);
   int fp32_layers = 0;
   const nlohmann::json j = r.to_json();
@@ -407,15 +413,7 @@ TEST(Profile, EachLayerIsHeldAgainstThePeakOfItsArithmetic) {
 TEST(Profile, PrecisionO1TimesTheCastsAroundTheConvolutions) {
   std::string why;
   if (!make_backend_for(DeviceChoice::cpu)->supports_dtype(DType::bf16, &why)) GTEST_SKIP() << why;
-  ProfileOptions o;
-  o.model = "resnet20";
-  o.channels = 1, o.height = 8, o.width = 8, o.classes = 10;
-  o.batch = 8;
-  o.dtype = DType::bf16;
-  o.device = DeviceChoice::cpu;
-  o.steps = 1;
-  o.warmup = 0;
-  o.threads = 1;
+  ProfileOptions o = one_step_bf16_profile(8);
   auto casts_of = [](const ProfileReport& r) {
     for (const LayerProfile& l : r.layers)
       if (l.name == "(casts)") return l.seconds();
