@@ -39,10 +39,8 @@ int run_tune(const TuneArgs& a) {
   RN_CHECK(backend->device() != Device::cpu)
       << "resnet tune: the " << backend->name() << " backend keeps no algorithm cache (tuning is for --device cuda)";
   PrecisionConfig pc;
-  bool known = false;
-  for (PrecisionLevel l : {PrecisionLevel::O0, PrecisionLevel::O1, PrecisionLevel::O2, PrecisionLevel::O3})
-    if (enum_name(l) == a.precision) pc.level = l, known = true;
-  RN_CHECK(known) << "resnet tune: unknown precision level '" << a.precision << "' (O0, O1, O2 or O3)";
+  pc.level = parse_enum(a.precision, {PrecisionLevel::O0, PrecisionLevel::O1, PrecisionLevel::O2, PrecisionLevel::O3},
+                        "precision level");
   pc.half_dtype = dtype_from_name(a.half);
   const PrecisionPolicy policy = make_precision_policy(pc, *backend);
   for (int64_t batch : a.batches) {

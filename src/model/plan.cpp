@@ -237,17 +237,20 @@ DType Plan::node_dtype(int id) const {
   return options_.activation_dtype;
 }
 
-std::optional<DType> Plan::arithmetic(int node) const {
+const Plan::NodeKernels& Plan::kernels_of(int node) const {
   RN_CHECK(node >= 0 && static_cast<size_t>(node) < kernels_.size()) << "plan: no node " << node;
-  const NodeKernels& k = kernels_[static_cast<size_t>(node)];
+  return kernels_[static_cast<size_t>(node)];
+}
+
+std::optional<DType> Plan::arithmetic(int node) const {
+  const NodeKernels& k = kernels_of(node);
   if (k.conv != nullptr) return k.conv->arithmetic();
   if (k.linear != nullptr) return options_.dtype;
   return std::nullopt;
 }
 
 std::string Plan::implementation(int node) const {
-  RN_CHECK(node >= 0 && static_cast<size_t>(node) < kernels_.size()) << "plan: no node " << node;
-  const Conv2dKernel* conv = kernels_[static_cast<size_t>(node)].conv;
+  const Conv2dKernel* conv = kernels_of(node).conv;
   return conv != nullptr ? conv->implementation() : std::string();
 }
 

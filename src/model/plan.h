@@ -264,6 +264,7 @@ class Plan {
     LinearKernel* linear = nullptr;
   };
   std::vector<NodeKernels> kernels_;
+  const NodeKernels& kernels_of(int node) const;  // checked index
 };
 
 }  // namespace rn
