@@ -5,4 +5,5 @@
 namespace rn {
 void register_batch_norm();  // micro_batch_norm.cpp
 void register_conv();        // micro_conv.cpp
+void register_nvtx();        // micro_nvtx.cpp
 }  // namespace rn

@@ -8,6 +8,7 @@ int main(int argc, char** argv) {
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   rn::register_batch_norm();
   rn::register_conv();
+  rn::register_nvtx();
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

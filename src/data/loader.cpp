@@ -6,6 +6,7 @@
 
 #include "core/check.h"
 #include "core/log.h"
+#include "core/nvtx.h"
 
 namespace rn {
 
@@ -79,7 +80,9 @@ void DataLoader::init(const SampleGeometry&) {
   workers_.reserve(static_cast<size_t>(options.workers));
   for (int i = 0; i < options.workers; ++i) {
     workers_.emplace_back([this, i] {
-      if (options_.trace) options_.trace->name_thread("loader worker " + std::to_string(i));
+      const std::string name = options_.name + " worker " + std::to_string(i);
+      nvtx::name_this_thread(name.c_str());
+      if (options_.trace) options_.trace->name_thread(name);
       worker_loop();
     });
   }
@@ -358,7 +361,10 @@ void DataLoader::worker_loop() {
     uint64_t generation = 0;
     Slot& slot = claim(&generation);
     lock.unlock();
-    fill(slot, state);
+    {
+      nvtx::Scope range("load batch");
+      fill(slot, state);
+    }
     lock.lock();
     finish(slot, generation);
   }

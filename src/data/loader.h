@@ -42,7 +42,8 @@ namespace rn {
 enum class BadFilePolicy : uint8_t { skip, error };
 
 struct DataLoaderOptions {
-  int64_t batch_size = 128;  // per rank
+  std::string name = "loader";  // its worker threads are "<name> worker <i>" in traces and profilers
+  int64_t batch_size = 128;     // per rank
   int workers = 2;           // loading threads; 0 loads each batch inside next(), on the consumer's thread
   int prefetch = 4;          // batches the workers may have ready or in progress ahead of the consumer
   bool shuffle = true;       // permute each epoch with (seed, epoch); false: dataset order

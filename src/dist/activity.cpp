@@ -3,6 +3,8 @@
 #include <atomic>
 #include <chrono>
 
+#include "core/nvtx.h"
+
 namespace rn {
 namespace {
 
@@ -25,6 +27,7 @@ void set_activity(const char* what, int64_t step) {
 void set_activity(const char* what) {
   g_what.store(what, std::memory_order_relaxed);
   g_since_ns.store(now_ns(), std::memory_order_relaxed);
+  nvtx::phase(what);
 }
 
 Activity current_activity() {

@@ -1,7 +1,8 @@
 // What this process is doing, for the failure messages of a data-parallel job: the trainer
 // names each phase ("forward", "backward", "loading a batch", ...) with the step, and the
 // communicator's heartbeat carries it to rank 0, which names the rank that stopped and what
-// it was doing. Setting it is two relaxed atomic stores.
+// it was doing. Setting it is two relaxed atomic stores, and it ends one NVTX range and starts
+// the next (core/nvtx.h: the phases on a profiler's timeline).
 #pragma once
 
 #include <cstdint>

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cstring>
 
+#include "core/nvtx.h"
+
 namespace rn {
 
 namespace {
@@ -472,9 +474,11 @@ int Plan::for_backward(int b) {
 void Plan::run_steps(size_t begin, size_t end) {
   for (size_t i = begin; i < end; ++i) {
     if (!profiling_) {
+      nvtx::Scope range(steps_[i].name.c_str());  // the step by name on a profiler's timeline (core/nvtx.h)
       steps_[i].run();
     } else {
       const auto t0 = std::chrono::steady_clock::now();
+      nvtx::Scope range(steps_[i].name.c_str());
       steps_[i].run();
       backend_->synchronize();
       step_seconds_[i] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -35,7 +35,7 @@ class TraceRecorder {
   // bucket's all-reduce on the communication thread).
   void complete_on_track(const std::string& track, std::string name, std::string category, double start_us,
                          double dur_us, std::vector<std::pair<std::string, double>> args = {});
-  // Names the calling thread in the viewer ("loader worker 0", "trainer").
+  // Names the calling thread in the viewer ("train loader worker 0", "trainer").
   void name_thread(const std::string& name);
 
   size_t size() const;

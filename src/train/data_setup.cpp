@@ -86,6 +86,7 @@ std::shared_ptr<ResizeCenterCrop> eval_augment(const Config& cfg) {
 }
 
 DataLoaderOptions val_options(DataLoaderOptions o) {
+  o.name = "val loader";
   o.shuffle = false;
   o.drop_last = false;
   o.shard.equal = false;
@@ -122,6 +123,7 @@ ImageFolderPaths image_folder_paths(const DataConfig& data) {
 
 DataLoaderOptions loader_options(const Config& cfg, DType dtype, Layout layout, MemorySpace* batch_memory) {
   DataLoaderOptions lo;
+  lo.name = "train loader";
   lo.defer_crop_flip = dtype == DType::u8;
   lo.batch_memory = batch_memory;
   lo.batch_size = cfg.data.batch_size;
