@@ -1,5 +1,6 @@
 // `resnet train`, `resnet eval` and `resnet export`.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -14,6 +15,7 @@
 #include "data/transform.h"
 #include "dist/world.h"
 #include "model/model.h"
+#include "model/onnx_export.h"
 #include "model/safetensors.h"
 #include "model/zoo.h"
 #include "train/batch_feeder.h"
@@ -143,6 +145,17 @@ int run_export(const ExportArgs& a) {
   const Config cfg = config_for_weights(ea);
   Model model(build_model(cfg.model.name, model_options(cfg.model)));
   load_weights(a.weights, model);
+  if (a.out.ends_with(".onnx")) {
+    const OnnxExportInfo info = save_onnx(a.out, model);
+    const ModelOptions mo = model_options(cfg.model);
+    fmt::print(
+        "wrote {} ({}, ONNX opset {}: {} nodes, {} initializers, {:.1f} MB); input \"input\" [N, {}, {}, {}] "
+        "normalised with mean {} and std {} (not in the graph), output \"logits\" [N, {}]\n",
+        a.out, cfg.model.name, kOnnxOpset, info.nodes, info.initializers, 1e-6 * static_cast<double>(info.bytes),
+        mo.in_channels, mo.height, mo.width, fmt::join(cfg.data.mean, ", "), fmt::join(cfg.data.std, ", "),
+        mo.num_classes);
+    return 0;
+  }
   save_weights(a.out, model);
   fmt::print("wrote {} ({} parameters and running stats, torchvision names)\n", a.out, model.names().size());
   return 0;
@@ -180,10 +193,13 @@ Runner add_eval_command(CLI::App& app) {
 
 Runner add_export_command(CLI::App& app) {
   auto a = std::make_shared<ExportArgs>();
-  CLI::App* cmd = app.add_subcommand("export", "Write a checkpoint's weights as a torchvision-named safetensors file");
+  CLI::App* cmd = app.add_subcommand(
+      "export",
+      "Write a checkpoint's weights as a torchvision-named safetensors file, or (--out X.onnx) the inference "
+      "graph with its weights as ONNX");
   add_config_options(cmd, a->config, a->sets);
   cmd->add_option("--weights", a->weights, "A checkpoint or weights file")->required();
-  cmd->add_option("--out", a->out, "Output .safetensors")->required();
+  cmd->add_option("--out", a->out, "Output: .onnx writes ONNX (opset 13), any other name safetensors")->required();
   return [cmd, a]() -> int { return cmd->parsed() ? run_export(*a) : -1; };
 }
 

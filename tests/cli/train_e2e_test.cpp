@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "data/idx_dataset.h"
+#include "model/onnx_export.h"
 #include "model/safetensors.h"
 #include "resnet_process.h"
 #include "train/metrics.h"
@@ -176,6 +177,23 @@ TEST(TrainE2E, SigtermSavesACheckpointThenEvalAndExportWork) {
   EXPECT_NE(w.find("layer1.0.conv1.weight"), nullptr);
   EXPECT_NE(w.find("bn1.running_var"), nullptr);
   EXPECT_EQ(w.find("optimizer.momentum.fc.weight"), nullptr);
+
+  // .onnx: the inference graph, its input and normalisation named (tests/model checks the
+  // file itself; a build without libonnx says what is missing and fails).
+  const fs::path onnx_path = dir.string() + "_model.onnx";
+  fs::remove(log);
+  const int onnx_rc = wait_for(spawn({"export", "--weights", saved[0].string(), "--out", onnx_path.string()}, log));
+  const std::string onnx_out = read_all(log);
+  if (onnx_export_available()) {
+    ASSERT_EQ(onnx_rc, 0) << onnx_out;
+    EXPECT_NE(onnx_out.find("ONNX opset 13"), std::string::npos) << onnx_out;
+    EXPECT_NE(onnx_out.find("input \"input\" [N, 1, 28, 28] normalised with mean 0.286"), std::string::npos)
+        << onnx_out;
+    EXPECT_GT(fs::file_size(onnx_path), fs::file_size(weights) / 2);
+  } else {
+    EXPECT_NE(onnx_rc, 0);
+    EXPECT_NE(onnx_out.find("libonnx-dev"), std::string::npos) << onnx_out;
+  }
 }
 
 TEST(TrainE2E, UnknownConfigKeyIsAClearError) {
