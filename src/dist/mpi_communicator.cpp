@@ -1,5 +1,6 @@
 #include "dist/mpi_communicator.h"
 
+#include <fmt/format.h>
 #include <mpi.h>
 #include <unistd.h>
 
@@ -16,10 +17,9 @@
 #include <type_traits>
 #include <unordered_map>
 
-#include <fmt/format.h>
-
 #include "core/check.h"
 #include "core/log.h"
+#include "core/nvtx.h"
 #include "dist/activity.h"
 
 namespace rn {
@@ -209,6 +209,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   void thread_main() {
+    nvtx::name_this_thread("MPI communication");
     int provided = 0;
     const int wanted = rn_mpi_thread_level_wanted();
     int rc = MPI_Init_thread(nullptr, nullptr, wanted, &provided);
@@ -290,9 +291,11 @@ class MpiCommunicator final : public Communicator {
 
   void run(Op& op) {
     const double t0 = now_s();
+    const std::string what = describe(op);
+    nvtx::Scope range(what.c_str());  // each collective by name on a profiler's timeline (core/nvtx.h)
     {
       std::lock_guard lk(status_mu_);
-      current_op_ = describe(op);
+      current_op_ = what;
       op_start_ = t0;
       started_ = static_cast<int64_t>(op.ticket);
     }

@@ -3,13 +3,14 @@
 // resumes on 1 rank; the launcher places ranks from a rank table.
 #include <gtest/gtest.h>
 
-#include <nlohmann/json.hpp>
 #include <cmath>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "dist_test_util.h"
 #include "model/safetensors.h"
+#include "nvtx_record.h"
 #include "train/metrics.h"
 
 namespace rn {
@@ -122,6 +123,46 @@ std::map<std::string, std::vector<float>> final_weights(const fs::path& run) {
 // at 1e-7 for all 10 steps; stated tolerance 1e-5 per step and in the final weights.
 // Per-rank BN differs by about 1e-2 (checked too). (With oneDNN the single-rank run uses
 // oneDNN's batch norm and other convolution blocking for batch 32, a few 1e-6 per step.)
+// Under a profiler each rank's communication thread is named and every collective is a
+// range on it (tests/cli/nvtx_recorder records what Nsight Systems would see; "%p" gives
+// each rank its own file).
+TEST(DistTrain, EachCollectiveIsAnNvtxRangeOnTheNamedCommunicationThread) {
+#ifndef RN_NVTX_RECORDER
+  GTEST_SKIP() << "built without the NVTX headers (RN_NVTX off or no CUDA toolkit): no ranges to record";
+#else
+  const fs::path dir = fresh_dir("nvtx_ranks");
+  std::vector<std::string> argv = mpirun(2);
+  for (const char* v : {"NVTX_INJECTION64_PATH", "RN_NVTX_RECORD"}) {
+    argv.push_back("-x");
+    argv.push_back(v);
+  }
+  const std::vector<std::string> args = train_args(dir / "run", 16, {"schedule.epochs=1"});
+  argv.insert(argv.end(), args.begin(), args.end());
+  const RunResult r = run(
+      argv, 300, dir / "out.log",
+      {std::string("NVTX_INJECTION64_PATH=") + RN_NVTX_RECORDER, "RN_NVTX_RECORD=" + (dir / "nvtx.%p.txt").string()});
+  ASSERT_EQ(r.status, 0) << r.output;
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (!e.path().filename().string().starts_with("nvtx.")) continue;
+    ++files;
+    const NvtxRecord rec = parse_nvtx_record(read_all(e.path()));
+    for (const std::string& err : rec.errors) ADD_FAILURE() << e.path() << ": " << err;
+    int comm = 0;
+    for (const auto& [tid, name] : rec.thread_names)
+      if (name == "MPI communication") comm = tid;
+    ASSERT_NE(comm, 0) << e.path() << ": no thread named \"MPI communication\"";
+    ASSERT_TRUE(rec.pushed_on.count(comm)) << e.path();
+    int buckets = 0;
+    for (const std::string& range : rec.pushed_on.at(comm))
+      buckets += range.starts_with("all-reduce of gradient bucket ");
+    EXPECT_GE(buckets, 10) << e.path() << ": 10 steps, each at least one gradient bucket";
+    EXPECT_GE(rec.pushed.count("bwd_weights conv1"), 10u) << e.path();
+  }
+  EXPECT_EQ(files, 2) << "one record per rank";
+#endif
+}
+
 TEST(DistTrain, TwoRanksWithSyncBnMatchOneRankWithTwiceTheBatch) {
   const fs::path dir = fresh_dir("sync_bn");
   const std::vector<std::string> ref = {"run.device=ref", "schedule.epochs=1", "optimizer.base_lr=0.02"};

@@ -1,7 +1,8 @@
 // An NVTX injection library for tests, loaded the way Nsight Systems' is
 // (NVTX_INJECTION64_PATH=.../libnvtx_recorder.so): it writes each range the process pushes,
 // pops, starts and ends, and each thread it names, one line per event, to the file that
-// RN_NVTX_RECORD names. Lines: "<tid> push <name>", "<tid> pop", "<tid> start <id> <name>",
+// RN_NVTX_RECORD names ("%p" in it becomes the process id: one file per rank of a job). Lines: "<tid> push <name>",
+// "<tid> pop", "<tid> start <id> <name>",
 // "<tid> end <id>", "<tid> thread <named tid> <name>".
 #include <nvtx3/nvToolsExt.h>
 #include <unistd.h>
@@ -9,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <string>
 
 namespace {
 
@@ -62,7 +64,9 @@ extern "C" __attribute__((visibility("default"))) int InitializeInjectionNvtx2(N
   NvtxFunctionTable table = nullptr;
   unsigned int size = 0;  // the largest callback id the table holds
   if (!callbacks->GetModuleFunctionTable(NVTX_CB_MODULE_CORE, &table, &size) || !table) return 0;
-  g_out = std::fopen(path, "w");
+  std::string file = path;
+  if (const size_t at = file.find("%p"); at != std::string::npos) file.replace(at, 2, std::to_string(getpid()));
+  g_out = std::fopen(file.c_str(), "w");
   if (!g_out) return 0;
   auto set = [&](unsigned int id, NvtxFunctionPointer fn) {
     if (id <= size && table[id]) *table[id] = fn;
