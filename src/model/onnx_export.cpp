@@ -64,6 +64,8 @@ class OnnxWriter {
     return std::move(proto_);
   }
 
+  int initializers() const { return initializers_; }
+
  private:
   // A fresh name for the value a node produces (node names are unique in the zoo; a
   // repeated one gets a suffix rather than a silently shared value).
@@ -190,15 +192,12 @@ class OnnxWriter {
     }
   }
 
- public:
-  int initializers_ = 0;
-
- private:
   const Model& model_;
   onnx::ModelProto proto_;
   onnx::GraphProto& graph_;
   std::vector<std::string> names_;  // value id -> ONNX value name
   std::set<std::string> used_;
+  int initializers_ = 0;
 };
 
 }  // namespace
@@ -208,7 +207,7 @@ OnnxExportInfo save_onnx(const std::string& path, const Model& model) {
   onnx::ModelProto proto = writer.build();
   OnnxExportInfo info;
   info.nodes = proto.graph().node_size();
-  info.initializers = writer.initializers_;
+  info.initializers = writer.initializers();
   try {
     onnx::checker::check_model(proto);
     onnx::shape_inference::InferShapes(proto);  // refuses inconsistent shapes (strict mode off: fills value_info)
