@@ -143,11 +143,11 @@ int run_export(const ExportArgs& a) {
   ea.sets = a.sets;
   ea.weights = a.weights;
   const Config cfg = config_for_weights(ea);
-  Model model(build_model(cfg.model.name, model_options(cfg.model)));
+  const ModelOptions mo = model_options(cfg.model);
+  Model model(build_model(cfg.model.name, mo));
   load_weights(a.weights, model);
   if (a.out.ends_with(".onnx")) {
     const OnnxExportInfo info = save_onnx(a.out, model);
-    const ModelOptions mo = model_options(cfg.model);
     fmt::print(
         "wrote {} ({}, ONNX opset {}: {} nodes, {} initializers, {:.1f} MB); input \"input\" [N, {}, {}, {}] "
         "normalised with mean {} and std {} (not in the graph), output \"logits\" [N, {}]\n",

@@ -473,15 +473,16 @@ int Plan::for_backward(int b) {
 
 void Plan::run_steps(size_t begin, size_t end) {
   for (size_t i = begin; i < end; ++i) {
-    if (!profiling_) {
+    {
       nvtx::Scope range(steps_[i].name.c_str());  // the step by name on a profiler's timeline (core/nvtx.h)
-      steps_[i].run();
-    } else {
-      const auto t0 = std::chrono::steady_clock::now();
-      nvtx::Scope range(steps_[i].name.c_str());
-      steps_[i].run();
-      backend_->synchronize();
-      step_seconds_[i] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (!profiling_) {
+        steps_[i].run();
+      } else {
+        const auto t0 = std::chrono::steady_clock::now();
+        steps_[i].run();
+        backend_->synchronize();
+        step_seconds_[i] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      }
     }
     if (grad_ready_ && !steps_[i].finishes.empty()) grad_ready_(steps_[i].finishes);
     if (step_check_) step_check_(steps_[i].name);
