@@ -18,6 +18,7 @@ packages=(
   iproute2                          # ip netns: the two-host distributed test
   dataset-fashion-mnist             # the default training data
   python3-torch python3-torchvision # golden data and PyTorch comparisons (/usr/bin/python3)
+  libzip-dev                        # the zip container of PyTorch .pth files (resnet import, model.pretrained)
   libonnx-dev libprotobuf-dev       # ONNX export (resnet export --out X.onnx), checked by ONNX's own checker
   python3-onnx                      # tools/onnx_check.py: the exported graph evaluated against our logits
   xz-utils                          # the GPU bundle (scripts/gpu-bundle.sh) and its dry-run test
