@@ -14,6 +14,7 @@ Runner add_bench_command(CLI::App& app);
 Runner add_train_command(CLI::App& app);
 Runner add_eval_command(CLI::App& app);
 Runner add_export_command(CLI::App& app);
+Runner add_import_command(CLI::App& app);
 Runner add_pack_command(CLI::App& app);
 Runner add_doctor_command(CLI::App& app);
 Runner add_profile_command(CLI::App& app);

@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   runners.push_back(rn::cli::add_info_command(app));
   runners.push_back(rn::cli::add_bench_command(app));
   runners.push_back(rn::cli::add_export_command(app));
+  runners.push_back(rn::cli::add_import_command(app));
   runners.push_back(rn::cli::add_pack_command(app));
   runners.push_back(rn::cli::add_doctor_command(app));
   runners.push_back(rn::cli::add_profile_command(app));

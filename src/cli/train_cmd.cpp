@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <set>
 
 #include "cli/commands.h"
 #include "core/log.h"
@@ -25,6 +26,7 @@
 #include "train/device.h"
 #include "train/evaluate.h"
 #include "train/precision.h"
+#include "train/pretrained.h"
 #include "train/trainer.h"
 
 namespace rn::cli {
@@ -156,8 +158,45 @@ int run_export(const ExportArgs& a) {
         mo.num_classes);
     return 0;
   }
-  save_weights(a.out, model);
+  save_weights(a.out, model, cfg.to_yaml());
   fmt::print("wrote {} ({} parameters and running stats, torchvision names)\n", a.out, model.names().size());
+  return 0;
+}
+
+struct ImportArgs {
+  std::string config;
+  std::vector<std::string> sets;
+  std::string source;
+  std::string model;
+  std::string out;
+};
+
+// `resnet import resnet50-0676ba61.pth --model resnet50 --out resnet50.safetensors`: a PyTorch
+// state dict (or any weights load_pretrained reads) checked against the model, name by name and
+// shape by shape, and written as a resnet.cpp weights file whose embedded config lets `resnet
+// eval` and `model.pretrained` use it as it is.
+int run_import(const ImportArgs& a) {
+  std::vector<std::string> sets;
+  if (!a.model.empty()) {
+    sets.push_back("model.name=" + a.model);
+    // The ImageNet ResNets as torchvision trains them: 1000 classes of 224x224 RGB photos.
+    static const std::set<std::string> kImageNet = {"resnet18",  "resnet34",  "resnet50",
+                                                    "resnet101", "resnet152", "resnet50_gdw"};
+    if (kImageNet.count(a.model)) {
+      sets.insert(sets.end(), {"model.num_classes=1000", "model.image_size=224", "data.augment.eval_resize=256"});
+      const std::vector<std::string> imagenet = data_sets(".");
+      sets.insert(sets.end(), imagenet.begin() + 2, imagenet.end());  // channels, mean and std; not the folder
+      sets.push_back("data.dataset=imagefolder");
+    }
+  }
+  sets.insert(sets.end(), a.sets.begin(), a.sets.end());
+  const Config cfg = load_config(a.config, sets);
+  Model model(build_model(cfg.model.name, model_options(cfg.model)));
+  const PretrainedLoad r = load_pretrained(a.source, model);
+  save_weights(a.out, model, cfg.to_yaml());
+  fmt::print("imported {} into {}: {}, {}", a.source, a.out, cfg.model.name, r.summary());
+  if (r.ignored > 0) fmt::print("; {} tensor(s) not needed (BN counters, optimizer state)", r.ignored);
+  fmt::print("\n");
   return 0;
 }
 
@@ -201,6 +240,21 @@ Runner add_export_command(CLI::App& app) {
   cmd->add_option("--weights", a->weights, "A checkpoint or weights file")->required();
   cmd->add_option("--out", a->out, "Output: .onnx writes ONNX (opset 13), any other name safetensors")->required();
   return [cmd, a]() -> int { return cmd->parsed() ? run_export(*a) : -1; };
+}
+
+Runner add_import_command(CLI::App& app) {
+  auto a = std::make_shared<ImportArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "import",
+      "Check a PyTorch .pth state dict (torchvision's weights, a training script's checkpoint; read without Python) "
+      "or a safetensors file against a model, and write it as a resnet.cpp weights file");
+  add_config_options(cmd, a->config, a->sets);
+  cmd->add_option("source", a->source, "torch.save file (.pth, .pt, .tar) or safetensors file")->required();
+  cmd->add_option("--model", a->model,
+                  "Model of the weights (model.name); an ImageNet model also sets 1000 classes, 224x224 RGB input and "
+                  "ImageNet's normalisation, which --set can change");
+  cmd->add_option("--out", a->out, "The weights file to write (.safetensors)")->required();
+  return [cmd, a]() -> int { return cmd->parsed() ? run_import(*a) : -1; };
 }
 
 }  // namespace rn::cli

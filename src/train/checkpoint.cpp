@@ -417,8 +417,10 @@ TrainState load_checkpoint(const std::string& path, Model& model, Optimizer* opt
   return load_checkpoint_file(SafetensorsFile::load(path), model, opt);
 }
 
-void save_weights(const std::string& path, const Model& model) {
-  write_safetensors(path, model_tensors(model), base_metadata(model, kKindWeights));
+void save_weights(const std::string& path, const Model& model, const std::string& config_yaml) {
+  std::map<std::string, std::string> md = base_metadata(model, kKindWeights);
+  if (!config_yaml.empty()) md["config_yaml"] = config_yaml;
+  write_safetensors(path, model_tensors(model), md);
 }
 
 void load_weights(const std::string& path, Model& model) {

@@ -58,9 +58,10 @@ void save_checkpoint(const std::string& path, const Model& model, const Optimize
 // present and parses. Returns the TrainState; the caller restores the rng and the scaler.
 TrainState load_checkpoint(const std::string& path, Model& model, Optimizer* opt);
 
-// Writes parameters and running stats only: the file `resnet export` writes and
-// tools/torchvision_to_safetensors.py --reverse reads.
-void save_weights(const std::string& path, const Model& model);
+// Writes parameters and running stats only: the file `resnet export` and `resnet import` write
+// and tools/torchvision_to_safetensors.py --reverse reads. A non-empty `config_yaml` is kept in
+// the metadata, where `resnet eval` and `resnet export` find the model and data settings.
+void save_weights(const std::string& path, const Model& model, const std::string& config_yaml = "");
 
 // Loads parameters and running stats from a checkpoint or a plain weights file (save_weights,
 // or the torchvision converter). Every model tensor must be present (running stats too), F32,

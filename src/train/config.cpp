@@ -284,6 +284,37 @@ struct Codec<std::vector<T>> {
   }
 };
 
+// A list of strings; a single string is read as a one-element list.
+template <>
+struct Codec<std::vector<std::string>> {
+  static std::string type() { return "list of string"; }
+  static bool decode(const YAML::Node& n, std::vector<std::string>& out) {
+    std::vector<std::string> v;
+    if (n.IsNull()) {
+      out.clear();
+      return true;
+    }
+    if (n.IsScalar()) {
+      v.push_back(n.Scalar());
+    } else if (n.IsSequence()) {
+      for (const YAML::Node& item : n) {
+        if (!item.IsScalar()) return false;
+        v.push_back(item.Scalar());
+      }
+    } else {
+      return false;
+    }
+    out = std::move(v);
+    return true;
+  }
+  static YAML::Node encode(const std::vector<std::string>& v) {
+    YAML::Node n(YAML::NodeType::Sequence);
+    for (const std::string& x : v) n.push_back(YAML::Node(x));
+    n.SetStyle(YAML::EmitterStyle::Flow);
+    return n;
+  }
+};
+
 // {h, w}; a single int means a square.
 template <>
 struct Codec<std::array<int64_t, 2>> {
@@ -314,6 +345,7 @@ std::vector<double> numbers_in(bool) { return {}; }
 std::vector<double> numbers_in(int64_t v) { return {static_cast<double>(v)}; }
 std::vector<double> numbers_in(double v) { return {v}; }
 std::vector<double> numbers_in(const std::string&) { return {}; }
+std::vector<double> numbers_in(const std::vector<std::string>&) { return {}; }
 template <class E>
 requires std::is_enum_v<E> std::vector<double> numbers_in(E) { return {}; }
 std::vector<double> numbers_in(const std::vector<double>& v) { return v; }
@@ -337,6 +369,20 @@ struct Field {
   std::function<void(const Config&, const std::string& where)> check;
 };
 
+// The string keys are paths, names and a switch schedule: UTF-8 text without NUL ("\0" in
+// YAML), which would silently cut them short where they reach the C library.
+void check_text(const Field& f, const std::string& value, const std::string& where) {
+  if (const size_t at = invalid_utf8_at(value); at != std::string_view::npos) {
+    RN_FAIL() << where << "key '" << f.key << "' is not UTF-8 text: no well-formed character starts at byte " << at
+              << fmt::format(" (0x{:02x})", static_cast<unsigned char>(value[at]))
+              << "; a YAML config holds UTF-8 only";
+  }
+  if (const size_t at = value.find('\0'); at != std::string::npos) {
+    RN_FAIL() << where << "key '" << f.key << "' holds a NUL character at byte " << at
+              << "; a path or a name cannot contain one";
+  }
+}
+
 template <class T>
 void check_value(const Field& f, const T& value, const std::string& where) {
   if (f.range.bounded()) {
@@ -345,18 +391,11 @@ void check_value(const Field& f, const T& value, const std::string& where) {
                                     << " is out of range: expected " << f.range.str();
     }
   }
+  if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+    for (const std::string& v : value) check_text(f, v, where);
+  }
   if constexpr (std::is_same_v<T, std::string>) {
-    if (const size_t at = invalid_utf8_at(value); at != std::string_view::npos) {
-      RN_FAIL() << where << "key '" << f.key << "' is not UTF-8 text: no well-formed character starts at byte " << at
-                << fmt::format(" (0x{:02x})", static_cast<unsigned char>(value[at]))
-                << "; a YAML config holds UTF-8 only";
-    }
-    // The string keys are paths, names and a switch schedule, which a NUL ("\0" in YAML) would
-    // silently cut short where they reach the C library.
-    if (const size_t at = value.find('\0'); at != std::string::npos) {
-      RN_FAIL() << where << "key '" << f.key << "' holds a NUL character at byte " << at
-                << "; a path or a name cannot contain one";
-    }
+    check_text(f, value, where);
     if (!f.choices.empty() && std::find(f.choices.begin(), f.choices.end(), value) == f.choices.end()) {
       std::string list;
       for (const auto& c : f.choices) list += (list.empty() ? "" : ", ") + c;
@@ -420,6 +459,13 @@ std::vector<Field> build_fields() {
   f.push_back(RN_CONFIG_FIELD(model.in_channels, "input image channels (1 for Fashion-MNIST, 3 for RGB)", at_least(1)));
   f.push_back(RN_CONFIG_FIELD(model.image_size, "[h, w] of the images the network sees, after cropping", at_least(1)));
   f.push_back(RN_CONFIG_FIELD(model.zero_init_residual, "start the last BN gamma of every residual branch at 0"));
+  f.push_back(RN_CONFIG_FIELD(model.pretrained,
+                              "start from these weights instead of a random initialisation: a resnet.cpp checkpoint "
+                              "or weights file, a safetensors file with torchvision's names, or a PyTorch .pth "
+                              "(torch.save, read without Python); every tensor must fit; not read on resume"));
+  f.push_back(RN_CONFIG_FIELD(model.pretrained_exclude,
+                              "tensors of the model (names, or prefixes at a dot: fc, layer4) that keep their random "
+                              "initialisation instead, such as a classifier for another number of classes"));
   // data
   f.push_back(RN_CONFIG_FIELD(data.dataset, "dataset format"));
   f.push_back(RN_CONFIG_FIELD(data.root, "dataset folder"));

@@ -49,6 +49,9 @@ struct ModelConfig {
   int64_t in_channels = 1;
   std::array<int64_t, 2> image_size = {28, 28};  // {h, w} the network sees (after cropping)
   bool zero_init_residual = false;               // last BN gamma of each residual branch starts at 0
+  // Weights to start from (train/pretrained.h): a safetensors file or a PyTorch .pth; "" none.
+  std::string pretrained;
+  std::vector<std::string> pretrained_exclude;  // tensors (or prefixes at a dot) left as initialised
   bool operator==(const ModelConfig&) const = default;
 };
 

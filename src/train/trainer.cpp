@@ -32,6 +32,7 @@
 #include "train/evaluate.h"
 #include "train/metrics.h"
 #include "train/precision.h"
+#include "train/pretrained.h"
 #include "train/report.h"
 #include "train/schedule.h"
 #include "train/train_step.h"
@@ -243,10 +244,12 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
   CheckpointManager checkpoints(run_dir, cfg.run.checkpoint.keep_last, cfg.run.checkpoint.keep_best);
   TrainState st;
   Rng rng(static_cast<uint64_t>(cfg.run.seed));
+  bool from_checkpoint = false;
   if (resuming) {
     set_activity("loading the checkpoint", -1);
     auto loaded = checkpoints.latest_loadable(model, &optimizer);
     if (loaded) {
+      from_checkpoint = true;
       st = loaded->state;
       scaler.set_state(st.scaler);
       rng.set_state(st.rng);
@@ -268,6 +271,13 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
     } else {
       RN_LOG_WARN("no checkpoint in {}: starting from the beginning", run_dir);
     }
+  }
+  if (!from_checkpoint && !cfg.model.pretrained.empty() && world.rank == 0) {
+    // Rank 0 reads the file; the broadcast below gives its weights to the other ranks, so the
+    // file need only be on rank 0's host.
+    set_activity("loading the pretrained weights", -1);
+    const PretrainedLoad p = load_pretrained(cfg.model.pretrained, model, cfg.model.pretrained_exclude);
+    RN_LOG_INFO("model.pretrained {}: {}", cfg.model.pretrained, p.summary());
   }
   if (world.size > 1) {
     // Every rank starts from rank 0's weights, running statistics and momentum.

@@ -1,0 +1,225 @@
+#include "train/pretrained.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "core/check.h"
+#include "core/dtype.h"
+#include "model/safetensors.h"
+#include "model/torch_file.h"
+
+namespace rn {
+namespace {
+
+// One tensor of the file, whichever its container.
+struct Source {
+  std::string dtype;
+  std::vector<int64_t> shape;
+  const std::byte* data = nullptr;
+  size_t bytes = 0;
+};
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+std::vector<int64_t> dims(const Shape& s) {
+  std::vector<int64_t> d;
+  for (int i = 0; i < s.rank(); ++i) d.push_back(s[i]);
+  return d;
+}
+
+std::string list(const std::vector<std::string>& names, size_t shown = 6) {
+  std::string s;
+  for (size_t i = 0; i < names.size() && i < shown; ++i) s += (i ? ", '" : "'") + names[i] + "'";
+  if (names.size() > shown) s += fmt::format(", ... ({} more)", names.size() - shown);
+  return s;
+}
+
+bool matches(const std::string& name, const std::string& prefix) {
+  return name == prefix ||
+         (name.size() > prefix.size() && name.compare(0, prefix.size(), prefix) == 0 && name[prefix.size()] == '.');
+}
+
+bool ends_with(const std::string& s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+bool is_torch_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::byte h[4] = {};
+  in.read(reinterpret_cast<char*>(h), 4);
+  return in.gcount() == 4 && looks_like_torch_file(h);
+}
+
+float element(const Source& s, size_t i) {
+  const std::byte* p = s.data;
+  if (s.dtype == "F32") {
+    float v;
+    std::memcpy(&v, p + i * 4, 4);
+    return v;
+  }
+  if (s.dtype == "F64") {
+    double v;
+    std::memcpy(&v, p + i * 8, 8);
+    return static_cast<float>(v);
+  }
+  uint16_t bits;
+  std::memcpy(&bits, p + i * 2, 2);
+  if (s.dtype == "F16") return f16_to_f32(f16_t{bits});
+  return bf16_to_f32(bf16_t{bits});
+}
+
+}  // namespace
+
+std::string PretrainedLoad::summary() const {
+  std::string s = fmt::format("{} tensors from a {} file", loaded, format);
+  if (!key.empty()) s += fmt::format(" (its '{}')", key);
+  if (stripped_module) s += ", names without their 'module.' prefix";
+  if (!converted.empty()) {
+    std::string c;
+    for (const auto& d : converted) c += (c.empty() ? "" : ", ") + d;
+    s += ", converted from " + c + " to F32";
+  }
+  if (!excluded.empty()) {
+    std::string k;
+    for (size_t i = 0; i < excluded.size() && i < 8; ++i) k += (i ? ", " : "") + excluded[i];
+    if (excluded.size() > 8) k += fmt::format(", ... ({} more)", excluded.size() - 8);
+    s += "; kept as initialised: " + k;
+  }
+  return s;
+}
+
+PretrainedLoad load_pretrained(const std::string& path, Model& model, const std::vector<std::string>& exclude) {
+  PretrainedLoad r;
+  // The file's tensors by name.
+  std::map<std::string, Source> src;
+  std::vector<std::string> order;
+  std::optional<SafetensorsFile> st;
+  std::optional<TorchStateDict> td;
+  std::string written_for;
+  if (is_torch_file(path)) {
+    td = read_torch_state_dict(path);
+    r.format = "PyTorch " + td->format;
+    r.key = td->key;
+    for (auto& [name, t] : td->tensors) {
+      src[name] = Source{t.dtype, t.shape, t.data.data(), t.data.size()};
+      order.push_back(name);
+    }
+  } else {
+    st = SafetensorsFile::load(path);
+    r.format = "safetensors";
+    for (const SafetensorsEntry& e : st->entries()) {
+      const auto raw = st->raw(e.name);
+      src[e.name] = Source{e.dtype_tag, dims(e.shape), raw.data(), raw.size()};
+      order.push_back(e.name);
+    }
+    if (auto it = st->metadata().find("model"); it != st->metadata().end()) written_for = it->second;
+  }
+  const std::string where = "'" + path + "'";
+  RN_CHECK(!src.empty()) << where << " holds no tensors";
+
+  // DataParallel and DistributedDataParallel save every name under "module.".
+  if (std::all_of(order.begin(), order.end(), [](const std::string& n) { return n.rfind("module.", 0) == 0; })) {
+    std::map<std::string, Source> stripped;
+    for (auto& n : order) {
+      stripped[n.substr(7)] = src[n];
+      n = n.substr(7);
+    }
+    src = std::move(stripped);
+    r.stripped_module = true;
+  }
+
+  const std::vector<std::string> names = model.names();
+  const std::string model_name = model.graph().name;
+  for (const std::string& p : exclude) {
+    RN_CHECK(std::any_of(names.begin(), names.end(), [&](const std::string& n) { return matches(n, p); }))
+        << "model.pretrained_exclude: '" << p << "' names no tensor of " << model_name
+        << " (give a tensor name or a prefix of names at a dot: 'fc', 'layer4.2', 'conv1.weight')";
+  }
+  auto is_excluded = [&](const std::string& n) {
+    return std::any_of(exclude.begin(), exclude.end(), [&](const std::string& p) { return matches(n, p); });
+  };
+
+  // Check everything first.
+  std::set<std::string> stats, wanted(names.begin(), names.end());
+  for (const std::string& n : names)
+    if (ends_with(n, ".running_mean")) stats.insert(n.substr(0, n.size() - 13));
+  std::vector<std::string> missing, unknown, wrong;
+  std::set<std::string> converted;
+  bool fc_mismatch = false;
+  for (const std::string& n : names) {
+    if (is_excluded(n)) {
+      r.excluded.push_back(n);
+      continue;
+    }
+    auto it = src.find(n);
+    if (it == src.end()) {
+      missing.push_back(n);
+      continue;
+    }
+    const Source& s = it->second;
+    const std::vector<int64_t> want = dims(model.named(n).shape);
+    if (s.dtype != "F32" && s.dtype != "F16" && s.dtype != "BF16" && s.dtype != "F64") {
+      wrong.push_back(fmt::format("'{}' is {}, not a floating type", n, s.dtype));
+    } else if (s.shape != want) {
+      wrong.push_back(
+          fmt::format("'{}' has shape {} in the file, the model's is {}", n, shape_str(s.shape), shape_str(want)));
+      if (n.rfind("fc.", 0) == 0) fc_mismatch = true;
+    } else if (s.dtype != "F32") {
+      converted.insert(s.dtype);
+    }
+  }
+  for (const std::string& n : order) {
+    const bool excluded = is_excluded(n);
+    if (wanted.count(n) && !excluded) continue;
+    ++r.ignored;
+    if (excluded) continue;
+    // torchvision's BN counter, which training never reads; a resnet.cpp checkpoint's optimizer state.
+    if (ends_with(n, ".num_batches_tracked") && stats.count(n.substr(0, n.size() - 20))) continue;
+    if (n.rfind("optimizer.", 0) == 0 && st && st->metadata().count("format")) continue;
+    unknown.push_back(n);
+  }
+  if (!missing.empty() || !unknown.empty() || !wrong.empty()) {
+    std::string msg = where + " does not fit " + model_name + ": ";
+    std::vector<std::string> parts;
+    for (size_t i = 0; i < wrong.size() && i < 6; ++i) parts.push_back(wrong[i]);
+    if (wrong.size() > 6) parts.push_back(fmt::format("... ({} more of the wrong type or shape)", wrong.size() - 6));
+    if (!missing.empty())
+      parts.push_back(fmt::format("{} tensor(s) of the model missing: {}", missing.size(), list(missing)));
+    if (!unknown.empty())
+      parts.push_back(fmt::format("{} tensor(s) the model lacks: {}", unknown.size(), list(unknown)));
+    if (!written_for.empty() && written_for != model_name) parts.push_back("the file was written for " + written_for);
+    for (size_t i = 0; i < parts.size(); ++i) msg += (i ? "; " : "") + parts[i];
+    if (fc_mismatch)
+      msg += ". To start from these weights with a new classifier, leave it out: model.pretrained_exclude=[fc]";
+    RN_FAIL() << msg;
+  }
+
+  // Then copy.
+  for (const std::string& n : names) {
+    if (is_excluded(n)) continue;
+    const Source& s = src.at(n);
+    Tensor t = model.named(n);
+    float* dst = t.ptr<float>();
+    const size_t count = static_cast<size_t>(t.numel());
+    if (s.dtype == "F32") {
+      std::memcpy(dst, s.data, count * 4);
+    } else {
+      for (size_t i = 0; i < count; ++i) dst[i] = element(s, i);
+    }
+    ++r.loaded;
+  }
+  r.converted.assign(converted.begin(), converted.end());
+  return r;
+}
+
+}  // namespace rn

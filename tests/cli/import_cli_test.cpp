@@ -1,0 +1,83 @@
+// `resnet import` and `model.pretrained` through the real binary: torchvision's resnet18 state
+// dict, saved by PyTorch, becomes a weights file that carries its config; a pickled module and a
+// file that does not fit are refused with the file named, and nothing is written.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "model/safetensors.h"
+#include "resnet_process.h"
+
+namespace rn {
+namespace {
+
+namespace fs = std::filesystem;
+using test::read_all;
+using test::spawn;
+using test::wait_for;
+
+std::string python() {
+  const char* v = std::getenv("RN_PYTHON");
+  return v && *v ? v : "/usr/bin/python3";
+}
+
+class ImportCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(RN_BINARY_DIR) / "test_runs" / "import_cli" /
+           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    const std::string script =
+        "import torch, torchvision\n"
+        "torch.manual_seed(0)\n"
+        "m = torchvision.models.resnet18()\n"
+        "torch.save(m.state_dict(), 'r18.pth')\n"
+        "torch.save(m, 'module.pth')\n";
+    const std::string cmd = "cd " + dir_.string() + " && " + python() + " -c \"" + script + "\" > make.log 2>&1";
+    if (std::system(cmd.c_str()) != 0) GTEST_SKIP() << "torch/torchvision not usable by " << python();
+  }
+  int resnet(const std::vector<std::string>& args) { return wait_for(spawn(args, dir_ / "log.txt")); }
+  std::string log() const { return read_all(dir_ / "log.txt"); }
+  fs::path dir_;
+};
+
+TEST_F(ImportCli, TorchvisionStateDictBecomesAWeightsFileWithItsConfig) {
+  const fs::path out = dir_ / "r18.safetensors";
+  ASSERT_EQ(resnet({"import", (dir_ / "r18.pth").string(), "--model", "resnet18", "--out", out.string()}), 0) << log();
+  EXPECT_NE(log().find("resnet18, 102 tensors from a PyTorch zip file; 20 tensor(s) not needed"), std::string::npos)
+      << log();
+  const SafetensorsFile f = SafetensorsFile::load(out.string());
+  EXPECT_EQ(f.entries().size(), 102u);
+  EXPECT_EQ(f.metadata().at("model"), "resnet18");
+  const std::string& yaml = f.metadata().at("config_yaml");
+  EXPECT_NE(yaml.find("num_classes: 1000"), std::string::npos) << yaml;
+  EXPECT_NE(yaml.find("in_channels: 3"), std::string::npos) << yaml;
+  EXPECT_NE(yaml.find("dataset: imagefolder"), std::string::npos) << yaml;
+  // The embedded config is what `resnet export` uses: no --set needed to describe the model.
+  ASSERT_EQ(resnet({"export", "--weights", out.string(), "--out", (dir_ / "again.safetensors").string()}), 0) << log();
+}
+
+TEST_F(ImportCli, PickledModuleAndMisfitAreRefusedWithNothingWritten) {
+  const fs::path out = dir_ / "x.safetensors";
+  EXPECT_EQ(resnet({"import", (dir_ / "module.pth").string(), "--model", "resnet18", "--out", out.string()}), 1);
+  EXPECT_NE(log().find("holds a pickled module (torchvision.models.resnet.ResNet), not a state dict"),
+            std::string::npos)
+      << log();
+  EXPECT_EQ(resnet({"import", (dir_ / "r18.pth").string(), "--model", "resnet34", "--out", out.string()}), 1);
+  EXPECT_NE(log().find("r18.pth' does not fit resnet34"), std::string::npos) << log();
+  EXPECT_FALSE(fs::exists(out));
+  // Training from a file that does not fit stops before the first step, naming the way out.
+  EXPECT_EQ(
+      resnet({"train", "--set", "model.name=resnet18", "--set", "model.num_classes=10", "--set",
+              "model.pretrained=" + (dir_ / "r18.pth").string(), "--set", "run.out_dir=" + (dir_ / "runs").string(),
+              "--set", "data.dataset=synthetic", "--set", "model.in_channels=3", "--set", "model.image_size=32",
+              "--set", "data.mean=[0.5, 0.5, 0.5]", "--set", "data.std=[0.5, 0.5, 0.5]"}),
+      1);
+  EXPECT_NE(log().find("model.pretrained_exclude=[fc]"), std::string::npos) << log();
+}
+
+}  // namespace
+}  // namespace rn
