@@ -83,14 +83,26 @@ struct EvalArgs {
   std::string predictions;
 };
 
-// The config of a checkpoint (recorded in its metadata), else the given one.
+// The config of a checkpoint (recorded in its metadata), else the given one. A PyTorch file
+// records none: --config and --set describe its model.
 Config config_for_weights(const EvalArgs& a) {
-  if (a.config.empty()) {
+  if (a.config.empty() && !is_pytorch_file(a.weights)) {
     const SafetensorsFile f = SafetensorsFile::load(a.weights);
     auto it = f.metadata().find("config_yaml");
     if (it != f.metadata().end()) return load_config_from_string(it->second, a.sets, a.weights + " (embedded config)");
   }
   return load_config(a.config, a.sets);
+}
+
+// Our checkpoints and weights files; a PyTorch state dict through the same strict load as
+// model.pretrained.
+void load_model_weights(const std::string& path, Model& model) {
+  if (is_pytorch_file(path)) {
+    const PretrainedLoad r = load_pretrained(path, model);
+    RN_LOG_INFO("{}: {}", path, r.summary());
+    return;
+  }
+  load_weights(path, model);
 }
 
 int run_eval(const EvalArgs& a) {
@@ -100,7 +112,7 @@ int run_eval(const EvalArgs& a) {
   auto backend = make_backend_for(cfg.run.device, backend_options_for(cfg.run));
   const PrecisionPolicy policy = make_precision_policy(cfg.precision, *backend);
   Model model(build_model(cfg.model.name, model_options(cfg.model)));
-  load_weights(a.weights, model);
+  load_model_weights(a.weights, model);
   const DType loader_dtype = loader_dtype_for(policy.activation_dtype, *backend);
   std::unique_ptr<DataLoader> loader_ptr =
       make_val_loader(cfg, loader_dtype, backend->preferred_layout(), &backend->pinned_memory());
@@ -147,7 +159,7 @@ int run_export(const ExportArgs& a) {
   const Config cfg = config_for_weights(ea);
   const ModelOptions mo = model_options(cfg.model);
   Model model(build_model(cfg.model.name, mo));
-  load_weights(a.weights, model);
+  load_model_weights(a.weights, model);
   if (a.out.ends_with(".onnx")) {
     const OnnxExportInfo info = save_onnx(a.out, model);
     fmt::print(
@@ -224,7 +236,10 @@ Runner add_eval_command(CLI::App& app) {
   auto a = std::make_shared<EvalArgs>();
   CLI::App* cmd = app.add_subcommand("eval", "Evaluate weights on a test set: loss, top-1, top-5, predictions");
   add_config_options(cmd, a->config, a->sets);
-  cmd->add_option("--weights", a->weights, "A checkpoint or weights file (.safetensors)")->required();
+  cmd->add_option("--weights", a->weights,
+                  "A checkpoint or weights file (.safetensors), or a PyTorch state dict (.pth; --config/--set "
+                  "describe its model)")
+      ->required();
   cmd->add_option("--data", a->data, "Data folder (overrides data.root)");
   cmd->add_option("--predictions", a->predictions, "Write per-image top-5 classes and probabilities to this CSV");
   return [cmd, a]() -> int { return cmd->parsed() ? run_eval(*a) : -1; };
@@ -237,7 +252,7 @@ Runner add_export_command(CLI::App& app) {
       "Write a checkpoint's weights as a torchvision-named safetensors file, or (--out X.onnx) the inference "
       "graph with its weights as ONNX");
   add_config_options(cmd, a->config, a->sets);
-  cmd->add_option("--weights", a->weights, "A checkpoint or weights file")->required();
+  cmd->add_option("--weights", a->weights, "A checkpoint or weights file, or a PyTorch state dict (.pth)")->required();
   cmd->add_option("--out", a->out, "Output: .onnx writes ONNX (opset 13), any other name safetensors")->required();
   return [cmd, a]() -> int { return cmd->parsed() ? run_export(*a) : -1; };
 }

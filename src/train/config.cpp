@@ -781,6 +781,8 @@ void Config::validate() const {
                                          << " values but model.in_channels is " << model.in_channels;
   RN_CHECK(data.std.size() == channels) << where << "key 'data.std' has " << data.std.size()
                                         << " values but model.in_channels is " << model.in_channels;
+  RN_CHECK(model.pretrained_exclude.empty() || !model.pretrained.empty())
+      << where << "key 'model.pretrained_exclude' names tensors to keep out of model.pretrained, which is not set";
   if (data.dataset == DatasetKind::imagefolder) {
     RN_CHECK(model.in_channels == 3) << where << "key 'model.in_channels' = " << model.in_channels
                                      << " but image folders decode to RGB (3 channels)";

@@ -53,13 +53,6 @@ bool ends_with(const std::string& s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-bool is_torch_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::byte h[4] = {};
-  in.read(reinterpret_cast<char*>(h), 4);
-  return in.gcount() == 4 && looks_like_torch_file(h);
-}
-
 float element(const Source& s, size_t i) {
   const std::byte* p = s.data;
   if (s.dtype == "F32") {
@@ -79,6 +72,13 @@ float element(const Source& s, size_t i) {
 }
 
 }  // namespace
+
+bool is_pytorch_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::byte h[4] = {};
+  in.read(reinterpret_cast<char*>(h), 4);
+  return in.gcount() == 4 && looks_like_torch_file(h);
+}
 
 std::string PretrainedLoad::summary() const {
   std::string s = fmt::format("{} tensors from a {} file", loaded, format);
@@ -106,7 +106,7 @@ PretrainedLoad load_pretrained(const std::string& path, Model& model, const std:
   std::optional<SafetensorsFile> st;
   std::optional<TorchStateDict> td;
   std::string written_for;
-  if (is_torch_file(path)) {
+  if (is_pytorch_file(path)) {
     td = read_torch_state_dict(path);
     r.format = "PyTorch " + td->format;
     r.key = td->key;

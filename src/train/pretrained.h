@@ -36,4 +36,7 @@ struct PretrainedLoad {
 // stage); each must match a tensor of the model.
 PretrainedLoad load_pretrained(const std::string& path, Model& model, const std::vector<std::string>& exclude = {});
 
+// True when `path` starts like a file torch.save wrote (model/torch_file.h), not safetensors.
+bool is_pytorch_file(const std::string& path);
+
 }  // namespace rn

@@ -3,6 +3,7 @@
 // file that does not fit are refused with the file named, and nothing is written.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -58,6 +59,20 @@ TEST_F(ImportCli, TorchvisionStateDictBecomesAWeightsFileWithItsConfig) {
   EXPECT_NE(yaml.find("dataset: imagefolder"), std::string::npos) << yaml;
   // The embedded config is what `resnet export` uses: no --set needed to describe the model.
   ASSERT_EQ(resnet({"export", "--weights", out.string(), "--out", (dir_ / "again.safetensors").string()}), 0) << log();
+  // Export (and eval) also take the .pth itself, with --set describing its model: the same bytes.
+  const fs::path direct = dir_ / "direct.safetensors";
+  ASSERT_EQ(resnet({"export", "--weights", (dir_ / "r18.pth").string(), "--out", direct.string(), "--set",
+                    "model.name=resnet18", "--set", "model.num_classes=1000", "--set", "model.in_channels=3", "--set",
+                    "model.image_size=224", "--set", "data.mean=[0.5, 0.5, 0.5]", "--set", "data.std=[0.5, 0.5, 0.5]",
+                    "--set", "data.dataset=synthetic"}),
+            0)
+      << log();
+  const SafetensorsFile d = SafetensorsFile::load(direct.string());
+  ASSERT_EQ(d.entries().size(), f.entries().size());
+  for (const SafetensorsEntry& e : f.entries()) {
+    const auto a = f.raw(e.name), b = d.raw(e.name);
+    EXPECT_TRUE(a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin())) << e.name;
+  }
 }
 
 TEST_F(ImportCli, PickledModuleAndMisfitAreRefusedWithNothingWritten) {

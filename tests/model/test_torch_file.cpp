@@ -5,6 +5,7 @@
 // training script's checkpoint with the weights under "state_dict". Damaged, foreign and
 // refused files give errors that name the file and the problem.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -51,13 +52,15 @@ std::string error_of(const std::function<void()>& fn) {
 class TorchFile : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = fs::path(RN_BINARY_DIR) / "test_runs" / "torch_file";
+    // One folder per process: ctest runs each test as its own process, several at once.
+    dir_ = fs::path(RN_BINARY_DIR) / "test_runs" / "torch_file" / std::to_string(::getpid());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     const std::string cmd = python() + " " + RN_SOURCE_DIR + "/tests/model/make_torch_files.py " + dir_.string() +
                             " > " + (dir_ / "make.log").string() + " 2>&1";
     made_ = std::system(cmd.c_str()) == 0;
   }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
   void SetUp() override {
     if (!made_) GTEST_SKIP() << "torch not importable by " << python() << " (python3-torch): see " << dir_ / "make.log";
   }

@@ -212,11 +212,33 @@ TEST(Pretrained, ConfigKeysParseAndCheck) {
   const Config c = load_config_from_string("model:\n  pretrained: w.pth\n  pretrained_exclude: [fc, layer4]\n");
   EXPECT_EQ(c.model.pretrained, "w.pth");
   EXPECT_EQ(c.model.pretrained_exclude, (std::vector<std::string>{"fc", "layer4"}));
-  EXPECT_EQ(load_config_from_string("", {"model.pretrained_exclude=fc"}).model.pretrained_exclude,
-            (std::vector<std::string>{"fc"}));
-  EXPECT_THROW(load_config_from_string("model:\n  pretrained_exclude: {a: 1}\n"), Error);
+  EXPECT_EQ(
+      load_config_from_string("", {"model.pretrained=w.pth", "model.pretrained_exclude=fc"}).model.pretrained_exclude,
+      (std::vector<std::string>{"fc"}));
+  EXPECT_THROW(load_config_from_string("model:\n  pretrained: w.pth\n  pretrained_exclude: {a: 1}\n"), Error);
+  // Excluding from nothing is a mistake in the config.
+  EXPECT_THROW(load_config_from_string("", {"model.pretrained_exclude=fc"}), Error);
   // Written back and read again, unchanged.
   EXPECT_EQ(load_config_from_string(c.to_yaml()).model, c.model);
+}
+
+// Every recipe in configs/ loads and passes validation, given what its header says the user
+// supplies; the fine-tuning recipe without its weights names what is missing.
+TEST(Recipes, EveryRecipeLoads) {
+  const std::map<std::string, std::vector<std::string>> user_sets = {
+      {"finetune_resnet50.yaml", {"model.pretrained=resnet50-0676ba61.pth", "model.num_classes=5"}}};
+  int n = 0;
+  for (const auto& entry : fs::directory_iterator(fs::path(RN_SOURCE_DIR) / "configs")) {
+    if (entry.path().extension() != ".yaml") continue;
+    const std::string name = entry.path().filename().string();
+    auto it = user_sets.find(name);
+    EXPECT_NO_THROW(load_config(entry.path().string(), it == user_sets.end() ? std::vector<std::string>{} : it->second))
+        << name;
+    ++n;
+  }
+  EXPECT_GE(n, 4);
+  const std::string e = error_of([] { load_config(std::string(RN_SOURCE_DIR) + "/configs/finetune_resnet50.yaml"); });
+  EXPECT_NE(e.find("model.pretrained, which is not set"), std::string::npos) << e;
 }
 
 }  // namespace
