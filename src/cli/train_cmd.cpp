@@ -41,12 +41,19 @@ struct TrainArgs {
   int64_t max_steps = 0;
 };
 
+// RGB photos with ImageNet's normalisation, as torchvision's models are trained.
+std::vector<std::string> imagenet_input_sets() {
+  return {"data.dataset=imagefolder", "model.in_channels=3", "data.mean=[0.485, 0.456, 0.406]",
+          "data.std=[0.229, 0.224, 0.225]"};
+}
+
 // --data PATH: an image folder (root/<class>/*.jpg, or root/train + root/val) with
 // ImageNet's normalisation; the user's own --set options come after and win.
 std::vector<std::string> data_sets(const std::string& path) {
   if (path.empty()) return {};
-  return {"data.dataset=imagefolder", "data.root=" + path, "model.in_channels=3", "data.mean=[0.485, 0.456, 0.406]",
-          "data.std=[0.229, 0.224, 0.225]"};
+  std::vector<std::string> sets = imagenet_input_sets();
+  sets.push_back("data.root=" + path);
+  return sets;
 }
 
 int run_train(const TrainArgs& a) {
@@ -196,9 +203,8 @@ int run_import(const ImportArgs& a) {
                                                     "resnet101", "resnet152", "resnet50_gdw"};
     if (kImageNet.count(a.model)) {
       sets.insert(sets.end(), {"model.num_classes=1000", "model.image_size=224", "data.augment.eval_resize=256"});
-      const std::vector<std::string> imagenet = data_sets(".");
-      sets.insert(sets.end(), imagenet.begin() + 2, imagenet.end());  // channels, mean and std; not the folder
-      sets.push_back("data.dataset=imagefolder");
+      const std::vector<std::string> imagenet = imagenet_input_sets();
+      sets.insert(sets.end(), imagenet.begin(), imagenet.end());
     }
   }
   sets.insert(sets.end(), a.sets.begin(), a.sets.end());

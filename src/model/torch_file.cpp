@@ -111,7 +111,7 @@ constexpr StorageType kStorageTypes[] = {
 
 // Names of the globals a pickled nn.Module brings; one of them is refused by name.
 bool is_module_class(const std::string& g) {
-  return g.rfind("torch.nn.modules.", 0) == 0 || g.rfind("torchvision.models.", 0) == 0 || g.rfind("timm.", 0) == 0;
+  return g.starts_with("torch.nn.modules.") || g.starts_with("torchvision.models.") || g.starts_with("timm.");
 }
 
 class Unpickler {

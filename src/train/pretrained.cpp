@@ -49,10 +49,6 @@ bool matches(const std::string& name, const std::string& prefix) {
          (name.size() > prefix.size() && name.compare(0, prefix.size(), prefix) == 0 && name[prefix.size()] == '.');
 }
 
-bool ends_with(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 float element(const Source& s, size_t i) {
   const std::byte* p = s.data;
   if (s.dtype == "F32") {
@@ -128,7 +124,7 @@ PretrainedLoad load_pretrained(const std::string& path, Model& model, const std:
   RN_CHECK(!src.empty()) << where << " holds no tensors";
 
   // DataParallel and DistributedDataParallel save every name under "module.".
-  if (std::all_of(order.begin(), order.end(), [](const std::string& n) { return n.rfind("module.", 0) == 0; })) {
+  if (std::all_of(order.begin(), order.end(), [](const std::string& n) { return n.starts_with("module."); })) {
     std::map<std::string, Source> stripped;
     for (auto& n : order) {
       stripped[n.substr(7)] = src[n];
@@ -152,7 +148,7 @@ PretrainedLoad load_pretrained(const std::string& path, Model& model, const std:
   // Check everything first.
   std::set<std::string> stats, wanted(names.begin(), names.end());
   for (const std::string& n : names)
-    if (ends_with(n, ".running_mean")) stats.insert(n.substr(0, n.size() - 13));
+    if (n.ends_with(".running_mean")) stats.insert(n.substr(0, n.size() - 13));
   std::vector<std::string> missing, unknown, wrong;
   std::set<std::string> converted;
   bool fc_mismatch = false;
@@ -173,7 +169,7 @@ PretrainedLoad load_pretrained(const std::string& path, Model& model, const std:
     } else if (s.shape != want) {
       wrong.push_back(
           fmt::format("'{}' has shape {} in the file, the model's is {}", n, shape_str(s.shape), shape_str(want)));
-      if (n.rfind("fc.", 0) == 0) fc_mismatch = true;
+      if (n.starts_with("fc.")) fc_mismatch = true;
     } else if (s.dtype != "F32") {
       converted.insert(s.dtype);
     }
@@ -184,8 +180,8 @@ PretrainedLoad load_pretrained(const std::string& path, Model& model, const std:
     ++r.ignored;
     if (excluded) continue;
     // torchvision's BN counter, which training never reads; a resnet.cpp checkpoint's optimizer state.
-    if (ends_with(n, ".num_batches_tracked") && stats.count(n.substr(0, n.size() - 20))) continue;
-    if (n.rfind("optimizer.", 0) == 0 && st && st->metadata().count("format")) continue;
+    if (n.ends_with(".num_batches_tracked") && stats.count(n.substr(0, n.size() - 20))) continue;
+    if (n.starts_with("optimizer.") && st && st->metadata().count("format")) continue;
     unknown.push_back(n);
   }
   if (!missing.empty() || !unknown.empty() || !wrong.empty()) {

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "model/safetensors.h"
+#include "python_for_tests.h"
 #include "resnet_process.h"
 
 namespace rn {
@@ -19,10 +20,7 @@ using test::read_all;
 using test::spawn;
 using test::wait_for;
 
-std::string python() {
-  const char* v = std::getenv("RN_PYTHON");
-  return v && *v ? v : "/usr/bin/python3";
-}
+using test::python;
 
 class ImportCli : public ::testing::Test {
  protected:

@@ -19,6 +19,7 @@
 #include "model/safetensors.h"
 #include "model/zoo.h"
 #include "ops/backend.h"
+#include "python_for_tests.h"
 
 namespace rn {
 namespace {
@@ -50,7 +51,7 @@ std::string env_or(const char* name, const std::string& fallback) {
   const char* v = std::getenv(name);
   return v && *v ? std::string(v) : fallback;
 }
-std::string python() { return env_or("RN_PYTHON", "/usr/bin/python3"); }
+using test::python;
 
 bool torch_available() {
   static const bool ok = std::system((python() + " -c 'import torch, torchvision' >/dev/null 2>&1").c_str()) == 0;

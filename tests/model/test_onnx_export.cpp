@@ -19,6 +19,7 @@
 #include "model/plan.h"
 #include "model/zoo.h"
 #include "ops/backend.h"
+#include "python_for_tests.h"
 
 #ifdef RN_HAVE_ONNX
 #include <onnx/onnx_pb.h>
@@ -67,10 +68,7 @@ fs::path fresh_dir(const std::string& name) {
   return d;
 }
 
-std::string python() {
-  const char* v = std::getenv("RN_PYTHON");
-  return v && *v ? v : "/usr/bin/python3";
-}
+using test::python;
 
 bool python_has_onnx_and_torch() {
   static const bool ok = std::system((python() + " -c 'import onnx, torch' >/dev/null 2>&1").c_str()) == 0;

@@ -16,16 +16,14 @@
 
 #include "core/check.h"
 #include "model/torch_file.h"
+#include "python_for_tests.h"
 
 namespace rn {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string python() {
-  const char* v = std::getenv("RN_PYTHON");
-  return v && *v ? v : "/usr/bin/python3";
-}
+using test::python;
 
 std::vector<std::byte> read_all(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);

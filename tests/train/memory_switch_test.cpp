@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "model/model.h"
+#include "small_run.h"
 #include "test_dir.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
@@ -52,26 +53,7 @@ TEST(MemorySchedule, BadSchedulesAreErrorsNamingKeyAndEntry) {
   EXPECT_EQ(load_config_from_string("memory:\n  level: O2\n  schedule: 3:O1\n").memory.schedule, "3:O1");
 }
 
-// A short deterministic run on small synthetic images: 3 epochs of 4 steps.
-Config small_config(const std::string& out_dir) {
-  Config c;
-  c.model.name = "resnet20";
-  c.model.image_size = {16, 16};
-  c.data.dataset = DatasetKind::synthetic;
-  c.data.train_subset = 32;
-  c.data.val_subset = 8;
-  c.data.batch_size = 8;
-  c.data.workers = 1;
-  c.schedule.epochs = 3;
-  c.schedule.warmup_epochs = 1;
-  c.run.device = DeviceChoice::cpu;
-  c.run.threads = 2;
-  c.run.deterministic = true;
-  c.run.eval_interval_epochs = 0;
-  c.run.out_dir = out_dir;
-  c.validate();
-  return c;
-}
+Config small_config(const std::string& out_dir) { return test::small_run_config(out_dir); }
 
 // Weights, running statistics and momentum of a run's newest checkpoint.
 std::vector<char> final_state(const Config& cfg, const std::string& run_dir) {

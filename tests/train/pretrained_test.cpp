@@ -19,6 +19,8 @@
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "model/zoo.h"
+#include "python_for_tests.h"
+#include "small_run.h"
 #include "test_dir.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
@@ -29,10 +31,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string python() {
-  const char* v = std::getenv("RN_PYTHON");
-  return v && *v ? v : "/usr/bin/python3";
-}
+using test::python;
 
 Model make(const std::string& name, int64_t classes, int64_t channels, int64_t size, uint64_t seed) {
   ModelOptions o;
@@ -154,23 +153,12 @@ TEST(Pretrained, ExcludeThatNamesNothingIsAnError) {
   }
 }
 
-// A short deterministic run on small synthetic images.
+// One epoch of the shared small run (2 steps) is enough to tell two starts apart.
 Config small_config(const std::string& out_dir) {
-  Config c;
-  c.model.name = "resnet20";
-  c.model.image_size = {16, 16};
-  c.data.dataset = DatasetKind::synthetic;
+  Config c = test::small_run_config(out_dir);
   c.data.train_subset = 16;
-  c.data.val_subset = 8;
-  c.data.batch_size = 8;
-  c.data.workers = 1;
   c.schedule.epochs = 1;
   c.schedule.warmup_epochs = 0;
-  c.run.device = DeviceChoice::cpu;
-  c.run.threads = 2;
-  c.run.deterministic = true;
-  c.run.eval_interval_epochs = 0;
-  c.run.out_dir = out_dir;
   c.validate();
   return c;
 }

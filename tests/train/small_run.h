@@ -1,0 +1,32 @@
+// A short deterministic training run on small synthetic images, for tests that compare the
+// weights two runs end with: resnet20 at 16x16, 3 epochs of 4 steps of batch 8, one warm-up
+// epoch, 2 threads, no evaluation between epochs.
+#pragma once
+
+#include <string>
+
+#include "train/config.h"
+
+namespace rn::test {
+
+inline Config small_run_config(const std::string& out_dir) {
+  Config c;
+  c.model.name = "resnet20";
+  c.model.image_size = {16, 16};
+  c.data.dataset = DatasetKind::synthetic;
+  c.data.train_subset = 32;
+  c.data.val_subset = 8;
+  c.data.batch_size = 8;
+  c.data.workers = 1;
+  c.schedule.epochs = 3;
+  c.schedule.warmup_epochs = 1;
+  c.run.device = DeviceChoice::cpu;
+  c.run.threads = 2;
+  c.run.deterministic = true;
+  c.run.eval_interval_epochs = 0;
+  c.run.out_dir = out_dir;
+  c.validate();
+  return c;
+}
+
+}  // namespace rn::test
