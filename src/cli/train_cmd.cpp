@@ -195,6 +195,8 @@ struct ImportArgs {
 // shape by shape, and written as a resnet.cpp weights file whose embedded config lets `resnet
 // eval` and `model.pretrained` use it as it is.
 int run_import(const ImportArgs& a) {
+  RN_CHECK(!a.out.ends_with(".onnx")) << "resnet import writes a safetensors weights file, not '" << a.out
+                                      << "'; import first, then: resnet export --weights W.safetensors --out " << a.out;
   std::vector<std::string> sets;
   if (!a.model.empty()) {
     sets.push_back("model.name=" + a.model);

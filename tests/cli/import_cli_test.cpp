@@ -82,6 +82,12 @@ TEST_F(ImportCli, PickledModuleAndMisfitAreRefusedWithNothingWritten) {
   EXPECT_EQ(resnet({"import", (dir_ / "r18.pth").string(), "--model", "resnet34", "--out", out.string()}), 1);
   EXPECT_NE(log().find("r18.pth' does not fit resnet34"), std::string::npos) << log();
   EXPECT_FALSE(fs::exists(out));
+  // ONNX is export's job: a safetensors file under an .onnx name would mislead whoever opens it.
+  const fs::path onnx = dir_ / "x.onnx";
+  EXPECT_EQ(resnet({"import", (dir_ / "r18.pth").string(), "--model", "resnet18", "--out", onnx.string()}), 1);
+  EXPECT_NE(log().find("then: resnet export --weights W.safetensors --out " + onnx.string()), std::string::npos)
+      << log();
+  EXPECT_FALSE(fs::exists(onnx));
   // Training from a file that does not fit stops before the first step, naming the way out.
   EXPECT_EQ(
       resnet({"train", "--set", "model.name=resnet18", "--set", "model.num_classes=10", "--set",
