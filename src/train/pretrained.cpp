@@ -49,24 +49,6 @@ bool matches(const std::string& name, const std::string& prefix) {
          (name.size() > prefix.size() && name.compare(0, prefix.size(), prefix) == 0 && name[prefix.size()] == '.');
 }
 
-float element(const Source& s, size_t i) {
-  const std::byte* p = s.data;
-  if (s.dtype == "F32") {
-    float v;
-    std::memcpy(&v, p + i * 4, 4);
-    return v;
-  }
-  if (s.dtype == "F64") {
-    double v;
-    std::memcpy(&v, p + i * 8, 8);
-    return static_cast<float>(v);
-  }
-  uint16_t bits;
-  std::memcpy(&bits, p + i * 2, 2);
-  if (s.dtype == "F16") return f16_to_f32(f16_t{bits});
-  return bf16_to_f32(bf16_t{bits});
-}
-
 }  // namespace
 
 bool is_pytorch_file(const std::string& path) {
@@ -209,8 +191,14 @@ PretrainedLoad load_pretrained(const std::string& path, Model& model, const std:
     const size_t count = static_cast<size_t>(t.numel());
     if (s.dtype == "F32") {
       std::memcpy(dst, s.data, count * 4);
-    } else {
-      for (size_t i = 0; i < count; ++i) dst[i] = element(s, i);
+    } else if (s.dtype == "F64") {
+      for (size_t i = 0; i < count; ++i) {
+        double v;
+        std::memcpy(&v, s.data + i * 8, 8);
+        dst[i] = static_cast<float>(v);
+      }
+    } else {  // F16 or BF16: the project's conversion, exact to F32
+      convert(dst, DType::f32, s.data, s.dtype == "F16" ? DType::f16 : DType::bf16, count);
     }
     ++r.loaded;
   }
