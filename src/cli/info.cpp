@@ -82,8 +82,8 @@ int run_info(const InfoArgs& a) {
   fmt::print("training FLOPs   {:.2f} GFLOPs per image (forward + backward ~ 3x forward, 2 FLOPs per MAC)\n",
              6.0 * st.macs / 1e9);
   if (a.params || a.fusion_threshold > 0) print_params(model, a.fusion_threshold);
-  // A backend makes the kernels, so that the shared workspace is known; its arena pages are
-  // never touched, so planning costs no memory.
+  // A backend makes the kernels, so that the shared workspace is known; the plans allocate no
+  // arena (PlanOptions::allocate), so planning costs no memory and any batch can be planned.
   std::unique_ptr<Backend> backend;
   if (a.device != "none") {
     BackendOptions bo;
@@ -109,6 +109,7 @@ int run_info(const InfoArgs& a) {
     po.dtype = policy.conv_dtype;
     po.activation_dtype = policy.activation_dtype;
     po.memory = level;
+    po.allocate = false;  // a plan to report, not to run: any batch, whatever this machine holds
     if (backend) po.layout = backend->preferred_layout();
     Plan plan(model, backend.get(), po);
     const PlannedPeak p = plan.planned_peak(1);

@@ -39,12 +39,20 @@ Plan::Plan(Model& model, Backend* backend, const PlanOptions& options)
 
   arena_bytes_ = plan_memory(buffers_, options_.memory, num_steps());
   validate_plan(buffers_, arena_bytes_, num_steps());
-  if (!backend_) return;
+  if (!backend_ || !options_.allocate) return;
 
   // Everything the steps touch lives in the backend's memory (the device for a GPU backend).
   MemorySpace& space = backend_->memory();
   model_.place_on(space);
-  arena_ = Arena(arena_bytes_, space);
+  try {
+    arena_ = Arena(arena_bytes_, space);
+  } catch (const Error& e) {
+    RN_FAIL() << "the training plan for batch " << options_.batch << " at memory level "
+              << memory_level_name(options_.memory) << " needs an arena of " << arena_bytes_ / 1048576 << " MiB on "
+              << backend_->name() << ", which cannot be allocated (" << e.what()
+              << "): lower the batch size or use memory level O2 (`resnet info --batch N` plans each level, "
+                 "`resnet bench --find-max-batch --memory-cap SIZE` finds the largest batch that fits)";
+  }
   if (space.device() == Device::cpu)
     release_pages(arena_.base(), arena_.bytes());  // untouched until a step writes it: measurable
   views_.resize(buffers_.size());

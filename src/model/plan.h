@@ -51,6 +51,10 @@ struct PlanOptions {
   // the same order on every rank; O2's recompute never calls it. Ignored in eval mode,
   // which uses the running statistics. nullptr: per-rank statistics.
   BatchStatsReducer* bn_sync = nullptr;
+  // false: the kernels (so the backend's workspace is known) and the memory plan only, no
+  // arena and no device copy of the model: what `resnet info` reports, for a batch that need not
+  // fit this machine. Such a plan cannot run.
+  bool allocate = true;
 };
 
 enum class BufferRole : uint8_t { io, activation, saved, gradient };

@@ -41,6 +41,15 @@ TEST(ResnetInfo, PlansEveryMemoryLevel) {
     EXPECT_NE(o.text.find(level), std::string::npos) << o.text;
 }
 
+// `resnet info` plans without allocating, so a batch far beyond this machine's memory is
+// reported, not refused (resnet50 at batch 4096 plans about 800 GiB at O0).
+TEST(ResnetInfo, PlansBatchesThatDoNotFitThisMachine) {
+  const Output o = run_resnet("info --model resnet50 --batch 4096");
+  ASSERT_EQ(o.status, 0) << o.text;
+  EXPECT_NE(o.text.find("GiB"), std::string::npos) << o.text;
+  EXPECT_EQ(o.text.find("out of host memory"), std::string::npos) << o.text;
+}
+
 // The arena of memory level `level` ("O0", ...) in the table `resnet info` prints, in bytes.
 double info_arena(const std::string& text, const std::string& level) {
   std::smatch m;

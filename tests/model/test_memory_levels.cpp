@@ -220,6 +220,35 @@ TEST(MemoryLevels, O2PlansLessThanO1) {
   }
 }
 
+// An arena larger than any address space cannot be allocated: the error says which plan,
+// how much, and what to do, instead of a bare allocation failure. PlanOptions::allocate = false
+// plans the same batch without allocating.
+TEST(MemoryLevels, AnArenaThatCannotBeAllocatedIsAClearError) {
+  ModelOptions mo;
+  mo.in_channels = 1;
+  mo.height = mo.width = 16;
+  mo.num_classes = 10;
+  Model model(build_model("resnet20", mo));
+  auto backend = make_backend("ref");
+  PlanOptions po;
+  po.batch = int64_t{1} << 30;  // about 2^50 bytes of activations: more than x86-64's 2^47 of user space
+  po.layout = backend->preferred_layout();
+  try {
+    Plan plan(model, backend.get(), po);
+    ADD_FAILURE() << "an arena of " << plan.memory().arena_bytes << " bytes was allocated";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("the training plan for batch 1073741824 at memory level O1 needs an arena of"),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("memory level O2"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("--find-max-batch"), std::string::npos) << msg;
+  }
+  po.allocate = false;
+  const Plan planned(model, backend.get(), po);
+  EXPECT_GT(planned.memory().arena_bytes, size_t{1} << 47);
+}
+
 TEST(MemoryLevels, NamesRoundTripAndUnknownIsAnError) {
   for (MemoryLevel l : kLevels) EXPECT_EQ(memory_level_from_name(memory_level_name(l)), l);
   EXPECT_EQ(memory_level_from_name("o2"), MemoryLevel::O2);
