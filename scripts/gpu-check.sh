@@ -196,6 +196,8 @@ fi
 if [[ -n $missing ]]; then
   echo "libraries not found (install them or add their folder):"; echo "$missing"; return 1
 fi
+# The build and the libraries as loaded here: CUDA runtime and driver, cuDNN, cuBLAS, NCCL.
+limit=30 resnet --version || true
 # Does the cuda backend start at all? (A driver the loader cannot find shows here, not as a
 # hundred skipped tests.)
 if ! limit=60 resnet info --device cuda --model resnet20 --input 3x32x32 --classes 10 --batch 2 > "$out/probe.log" 2>&1; then

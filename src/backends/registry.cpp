@@ -1,4 +1,5 @@
 #include <sstream>
+#include <utility>
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/ref/ref_backend.h"
@@ -24,6 +25,14 @@ int accelerator_count() {
 #else
   return 0;
 #endif
+}
+
+std::vector<LibraryVersion> backend_library_versions() {
+  std::vector<LibraryVersion> out = {{"oneDNN", onednn_version()}};
+#ifdef RN_HAVE_CUDA
+  for (LibraryVersion& l : cuda_library_versions()) out.push_back(std::move(l));
+#endif
+  return out;
 }
 
 std::unique_ptr<Backend> make_backend(const std::string& name, [[maybe_unused]] const BackendOptions& options) {

@@ -10,10 +10,12 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <nlohmann/json.hpp>
 
 #include "cli/bench_data.h"
 #include "cli/commands.h"
 #include "cli/format.h"
+#include "core/build_info.h"
 #include "core/rng.h"
 #include "core/thread_pool.h"
 #include "model/memory_usage.h"
@@ -176,10 +178,10 @@ void print_result(const BenchSetup& s, MemoryLevel level, const BenchResult& r) 
         "\"device\":\"{}\",\"threads\":{},\"memory_level\":\"{}\",\"median_step_s\":{:.6f},"
         "\"images_per_sec\":{:.3f},\"steps\":{},\"planned_arena\":{},\"planned_total\":{},"
         "\"arena_high_water\":{},\"peak_resident\":{},\"resident_growth\":{},\"device_peak\":{},\"sink\":{},"
-        "\"implementation_mode\":\"{}\"}}\n",
+        "\"implementation_mode\":\"{}\",\"build\":{}}}\n",
         a.model, a.precision, a.half, r.batch, s.backend.name(), host_threads(), memory_level_name(level),
         r.median_step_s, r.batch / r.median_step_s, a.steps, r.planned.arena, r.planned.total(), r.arena.high_water,
-        r.peak_resident, r.resident_growth, r.device_peak, a.sink, mode);
+        r.peak_resident, r.resident_growth, r.device_peak, a.sink, mode, nlohmann::json(build_description()).dump());
   } else {
     fmt::print(
         "{} | {} | batch {} | {} ({}) | {} threads | memory {} | planned arena {}, total {} | measured arena "

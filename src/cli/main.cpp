@@ -7,11 +7,22 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "core/build_info.h"
 #include "core/check.h"
+#include "train/versions.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"resnet.cpp: train ResNet image classifiers fast on CPUs and NVIDIA GPUs"};
   app.require_subcommand(1);
+  app.set_version_flag(
+      "--version",
+      [] {
+        std::string text = rn::build_description();
+        for (const rn::LibraryVersion& l : rn::library_versions())
+          text += fmt::format("\n  {:<15} {}", l.name, l.version);
+        return text;
+      },
+      "Print the build (version, git commit, build type, compiler) and the library versions it runs with");
   std::vector<rn::cli::Runner> runners;
   runners.push_back(rn::cli::add_train_command(app));
   runners.push_back(rn::cli::add_eval_command(app));

@@ -461,4 +461,12 @@ void encode_jpeg(const uint8_t* rgb, int width, int height, int quality, std::ve
   RN_CHECK(rc == 0) << "JPEG encoding failed: " << message;
 }
 
+std::vector<LibraryVersion> image_codec_versions() {
+  // LIBJPEG_TURBO_VERSION_NUMBER is major * 1000000 + minor * 1000 + patch.
+  constexpr int jv = LIBJPEG_TURBO_VERSION_NUMBER;
+  return {{"libjpeg-turbo",
+           std::to_string(jv / 1000000) + "." + std::to_string(jv / 1000 % 1000) + "." + std::to_string(jv % 1000)},
+          {"libpng", png_get_libpng_ver(nullptr)}};
+}
+
 }  // namespace rn

@@ -13,6 +13,8 @@
 #include <string_view>
 #include <vector>
 
+#include "core/build_info.h"
+
 namespace rn {
 
 enum class ImageCodec : uint8_t { unknown, jpeg, png, raw };
@@ -78,5 +80,10 @@ void decode_image(const EncodedImage& image, const DecodeRequest& request, Decod
 
 // JPEG-encodes 8-bit RGB HWC pixels at `quality` (1..100, 4:2:0) into `out`.
 void encode_jpeg(const uint8_t* rgb, int width, int height, int quality, std::vector<uint8_t>& out);
+
+// The decoders' versions (core/build_info.h): libjpeg-turbo as compiled against (it has no
+// run-time query), libpng as loaded. Decoders differ in their YUV->RGB rounding, so a run's
+// accuracy can depend on them.
+std::vector<LibraryVersion> image_codec_versions();
 
 }  // namespace rn

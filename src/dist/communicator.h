@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "core/build_info.h"
+
 namespace rn {
 
 enum class ReduceOp : uint8_t { sum, average };
@@ -102,5 +104,9 @@ class Communicator {
 
 // World size 1, rank 0: collectives return at once and leave the data as it is.
 std::unique_ptr<Communicator> make_local_communicator();
+
+// The communication libraries of this build as they report themselves: MPI, and NCCL where
+// built (core/build_info.h). Needs neither a running MPI job nor a GPU.
+std::vector<LibraryVersion> communication_library_versions();
 
 }  // namespace rn

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <climits>
 #include <condition_variable>
@@ -21,6 +22,7 @@
 #include "core/log.h"
 #include "core/nvtx.h"
 #include "dist/activity.h"
+#include "dist/nccl_communicator.h"
 
 namespace rn {
 namespace {
@@ -631,6 +633,25 @@ void abort_job(const std::string& message, int exit_code) {
   }
   std::fflush(stderr);
   std::_Exit(exit_code);
+}
+
+std::vector<LibraryVersion> communication_library_versions() {
+  // MPI_Get_library_version may be called before MPI_Init. Open MPI's text is
+  // "Open MPI v4.1.4, package: ..., ident: ...": its first part is the name and version.
+  char text[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+  int length = 0;
+  std::string mpi = MPI_Get_library_version(text, &length) == MPI_SUCCESS ? std::string(text, length) : "MPI unknown";
+  mpi = mpi.substr(0, mpi.find_first_of(",\n"));
+  while (!mpi.empty() && std::isspace(static_cast<unsigned char>(mpi.back()))) mpi.pop_back();
+  std::vector<LibraryVersion> out;
+  // "Open MPI v4.1.4" -> {"Open MPI", "4.1.4"}; another MPI keeps its text whole.
+  if (const size_t v = mpi.rfind(" v");
+      v != std::string::npos && v + 2 < mpi.size() && std::isdigit(static_cast<unsigned char>(mpi[v + 2])))
+    out.push_back({mpi.substr(0, v), mpi.substr(v + 2)});
+  else
+    out.push_back({"MPI", mpi});
+  if (nccl_available()) out.push_back({"NCCL", nccl_version()});
+  return out;
 }
 
 }  // namespace rn

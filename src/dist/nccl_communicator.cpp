@@ -325,6 +325,14 @@ class NcclCommunicator final : public Communicator {
 
 bool nccl_available() { return true; }
 
+std::string nccl_version() {
+  int v = 0;
+  if (ncclGetVersion(&v) != ncclSuccess) return "unknown";
+  // major * 10000 + minor * 100 + patch since NCCL 2.9 (major * 1000 + ... before).
+  const int major_unit = v >= 20900 ? 10000 : 1000;
+  return std::to_string(v / major_unit) + "." + std::to_string(v % major_unit / 100) + "." + std::to_string(v % 100);
+}
+
 std::unique_ptr<Communicator> make_nccl_communicator(Communicator& host, int device, void* compute_stream,
                                                      double timeout_s) {
   return std::make_unique<NcclCommunicator>(host, device, compute_stream, timeout_s);
@@ -333,6 +341,8 @@ std::unique_ptr<Communicator> make_nccl_communicator(Communicator& host, int dev
 #else
 
 bool nccl_available() { return false; }
+
+std::string nccl_version() { return ""; }
 
 std::unique_ptr<Communicator> make_nccl_communicator(Communicator&, int, void*, double) {
   RN_FAIL() << "this build has no NCCL (CUDA and NCCL were not found when it was configured)";

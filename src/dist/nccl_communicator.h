@@ -8,6 +8,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "dist/communicator.h"
 
@@ -15,6 +16,8 @@ namespace rn {
 
 // True in builds with NCCL.
 bool nccl_available();
+// The NCCL library loaded at run time, "2.28.9"; "" in builds without NCCL. Needs no GPU.
+std::string nccl_version();
 
 // `host`: the MPI (or local) communicator of the same ranks; `device`: this rank's GPU;
 // `compute_stream`: the cudaStream_t backward runs on (nullptr: the legacy default stream).

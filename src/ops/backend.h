@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/build_info.h"
 #include "core/memory_space.h"
 #include "ops/augment.h"
 #include "ops/batch_norm.h"
@@ -96,5 +97,8 @@ std::unique_ptr<Backend> make_backend(const std::string& name, const BackendOpti
 std::vector<std::string> available_backends();
 // Accelerators this process can see (CUDA devices; 0 without a GPU or a CUDA build).
 int accelerator_count();
+// The libraries the backends of this build run with: oneDNN, and with CUDA the runtime,
+// driver, cuDNN and cuBLAS (core/build_info.h). Needs no GPU.
+std::vector<LibraryVersion> backend_library_versions();
 
 }  // namespace rn

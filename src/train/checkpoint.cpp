@@ -17,6 +17,7 @@
 #include <system_error>
 #include <utility>
 
+#include "core/build_info.h"
 #include "core/check.h"
 #include "core/log.h"
 #include "model/safetensors.h"
@@ -32,7 +33,9 @@ namespace {
 // __metadata__ keys. "format": "pt" is the safetensors convention for PyTorch-style files, so
 // other tools accept ours; what the file is, for resnet.cpp, is "resnet_cpp.kind".
 constexpr const char* kKindKey = "resnet_cpp.kind";
-constexpr const char* kVersionKey = "resnet_cpp.version";
+constexpr const char* kVersionKey = "resnet_cpp.version";  // the file format's
+// The build that wrote the file (core/build_info.h), for tracing a file to the code; never checked.
+constexpr const char* kBuildKey = "resnet_cpp.build";
 constexpr const char* kKindCheckpoint = "checkpoint";
 constexpr const char* kKindWeights = "weights";
 constexpr const char* kTop1Key = "checkpoint.top1";
@@ -57,6 +60,7 @@ bool ends_with(std::string_view s, std::string_view suffix) {
 std::map<std::string, std::string> base_metadata(const Model& model, const char* kind) {
   return {{"format", "pt"},
           {"source", "resnet.cpp"},
+          {kBuildKey, build_description()},
           {"model", model.graph().name},
           {kKindKey, kind},
           {kVersionKey, std::to_string(kCheckpointFormatVersion)}};
@@ -142,6 +146,7 @@ TrainState read_train_state(const std::string& path, const std::map<std::string,
   st.scaler.skipped_steps = r.integer<int64_t>("scaler.skipped_steps");
   st.scaler.consecutive_skips = r.integer<int64_t>("scaler.consecutive_skips");
   st.config_yaml = r.text("config_yaml");
+  if (auto it = md.find(kBuildKey); it != md.end()) st.written_by = it->second;
   return st;
 }
 

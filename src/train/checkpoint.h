@@ -39,6 +39,10 @@ struct TrainState {
   std::array<uint64_t, 4> rng{};
   LossScaler::State scaler;
   std::string config_yaml;  // the resolved config, for checking a resume
+  // The build that wrote the checkpoint (core/build_info.h's build_description()); filled in
+  // by loading, "" for checkpoints written before it was recorded. Saving records the
+  // running build.
+  std::string written_by;
 };
 
 // Extra facts about one checkpoint, recorded in its metadata for the rotation.

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <memory>
 
+#include "core/build_info.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
 #include "data/loader.h"
@@ -372,6 +373,7 @@ nlohmann::json DoctorReport::to_json() const {
           {"pass", pass},
           {"problems", problems},
           {"verdict", verdict},
+          {"build", build_description()},
           {"tensors", tj}};
 }
 

@@ -2,7 +2,8 @@
 //
 //   MetricsLog       appends one JSON object per line to RUN_DIR/metrics.jsonl, the record
 //                    that report.h plots. Kinds: "train" (each logging interval) and "eval"
-//                    (each evaluation), or any other kind through MetricsRecord.
+//                    (each evaluation), or any other kind through MetricsRecord ("start",
+//                    written as a run starts or resumes, names its build and libraries).
 //   read_metrics     reads such a file back.
 //   ProgressPrinter  the console view: a bar redrawn in place on a terminal, plain log lines
 //                    (through the project logger, so also in train.log) at each logging

@@ -38,6 +38,7 @@ std::string text(const json& record, const char* key) {
 struct History {
   std::vector<const json*> train, eval;
   std::vector<const json*> grad, device, variance, variance_warnings;  // diagnostics.h
+  std::vector<const json*> starts;  // what started and resumed the run (its build and libraries), never rewound
   int rewinds = 0;
 };
 
@@ -48,6 +49,10 @@ History build_history(const std::vector<json>& records) {
   History h;
   for (const json& r : records) {
     const std::string& kind = r["kind"].get_ref<const std::string&>();
+    if (kind == "start") {  // at the step a resume goes back to: it rewinds nothing
+      h.starts.push_back(&r);
+      continue;
+    }
     double step = number(r, "step");
     if (std::isfinite(step)) {
       auto last = last_step_of_kind.find(kind);
@@ -170,6 +175,26 @@ std::string summary_table(const History& h) {
     html += fmt::format("<tr><th>{}</th><td>{}</td></tr>\n", html_escape(name), html_escape(value));
   }
   return html + "</table>\n";
+}
+
+// The builds that ran the run (one, or each change of build with the step it took over at) and
+// the libraries of the last; "" for runs from before start records.
+std::string software_table(const History& h) {
+  if (h.starts.empty()) return "";
+  std::string software;
+  std::string last_software;
+  for (const json* s : h.starts) {
+    const std::string sw = text(*s, "software");
+    if (sw == last_software) continue;
+    const double step = number(*s, "step");
+    software += fmt::format("{}{}{}", software.empty() ? "" : "; then ", sw,
+                            software.empty() || !std::isfinite(step) ? "" : fmt::format(" from step {:g}", step));
+    last_software = sw;
+  }
+  return fmt::format(
+      "<table class=\"summary\">\n<tr><th>software</th><td>{}</td></tr>\n"
+      "<tr><th>libraries</th><td>{}</td></tr>\n</table>\n",
+      html_escape(software), html_escape(text(*h.starts.back(), "libraries")));
 }
 
 std::string plots(const History& h) {
@@ -354,6 +379,7 @@ std::string render_report_html(const std::vector<json>& records, const std::stri
   } else {
     html += summary_table(h);
   }
+  html += software_table(h);
   html += "<h2>Input pipeline</h2>\n" + pipeline_table(records);
   html += comm_table(records);
   html += "<h2>Plots</h2>\n" + plots(h);

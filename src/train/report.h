@@ -2,7 +2,9 @@
 // scripts, fonts or network) drawn from RUN_DIR/metrics.jsonl (metrics.h):
 //
 //   summary    final and best validation top-1/top-5, final losses, total steps, skipped
-//              overflow steps, median img/s and data-wait share, training time, resumes
+//              overflow steps, median img/s and data-wait share, training time, resumes, the
+//              build that ran it (each build, when a resume changed it) and its libraries, in a
+//              table of their own (shown even before the first training record)
 //   plots      training (and validation) loss vs step; validation top-1/top-5 vs epoch;
 //              learning rate vs step; loss scale vs step (log2 axis); images/s vs step;
 //              data-wait share vs step

@@ -36,6 +36,7 @@
 #include "train/report.h"
 #include "train/schedule.h"
 #include "train/train_step.h"
+#include "train/versions.h"
 
 namespace rn {
 
@@ -190,6 +191,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
   g_stop = false;
 
   RN_LOG_INFO("{} run in {}", resuming ? "resuming" : "starting", run_dir);
+  RN_LOG_INFO("{}", software_description());
   if (world.size > 1) {
     std::string placement;
     const std::vector<std::string> hosts = comm.hosts();
@@ -255,6 +257,12 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
       rng.set_state(st.rng);
       RN_LOG_INFO("resumed from {}: epoch {}, step {}, batch {} of the epoch", loaded->path, st.epoch, st.step,
                   st.batch_in_epoch);
+      // Exact resume holds for the same build: other code may round differently.
+      if (!st.written_by.empty() && st.written_by != build_description())
+        RN_LOG_WARN(
+            "the checkpoint was written by {}, and this is {}: the run goes on, but it may not match an "
+            "uninterrupted run bit for bit",
+            st.written_by, build_description());
       // The global batch is what a run is made of (learning rate, steps per epoch, the samples
       // of each step): on another number of ranks, the per-rank batch changes to keep it.
       const int64_t saved_global = st.global_batch > 0 ? st.global_batch : cfg.data.batch_size;
@@ -393,6 +401,11 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
   set_sink_rates();
 
   MetricsLog metrics(run_dir, writer);
+  // What made this stretch of the run (a resumed run adds one per resume): report.html lists them.
+  metrics.append(MetricsRecord("start", st.epoch, st.step)
+                     .add("software", build_description())
+                     .add("libraries", describe_libraries(library_versions()))
+                     .add("resumed", from_checkpoint));
   ProgressPrinter progress(writer ? ProgressPrinter::Mode::automatic : ProgressPrinter::Mode::lines);
   // Gradient monitor, device monitor, throughput variance (docs/troubleshooting.md); only
   // the writer rank writes their files and records.

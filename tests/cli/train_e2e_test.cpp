@@ -2,6 +2,7 @@
 //  - accuracy rises well above chance in a few hundred steps (fp32, and bf16 at O2);
 //  - a run killed with SIGKILL at a random moment (also during a checkpoint write) and then
 //    resumed ends with weights bit-identical to an uninterrupted run.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -21,6 +22,7 @@
 #include "model/safetensors.h"
 #include "resnet_process.h"
 #include "train/metrics.h"
+#include "train/versions.h"
 
 namespace rn {
 namespace {
@@ -204,6 +206,17 @@ TEST(TrainE2E, UnknownConfigKeyIsAClearError) {
   const std::string out = read_all(log);
   EXPECT_NE(out.find("optimizer.momentun"), std::string::npos) << out;
   EXPECT_NE(out.find("optimizer.momentum"), std::string::npos) << "suggests the closest key: " << out;
+}
+
+// `resnet --version`: the build line the runs record, then one line per library, the same as
+// the library reports in this process.
+TEST(TrainE2E, VersionNamesTheBuildAndLibraries) {
+  const fs::path log = fresh_dir("version").string() + ".log";
+  ASSERT_EQ(wait_for(spawn({"--version"}, log)), 0);
+  const std::string out = read_all(log);
+  EXPECT_EQ(out.substr(0, out.find('\n')), build_description()) << out;
+  for (const LibraryVersion& l : library_versions())
+    EXPECT_NE(out.find(fmt::format("\n  {:<15} {}", l.name, l.version)), std::string::npos) << l.name << "\n" << out;
 }
 
 }  // namespace

@@ -210,6 +210,34 @@ TEST(Report, ResumedRunSupersedesWhatItRewoundOver) {
   EXPECT_NE(html.find("<th>final training loss</th><td>2.2000</td>"), std::string::npos);
 }
 
+// "start" records (one per start and resume) name the build; they rewind nothing, and a change
+// of build is shown with the step it took over at.
+TEST(Report, NamesTheBuildsThatRanIt) {
+  auto train = [](int step) {
+    return nlohmann::json{{"kind", "train"}, {"epoch", 1}, {"step", step}, {"loss", 1.0}, {"time", step}};
+  };
+  auto start = [](int step, const char* software, const char* libraries) {
+    return nlohmann::json{{"kind", "start"},        {"epoch", 0},         {"step", step}, {"software", software},
+                          {"libraries", libraries}, {"resumed", step > 0}};
+  };
+  std::vector<nlohmann::json> records = {
+      start(0, "resnet.cpp A", "oneDNN 1"),      train(10), train(20), start(20, "resnet.cpp A", "oneDNN 1"), train(30),
+      start(30, "resnet.cpp B <x>", "oneDNN 2"), train(40)};
+  std::string html = render_report_html(records, "", "builds");
+  EXPECT_NE(html.find("<th>records</th><td>4 train, 0 eval</td>"), std::string::npos) << html;
+  EXPECT_EQ(html.find("resumes (rewound"), std::string::npos) << "a start record rewound the history";
+  EXPECT_NE(html.find("<th>software</th><td>resnet.cpp A; then resnet.cpp B &lt;x&gt; from step 30</td>"),
+            std::string::npos)
+      << html;
+  EXPECT_NE(html.find("<th>libraries</th><td>oneDNN 2</td>"), std::string::npos) << html;
+  // One build: named once, no "then"; no start records (older runs): no rows.
+  html = render_report_html({start(0, "resnet.cpp A", "oneDNN 1"), train(10), start(10, "resnet.cpp A", "oneDNN 1")},
+                            "", "one build");
+  EXPECT_NE(html.find("<th>software</th><td>resnet.cpp A</td>"), std::string::npos) << html;
+  html = render_report_html({train(10)}, "", "older run");
+  EXPECT_EQ(html.find("<th>software</th>"), std::string::npos);
+}
+
 TEST(SvgPlot, TicksLabelsAndLogAxis) {
   PlotSeries s{"scale", {0, 100, 200, 300}, {128, 64, 128, 1024}};
   std::string svg =

@@ -44,6 +44,11 @@ bool cpu_has_amx() {
   return (bits & amx) == amx;
 }
 
+std::string onednn_version() {
+  const dnnl_version_t* v = dnnl_version();
+  return std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch);
+}
+
 bool cpu_has_native_bf16(std::string* why) {
   const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
   const auto bits = static_cast<unsigned>(isa);

@@ -48,4 +48,6 @@ bool cpu_has_native_bf16(std::string* why);
 bool cpu_has_winograd();
 // True when oneDNN may use AMX (avx512_core_amx) on this CPU: its bf16 tile multiplies.
 bool cpu_has_amx();
+// The oneDNN library loaded at run time: "2.7.3" (the version, not its git hash).
+std::string onednn_version();
 }  // namespace rn

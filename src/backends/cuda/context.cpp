@@ -22,6 +22,35 @@ int cuda_device_count(std::string* why_none) {
   return n;
 }
 
+namespace {
+// CUDA's "1000 * major + 10 * minor" version numbers: 13000 -> "13.0".
+std::string cuda_style_version(int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); }
+}  // namespace
+
+std::vector<LibraryVersion> cuda_library_versions() {
+  std::vector<LibraryVersion> out;
+  int runtime = 0, driver = 0;
+  out.push_back({"CUDA runtime", cudaRuntimeGetVersion(&runtime) == cudaSuccess ? cuda_style_version(runtime)
+                                                                                : std::string("unknown")});
+  // 0 when no driver is installed: the build has CUDA, this machine cannot run it.
+  const bool have_driver = cudaDriverGetVersion(&driver) == cudaSuccess && driver > 0;
+  out.push_back({"CUDA driver", have_driver ? cuda_style_version(driver) : std::string("none")});
+  cudaGetLastError();
+  // cuDNN 9 numbers its versions major * 10000 + minor * 100 + patch; cuDNN 8 used 1000 for major.
+  const size_t dnn = cudnnGetVersion();
+  const size_t dnn_major_unit = dnn >= 90000 ? 10000 : 1000;
+  out.push_back({"cuDNN", std::to_string(dnn / dnn_major_unit) + "." + std::to_string(dnn % dnn_major_unit / 100) +
+                              "." + std::to_string(dnn % 100)});
+  int major = 0, minor = 0, patch = 0;
+  if (cublasGetProperty(MAJOR_VERSION, &major) == CUBLAS_STATUS_SUCCESS &&
+      cublasGetProperty(MINOR_VERSION, &minor) == CUBLAS_STATUS_SUCCESS &&
+      cublasGetProperty(PATCH_LEVEL, &patch) == CUBLAS_STATUS_SUCCESS)
+    out.push_back({"cuBLAS", std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch)});
+  else
+    out.push_back({"cuBLAS", "unknown"});
+  return out;
+}
+
 namespace cuda {
 
 void* DeviceMemory::allocate(size_t bytes) {

@@ -9,7 +9,9 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "core/build_info.h"
 #include "ops/backend.h"
 
 namespace rn {
@@ -32,5 +34,9 @@ std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options = {
 
 // Number of usable CUDA devices (0 when there is no driver or no GPU); never throws.
 int cuda_device_count(std::string* why_none = nullptr);
+
+// The CUDA runtime, driver ("none" without one), cuDNN and cuBLAS this process runs with, as the
+// libraries report themselves; needs no GPU and never throws.
+std::vector<LibraryVersion> cuda_library_versions();
 
 }  // namespace rn

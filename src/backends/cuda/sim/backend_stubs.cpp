@@ -85,6 +85,31 @@ const char* cudnnGetErrorString(cudnnStatus_t status) {
   }
 }
 
+// The versions the emulation was built against; no driver (resnet --version says "none").
+cudaError_t cudaRuntimeGetVersion(int* version) {
+  *version = CUDART_VERSION;
+  return cudaSuccess;
+}
+cudaError_t cudaDriverGetVersion(int* version) {
+  *version = 0;
+  return cudaSuccess;
+}
+cublasStatus_t cublasGetProperty(libraryPropertyType type, int* value) {
+  switch (type) {
+    case MAJOR_VERSION:
+      *value = CUBLAS_VER_MAJOR;
+      return CUBLAS_STATUS_SUCCESS;
+    case MINOR_VERSION:
+      *value = CUBLAS_VER_MINOR;
+      return CUBLAS_STATUS_SUCCESS;
+    case PATCH_LEVEL:
+      *value = CUBLAS_VER_PATCH;
+      return CUBLAS_STATUS_SUCCESS;
+    default:
+      return CUBLAS_STATUS_INVALID_VALUE;
+  }
+}
+
 cublasStatus_t cublasCreate(cublasHandle_t* h) {
   *h = new cublasContext;
   return CUBLAS_STATUS_SUCCESS;

@@ -479,6 +479,12 @@ ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataT
   return rn::cuda::sim::enqueue(comm, rn::cuda::sim::kBroadcast, count, type, root, send, recv, stream);
 }
 
+ncclResult_t ncclGetVersion(int* version) {
+  if (!version) return rn::cuda::sim::fail(ncclInvalidArgument, "ncclGetVersion: a null pointer");
+  *version = NCCL_VERSION_CODE;  // the version of the nccl.h the emulation was built against
+  return ncclSuccess;
+}
+
 const char* ncclGetErrorString(ncclResult_t result) {
   switch (result) {
     case ncclSuccess: return "no error";
