@@ -469,8 +469,14 @@ std::vector<Field> build_fields() {
   // data
   f.push_back(RN_CONFIG_FIELD(data.dataset, "dataset format"));
   f.push_back(RN_CONFIG_FIELD(data.root, "dataset folder"));
-  f.push_back(RN_CONFIG_FIELD(data.train_subset, "use only the first N training samples; 0: all", at_least(0)));
-  f.push_back(RN_CONFIG_FIELD(data.val_subset, "use only the first N validation samples; 0: all", at_least(0)));
+  f.push_back(RN_CONFIG_FIELD(data.train_subset,
+                              "use only N training samples (image folders: N drawn at random with run.seed, so "
+                              "that every class is represented; IDX files: the first N); 0: all",
+                              at_least(0)));
+  f.push_back(RN_CONFIG_FIELD(data.val_subset,
+                              "use only N validation samples (image folders: N drawn at random with run.seed; "
+                              "IDX files: the first N); 0: all",
+                              at_least(0)));
   f.push_back(
       RN_CONFIG_FIELD(data.batch_size, "batch per rank; the global batch is batch_size x world size", at_least(1)));
   f.push_back(RN_CONFIG_FIELD(data.workers, "threads decoding and augmenting samples", at_least(0)));
@@ -480,6 +486,10 @@ std::vector<Field> build_fields() {
   f.push_back(RN_CONFIG_FIELD(data.val_list,
                               "imagefolder: a list file of 'relative/path label' lines under val_root, for "
                               "validation sets kept flat; empty: class folders"));
+  f.push_back(RN_CONFIG_FIELD(data.classes,
+                              "imagefolder: the class names, label = position; empty: the training folder's class "
+                              "folders, recorded in the run's config.yaml so that validation folders, resnet eval "
+                              "and a resume label each class folder by name (a list file's labels are positions)"));
   f.push_back(RN_CONFIG_FIELD(data.bad_files,
                               "a corrupt, truncated or non-image file: skip it (replaced by the next readable "
                               "image, counted, logged once) or stop with an error naming it"));
@@ -783,6 +793,21 @@ void Config::validate() const {
                                         << " values but model.in_channels is " << model.in_channels;
   RN_CHECK(model.pretrained_exclude.empty() || !model.pretrained.empty())
       << where << "key 'model.pretrained_exclude' names tensors to keep out of model.pretrained, which is not set";
+  if (!data.classes.empty()) {
+    RN_CHECK(data.dataset == DatasetKind::imagefolder)
+        << where << "key 'data.classes' names the classes of an image folder, but data.dataset is "
+        << name_of(data.dataset);
+    RN_CHECK(static_cast<int64_t>(data.classes.size()) <= model.num_classes)
+        << where << "key 'data.classes' lists " << data.classes.size() << " classes but model.num_classes is "
+        << model.num_classes;
+    std::vector<std::string> sorted = data.classes;
+    std::sort(sorted.begin(), sorted.end());
+    for (size_t i = 0; i < sorted.size(); ++i) {
+      RN_CHECK(!sorted[i].empty()) << where << "key 'data.classes' has an empty class name";
+      RN_CHECK(i == 0 || sorted[i] != sorted[i - 1])
+          << where << "key 'data.classes' names class '" << sorted[i] << "' twice";
+    }
+  }
   if (data.dataset == DatasetKind::imagefolder) {
     RN_CHECK(model.in_channels == 3) << where << "key 'model.in_channels' = " << model.in_channels
                                      << " but image folders decode to RGB (3 channels)";
@@ -859,6 +884,17 @@ MemoryLevel memory_level_at_epoch(const MemoryConfig& memory, int64_t epoch) {
   for (const MemorySwitch& sw : parse_memory_schedule(memory.schedule))
     if (epoch >= sw.epoch) level = sw.level;
   return level;
+}
+
+std::vector<std::string> config_differences(const Config& a, const Config& b) {
+  std::vector<std::string> out;
+  for (const Field& f : fields()) {
+    YAML::Emitter ea, eb;
+    ea << YAML::Flow << f.get(a);
+    eb << YAML::Flow << f.get(b);
+    if (std::string(ea.c_str()) != eb.c_str()) out.push_back(f.key + ": " + ea.c_str() + " -> " + eb.c_str());
+  }
+  return out;
 }
 
 std::string Config::to_yaml() const {

@@ -69,14 +69,18 @@ struct AugmentConfig {
 struct DataConfig {
   DatasetKind dataset = DatasetKind::fashion_mnist;
   std::string root = "/usr/share/datasets/fashion-mnist";
-  int64_t train_subset = 0;  // use the first N training samples; 0: all
-  int64_t val_subset = 0;    // use the first N validation samples; 0: all
+  int64_t train_subset = 0;  // use N training samples (image folders: a fixed random N); 0: all
+  int64_t val_subset = 0;    // use N validation samples (image folders: a fixed random N); 0: all
   int64_t batch_size = 128;  // per rank; the global batch is batch_size * world size
   int64_t workers = 2;       // decode/augment threads
   int64_t prefetch = 2;      // batches prepared ahead of the step
   bool drop_last = true;     // drop the last incomplete training batch
   std::string val_root;      // imagefolder: validation folder; "": root/val
   std::string val_list;      // imagefolder: "relative/path label" list under val_root instead of class folders
+  // imagefolder: the class names, label = position. Empty: the training folder's class folders,
+  // recorded in the run's config.yaml, so that validation folders, `resnet eval` and a resume
+  // give every class folder the label it was trained with, by name.
+  std::vector<std::string> classes;
   BadFilePolicy bad_files = BadFilePolicy::skip;  // corrupt images: skip (counted, logged once) or error
   int64_t cache_mb = 0;                           // decoded-image cache per loader, MiB; 0: off
   int64_t cache_short_side = 256;                 // cached images keep at most this shorter side
@@ -242,6 +246,10 @@ Config load_config_from_string(const std::string& yaml, const std::vector<std::s
                                const std::string& source = "<string>");
 // Applies one "key.sub=value" override (no validate()).
 void apply_config_override(Config& cfg, const std::string& assignment);
+
+// The keys whose values differ between `a` and `b`, as "key: A -> B" (values as YAML), in
+// table order.
+std::vector<std::string> config_differences(const Config& a, const Config& b);
 
 // The documented keys, in table order.
 struct ConfigKeyInfo {

@@ -1,5 +1,6 @@
 #include "train/data_setup.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "core/check.h"
@@ -58,9 +59,65 @@ class EncodedSubset : public EncodedDataset {
   std::vector<int64_t> indices_;
 };
 
-std::shared_ptr<const EncodedDataset> subset(std::shared_ptr<const EncodedDataset> ds, int64_t n) {
+// N samples drawn at random with `seed` (fixed for a run): image folders list their files class by
+// class, so the first N would hold one class or a few.
+std::shared_ptr<const EncodedDataset> subset(std::shared_ptr<const EncodedDataset> ds, int64_t n, int64_t seed) {
   if (n <= 0) return ds;
-  return std::make_shared<EncodedSubset>(std::move(ds), subset_of(n));
+  SubsetSpec spec = subset_of(n);
+  spec.random = true;
+  spec.seed = static_cast<uint64_t>(seed);
+  return std::make_shared<EncodedSubset>(std::move(ds), spec);
+}
+
+// A dataset whose class folders get the labels of `classes` by name.
+class RelabelledDataset : public EncodedDataset {
+ public:
+  RelabelledDataset(std::shared_ptr<const EncodedDataset> base, std::vector<std::string> classes,
+                    std::vector<int> label_of)
+      : base_(std::move(base)), classes_(std::move(classes)), label_of_(std::move(label_of)) {}
+  int64_t size() const override { return base_->size(); }
+  const std::vector<std::string>& classes() const override { return classes_; }
+  int read(int64_t index, EncodedImage& out) const override {
+    const int label = base_->read(index, out);
+    RN_CHECK(label >= 0 && static_cast<size_t>(label) < label_of_.size())
+        << base_->source(index) << ": label " << label << " outside the " << label_of_.size() << " classes of "
+        << base_->name();
+    return label_of_[static_cast<size_t>(label)];
+  }
+  std::string source(int64_t index) const override { return base_->source(index); }
+  std::string name() const override { return base_->name(); }
+
+ private:
+  std::shared_ptr<const EncodedDataset> base_;
+  std::vector<std::string> classes_;
+  std::vector<int> label_of_;
+};
+
+// `ds` labelled by `classes` (data.classes): class folders (and packed shards) by their names; a
+// list file's labels are positions already. `what` names the data in errors.
+std::shared_ptr<const EncodedDataset> labelled_by(std::shared_ptr<const EncodedDataset> ds,
+                                                  const std::vector<std::string>& classes, bool is_list,
+                                                  const std::string& what) {
+  if (classes.empty() || ds->classes() == classes) return ds;
+  if (is_list) {
+    RN_CHECK(ds->classes().size() <= classes.size())
+        << what << " " << ds->name() << " has labels up to " << ds->classes().size() - 1 << " but data.classes names "
+        << classes.size() << " classes";
+    return ds;
+  }
+  std::vector<int> label_of;
+  for (const std::string& c : ds->classes()) {
+    const auto it = std::find(classes.begin(), classes.end(), c);
+    if (it == classes.end()) {
+      std::string known;
+      for (size_t i = 0; i < classes.size() && i < 8; ++i) known += (i ? ", " : "") + classes[i];
+      RN_FAIL() << what << " " << ds->name() << " has class '" << c << "', which is not one of the " << classes.size()
+                << " classes the model was trained on (data.classes: " << known << (classes.size() > 8 ? ", ..." : "")
+                << ")";
+    }
+    label_of.push_back(static_cast<int>(it - classes.begin()));
+  }
+  return std::make_shared<RelabelledDataset>(std::move(ds), classes, std::move(label_of));
 }
 
 std::shared_ptr<RandomResizedCrop> train_augment(const Config& cfg) {
@@ -185,15 +242,28 @@ Loaders make_loaders(const Config& cfg, DType dtype, Layout layout, std::shared_
     }
     case DatasetKind::imagefolder: {
       const ImageFolderPaths paths = image_folder_paths(d);
-      auto train = subset(open_image_dataset(paths.train), d.train_subset);
+      // Labels by class name: data.classes, or the training folder's (which the trainer records).
+      std::shared_ptr<const EncodedDataset> train = open_image_dataset(paths.train);
+      loaders.classes = d.classes.empty() ? train->classes() : d.classes;
+      train =
+          subset(labelled_by(std::move(train), loaders.classes, false, "training data"), d.train_subset, cfg.run.seed);
       if (paths.val_is_train)
         RN_LOG_WARN(
             "no validation folder ({} has no val/ and data.val_root is empty): evaluating on the training "
             "images",
             d.root);
-      auto val = subset(open_image_dataset(paths.val, paths.val_is_train ? "" : d.val_list), d.val_subset);
+      const bool val_list = !paths.val_is_train && !d.val_list.empty();
+      auto val = subset(labelled_by(open_image_dataset(paths.val, val_list ? d.val_list : ""), loaders.classes,
+                                    val_list, "the validation data"),
+                        d.val_subset, cfg.run.seed + 1);
       check_fits(cfg, *train);
       check_fits(cfg, *val);
+      if (train->num_classes() < cfg.model.num_classes)
+        RN_LOG_WARN(
+            "model.num_classes is {} but the training data has {} classes: {} of the model's outputs are never "
+            "a right answer (set model.num_classes={} unless you mean to add classes later)",
+            cfg.model.num_classes, train->num_classes(), cfg.model.num_classes - train->num_classes(),
+            train->num_classes());
       RN_LOG_INFO("data: {} ({} images, {} classes), validation {} ({} images)", train->name(), train->size(),
                   train->num_classes(), val->name(), val->size());
       loaders.train = std::make_unique<DataLoader>(train, train_augment(cfg), lo);
@@ -220,7 +290,16 @@ std::unique_ptr<DataLoader> make_val_loader(const Config& cfg, DType dtype, Layo
       break;
     case DatasetKind::imagefolder: {
       const ImageFolderPaths paths = image_folder_paths(d);
-      auto val = subset(open_image_dataset(paths.val, paths.val_is_train ? "" : d.val_list), d.val_subset);
+      const bool val_list = !paths.val_is_train && !d.val_list.empty();
+      auto val = open_image_dataset(paths.val, val_list ? d.val_list : "");
+      if (d.classes.empty() && !val_list && val->num_classes() != cfg.model.num_classes)
+        RN_LOG_WARN(
+            "the model's class names are not recorded (weights imported or from an older run: data.classes is "
+            "empty), so the {} class folders of {} are labelled 0..{} in sorted order, while the model has {} "
+            "outputs; set data.classes to the names in the model's order if that is not right",
+            val->num_classes(), val->name(), val->num_classes() - 1, cfg.model.num_classes);
+      val = subset(labelled_by(std::move(val), d.classes, val_list, "the evaluation data"), d.val_subset,
+                   cfg.run.seed + 1);
       check_fits(cfg, *val);
       return std::make_unique<DataLoader>(val, eval_augment(cfg), vo);
     }

@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/tensor.h"
@@ -34,11 +35,17 @@ ImageFolderPaths image_folder_paths(const DataConfig& data);
 struct Loaders {
   std::unique_ptr<DataLoader> train;
   std::unique_ptr<DataLoader> val;
+  // Image folders: the class names, label = position (data.classes, or the training folder's
+  // class folders when that is empty); empty for the other datasets.
+  std::vector<std::string> classes;
 };
 
 // Loaders for training (shuffled, augmented, drop_last as configured) and validation (in
 // order, every sample). Batches come in `dtype` and `layout`. Checks that the data fit the
-// model (channels, size, classes).
+// model (channels, size, classes). Image folders label class folders by name with
+// data.classes (the training folder's classes when empty): a validation folder that lacks a
+// class still labels the others as training did, and one with a class training never had is
+// an error naming it.
 // `shard`: this rank's part of a data-parallel job (training: dealt out, see data/sampler.h;
 // validation: a contiguous slice, every sample on exactly one rank).
 // `wrap_train` (tests) may replace the small-image training dataset (Fashion-MNIST,

@@ -46,6 +46,42 @@ std::atomic<bool> g_stop{false};
 
 extern "C" void on_stop_signal(int) { g_stop = true; }
 
+// Keys that do not change what a run computes, so a resumed run's config.yaml may differ from
+// its checkpoint's in them: where the data lives and how it is read, threads, logging,
+// evaluation and checkpoint frequency, diagnostics, memory reuse, the job's placement, and the
+// per-rank batch (which follows the number of ranks; the global batch is checked on its own).
+bool may_differ_on_resume(const std::string& key) {
+  static const char* const kKeys[] = {
+      "memory.",       "diagnostics.",           "run.checkpoint.", "run.out_dir",
+      "run.threads",   "run.log_interval_steps", "run.trace",       "run.eval_interval_epochs",
+      "data.root",     "data.val_root",          "data.workers",    "data.prefetch",
+      "data.cache_mb", "data.batch_size",        "dist.timeout_s",  "dist.rank_table"};
+  for (std::string_view k : kKeys)
+    if (k.back() == '.' ? key.rfind(k, 0) == 0 : key == k) return true;
+  return false;
+}
+
+// A resume continues the run its checkpoint belongs to: config.yaml, which a user may have
+// edited since, must agree with the configuration the checkpoint was trained with.
+void check_resume_config(const std::string& checkpoint_path, const std::string& trained_yaml, const Config& now,
+                         const std::string& run_dir) {
+  Config trained;
+  try {
+    trained = load_config_from_string(trained_yaml, {}, checkpoint_path + " (its config_yaml)");
+  } catch (const Error& e) {
+    RN_LOG_WARN("cannot compare {}/config.yaml with the configuration of {} ({}): resuming without that check", run_dir,
+                checkpoint_path, e.what());
+    return;
+  }
+  std::string changed;
+  for (const std::string& d : config_differences(trained, now))
+    if (!may_differ_on_resume(d.substr(0, d.find(':')))) changed += (changed.empty() ? "" : "; ") + d;
+  RN_CHECK(changed.empty()) << "cannot resume " << run_dir << ": its config.yaml differs from the configuration "
+                            << checkpoint_path << " was trained with, in keys that change results (" << changed
+                            << "). Put them back, or start a new run from these weights with --set model.pretrained="
+                            << checkpoint_path;
+}
+
 namespace fs = std::filesystem;
 
 // The planned and the measured memory of a training plan, as a log line and a "memory"
@@ -253,6 +289,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
     if (loaded) {
       from_checkpoint = true;
       st = loaded->state;
+      if (!st.config_yaml.empty()) check_resume_config(loaded->path, st.config_yaml, cfg, run_dir);
       scaler.set_state(st.scaler);
       rng.set_state(st.rng);
       RN_LOG_INFO("resumed from {}: epoch {}, step {}, batch {} of the epoch", loaded->path, st.epoch, st.step,
@@ -311,6 +348,12 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
   const DType loader_dtype = loader_dtype_for(policy.activation_dtype, *backend);
   Loaders loaders = make_loaders(cfg, loader_dtype, layout, trace, ShardSpec{world.rank, world.size, true},
                                  options.wrap_train_dataset, &backend->pinned_memory());
+  if (cfg.data.classes != loaders.classes) {
+    // The training folder's class names, label = position, into config.yaml and every
+    // checkpoint: validation folders, `resnet eval` and a resume then label by name.
+    cfg.data.classes = loaders.classes;
+    if (writer) write_file_atomic(run_dir + "/config.yaml", cfg.to_yaml());
+  }
   BatchFeeder feeder(loaders.train->options().mean, loaders.train->options().std);
   DataLoader& train_loader = *loaders.train;
   DataLoader& val_loader = *loaders.val;

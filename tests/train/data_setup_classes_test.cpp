@@ -1,0 +1,158 @@
+// Image folders label class folders by name (data.classes): a validation folder that lacks a
+// class keeps the training labels, one with a class training never had is an error, and a run
+// records its classes so that eval labels as training did.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "data/encoded_dataset.h"
+#include "data/image_folder_files.h"
+#include "log_capture.h"
+#include "test_dir.h"
+#include "train/config.h"
+#include "train/data_setup.h"
+#include "train/trainer.h"
+
+namespace rn {
+namespace {
+
+namespace fs = std::filesystem;
+
+Config folder_config(const std::string& root, const std::string& out_dir) {
+  Config c;
+  c.model.name = "resnet20";
+  c.model.num_classes = 3;
+  c.model.in_channels = 3;
+  c.model.image_size = {16, 16};
+  c.data.dataset = DatasetKind::imagefolder;
+  c.data.root = root;
+  c.data.mean = {0.5, 0.5, 0.5};
+  c.data.std = {0.25, 0.25, 0.25};
+  c.data.augment.eval_resize = 16;
+  c.data.batch_size = 2;
+  c.data.workers = 1;
+  c.schedule.epochs = 1;
+  c.run.device = DeviceChoice::cpu;
+  c.run.threads = 1;
+  c.run.out_dir = out_dir;
+  c.validate();
+  return c;
+}
+
+// Every sample's label, in the dataset's order.
+std::vector<int> labels_of(const DataLoader& loader) {
+  const auto& ds = dynamic_cast<const EncodedDataset&>(loader.dataset());
+  std::vector<int> labels;
+  EncodedImage img;
+  for (int64_t i = 0; i < ds.size(); ++i) labels.push_back(ds.read(i, img));
+  return labels;
+}
+
+TEST(ImageFolderClasses, ValidationWithoutAClassKeepsTheTrainingLabels) {
+  TestDir dir;
+  test::write_image_folder(dir.path() / "data/train", 3, 2);
+  test::write_image_folder(dir.path() / "data/val", 3, 1);
+  fs::remove_all(dir.path() / "data/val/class_1");
+  const Config cfg = folder_config(dir.file("data"), dir.file("run"));
+  const Loaders l = make_loaders(cfg, DType::f32, Layout::nhwc);
+  EXPECT_EQ(l.classes, (std::vector<std::string>{"class_0", "class_1", "class_2"}));
+  EXPECT_EQ(labels_of(*l.train), (std::vector<int>{0, 0, 1, 1, 2, 2}));
+  // class_2 is label 2, as in training, not 1 (its position in the validation folder).
+  EXPECT_EQ(labels_of(*l.val), (std::vector<int>{0, 2}));
+  EXPECT_EQ(l.val->dataset().num_classes(), 3);
+}
+
+TEST(ImageFolderClasses, AClassTrainingNeverHadIsAnError) {
+  TestDir dir;
+  test::write_image_folder(dir.path() / "data/train", 2, 2);
+  test::write_image_folder(dir.path() / "data/val", 3, 1);
+  const Config cfg = folder_config(dir.file("data"), dir.file("run"));
+  try {
+    make_loaders(cfg, DType::f32, Layout::nhwc);
+    ADD_FAILURE() << "a validation class unknown to training was accepted";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("has class 'class_2'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("data.classes: class_0, class_1"), std::string::npos) << msg;
+  }
+}
+
+TEST(ImageFolderClasses, DataClassesSetTheLabelsByName) {
+  TestDir dir;
+  test::write_image_folder(dir.path() / "data/train", 2, 1);
+  Config cfg = folder_config(dir.file("data"), dir.file("run"));
+  cfg.data.classes = {"class_1", "extra", "class_0"};
+  cfg.validate();
+  const Loaders l = make_loaders(cfg, DType::f32, Layout::nhwc);
+  EXPECT_EQ(labels_of(*l.train), (std::vector<int>{2, 0}));  // class_0 -> 2, class_1 -> 0
+  // Config checks: no duplicates or blanks, no more than the model's outputs, only image folders.
+  auto yaml = [](const std::string& classes, int num_classes) {
+    return "model:\n  in_channels: 3\n  num_classes: " + std::to_string(num_classes) +
+           "\ndata:\n  dataset: imagefolder\n  mean: [0.5, 0.5, 0.5]\n  std: [0.5, 0.5, 0.5]\n  classes: " + classes +
+           "\n";
+  };
+  EXPECT_EQ(load_config_from_string(yaml("[a, b, c]", 3)).data.classes, (std::vector<std::string>{"a", "b", "c"}));
+  for (const auto& [classes, expected] : std::vector<std::pair<std::string, std::string>>{
+           {"[a, b, a]", "names class 'a' twice"}, {"[a, '']", "empty class name"}, {"[a, b, c, d]", "lists 4"}}) {
+    try {
+      load_config_from_string(yaml(classes, 3));
+      ADD_FAILURE() << classes << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(load_config_from_string("data:\n  classes: [a, b]\n"), Error) << "Fashion-MNIST with class names";
+}
+
+// A subset of an image folder is drawn at random (fixed by run.seed), not the first class.
+TEST(ImageFolderClasses, SubsetsSpanTheClasses) {
+  TestDir dir;
+  test::write_image_folder(dir.path() / "data/train", 4, 5);
+  Config cfg = folder_config(dir.file("data"), dir.file("run"));
+  cfg.model.num_classes = 4;
+  cfg.data.train_subset = 5;
+  cfg.validate();
+  const std::vector<int> labels = labels_of(*make_loaders(cfg, DType::f32, Layout::nhwc).train);
+  ASSERT_EQ(labels.size(), 5u);
+  EXPECT_GT(std::set<int>(labels.begin(), labels.end()).size(), 1u) << "the first 5 files are all class_0";
+  EXPECT_EQ(labels_of(*make_loaders(cfg, DType::f32, Layout::nhwc).train), labels) << "not fixed by the seed";
+}
+
+// A run records its classes in config.yaml; eval of that config labels a validation folder
+// without class_1 as training did. Too many model outputs for the data give a warning.
+TEST(ImageFolderClasses, RunsRecordTheirClassesForEval) {
+  TestDir dir;
+  test::write_image_folder(dir.path() / "data/train", 3, 2);
+  Config cfg = folder_config(dir.file("data"), dir.file("run"));
+  cfg.model.num_classes = 5;
+  cfg.validate();
+  TrainOptions o;
+  o.max_steps = 1;
+  std::string log;
+  TrainResult r;
+  {
+    LogCapture capture;
+    r = train(cfg, o);
+    log = capture.text();
+  }
+  EXPECT_NE(log.find("model.num_classes is 5 but the training data has 3 classes"), std::string::npos) << log;
+  const Config recorded = load_config(r.run_dir + "/config.yaml");
+  EXPECT_EQ(recorded.data.classes, (std::vector<std::string>{"class_0", "class_1", "class_2"}));
+
+  Config eval_cfg = recorded;
+  test::write_image_folder(dir.path() / "other", 3, 1);
+  fs::remove_all(dir.path() / "other/class_1");
+  eval_cfg.data.root = dir.file("other");
+  EXPECT_EQ(labels_of(*make_val_loader(eval_cfg, DType::f32, Layout::nhwc)), (std::vector<int>{0, 2}));
+  // Without recorded classes (imported weights), labels follow the folder, with a warning.
+  eval_cfg.data.classes.clear();
+  LogCapture capture;
+  EXPECT_EQ(labels_of(*make_val_loader(eval_cfg, DType::f32, Layout::nhwc)), (std::vector<int>{0, 1}));
+  EXPECT_NE(capture.text().find("class names are not recorded"), std::string::npos) << capture.text();
+}
+
+}  // namespace
+}  // namespace rn

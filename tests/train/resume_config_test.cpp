@@ -1,0 +1,57 @@
+// A resume checks the run's config.yaml (which a user may edit) against the configuration its
+// checkpoint was trained with: keys that change results must agree, the others may differ.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <iterator>
+#include <string>
+
+#include "core/check.h"
+#include "small_run.h"
+#include "test_dir.h"
+#include "train/config.h"
+#include "train/trainer.h"
+
+namespace rn {
+namespace {
+
+void replace_in_file(const std::string& path, const std::string& from, const std::string& to) {
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  const size_t at = text.find(from);
+  ASSERT_NE(at, std::string::npos) << from << " not in " << path;
+  text.replace(at, from.size(), to);
+  std::ofstream(path, std::ios::trunc) << text;
+}
+
+TEST(ResumeConfig, AnEditThatChangesResultsIsRefusedOthersAreNot) {
+  TestDir dir;
+  const Config cfg = test::small_run_config(dir.file("run"));
+  TrainOptions first;
+  first.max_steps = 4;
+  const TrainResult a = train(cfg, first);
+  ASSERT_EQ(a.steps, 4);
+  const std::string yaml = a.run_dir + "/config.yaml";
+  EXPECT_EQ(config_differences(load_config(yaml), load_config(yaml)).size(), 0u);
+
+  replace_in_file(yaml, "base_lr: 0.2", "base_lr: 0.3");
+  TrainOptions resume;
+  resume.resume_dir = a.run_dir;
+  resume.max_steps = 8;
+  try {
+    train(cfg, resume);
+    ADD_FAILURE() << "resumed with an edited learning rate";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("optimizer.base_lr: 0.2 -> 0.3"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("model.pretrained="), std::string::npos) << msg;
+  }
+  // Put back; an edit that cannot change results (the loader's threads, the log interval) resumes.
+  replace_in_file(yaml, "base_lr: 0.3", "base_lr: 0.2");
+  replace_in_file(yaml, "workers: 1", "workers: 2");
+  replace_in_file(yaml, "log_interval_steps: 50", "log_interval_steps: 2");
+  EXPECT_EQ(train(cfg, resume).steps, 8);
+}
+
+}  // namespace
+}  // namespace rn
