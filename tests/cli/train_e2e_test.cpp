@@ -212,6 +212,7 @@ TEST(TrainE2E, UnknownConfigKeyIsAClearError) {
 // the library reports in this process.
 TEST(TrainE2E, VersionNamesTheBuildAndLibraries) {
   const fs::path log = fresh_dir("version").string() + ".log";
+  fs::remove(log);  // spawn() appends: a log of an earlier run would come first
   ASSERT_EQ(wait_for(spawn({"--version"}, log)), 0);
   const std::string out = read_all(log);
   EXPECT_EQ(out.substr(0, out.find('\n')), build_description()) << out;
