@@ -1,6 +1,8 @@
-// Error handling: every failed check throws rn::Error with the file, the line, the
-// failed condition and a message. Library code never aborts on bad input; the CLI
-// catches rn::Error at the top and prints it.
+// Error handling: every failed check throws rn::Error. Its text is the message, written for the
+// user (what is wrong, naming the file, key or tensor, and what to do), followed by where in the
+// source it was raised ("... [trainer.cpp:196]"); a check without a message says which condition
+// failed instead. Library code never aborts on bad input; the CLI catches rn::Error at the top
+// and prints it.
 #pragma once
 
 #include <sstream>
@@ -25,18 +27,24 @@ namespace detail {
 
 class CheckMessage {
  public:
-  CheckMessage(const char* file, int line, const char* condition) {
-    stream_ << file << ":" << line << ": ";
-    if (condition != nullptr) stream_ << "check failed: " << condition << ": ";
-  }
+  CheckMessage(const char* file, int line, const char* condition) : file_(file), line_(line), condition_(condition) {}
   template <typename T>
   CheckMessage& operator<<(const T& value) {
     stream_ << value;
     return *this;
   }
-  std::string str() const { return stream_.str(); }
+  std::string str() const {
+    const std::string message = stream_.str();
+    std::string where = file_;
+    where = where.substr(where.find_last_of('/') + 1) + ":" + std::to_string(line_);
+    if (message.empty()) return where + ": check failed: " + (condition_ ? condition_ : "(no condition)");
+    return message + " [" + where + "]";
+  }
 
  private:
+  const char* file_;
+  int line_;
+  const char* condition_;
   std::ostringstream stream_;
 };
 
@@ -62,4 +70,5 @@ struct Thrower {
 #define RN_UNSUPPORTED() \
   ::rn::detail::Thrower<::rn::Unsupported>{} & ::rn::detail::CheckMessage(__FILE__, __LINE__, nullptr)
 
-#define RN_CHECK_EQ(a, b) RN_CHECK((a) == (b)) << #a << "=" << (a) << " " << #b << "=" << (b) << " "
+#define RN_CHECK_EQ(a, b) \
+  RN_CHECK((a) == (b)) << "expected " #a " == " #b ": " << #a << "=" << (a) << " " << #b << "=" << (b) << " "
