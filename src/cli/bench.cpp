@@ -259,7 +259,14 @@ int find_max_batch(const BenchSetup& s, size_t cap) {
                    human_bytes(static_cast<double>(need)));
       continue;
     }
-    print_result(s, level, bench_plan(s, b, level));
+    // Timed on a fresh backend and model: a backend's workspace serves every kernel it made, so
+    // the levels timed before would otherwise stay in this one's workspace (and its total could
+    // pass the cap that its own plan fits).
+    const auto backend = bench_backend(s.args);
+    Model model(build_model(s.args.model, bench_model_options(s.args)));
+    model.init(1);
+    const BenchSetup fresh{model, *backend, s.policy, s.args};
+    print_result(fresh, level, bench_plan(fresh, b, level));
   }
   return 0;
 }
@@ -295,7 +302,9 @@ Runner add_bench_command(CLI::App& app) {
   cmd->add_option("--model", a->model, "Model name")->capture_default_str();
   cmd->add_option("--input", a->input, "Input shape CxHxW")->capture_default_str();
   cmd->add_option("--classes", a->classes, "Number of classes")->capture_default_str();
-  cmd->add_option("--batch", a->batch, "Batch size")->capture_default_str();
+  cmd->add_option("--batch", a->batch, "Batch size (with --data: 256 unless given)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--precision", a->precision, "Precision level O0, O1, O2, O3")->capture_default_str();
   cmd->add_option("--half", a->half, "Half dtype for O1-O3: bf16 or fp16")->capture_default_str();
   cmd->add_option("--device", a->device, "auto, cpu, ref or cuda")->capture_default_str();
@@ -306,7 +315,9 @@ Runner add_bench_command(CLI::App& app) {
                   "Memory budget for --find-max-batch: bytes, or with a binary unit (8G, 1.5GiB, 512MiB)");
   cmd->add_option("--steps", a->steps, "Timed steps")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--warmup", a->warmup, "Untimed steps first")->capture_default_str()->check(CLI::NonNegativeNumber);
-  cmd->add_option("--threads", a->threads, "Host threads (0: all cores)")->capture_default_str();
+  cmd->add_option("--threads", a->threads, "Host threads (0: all cores)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--json", a->json, "Print one JSON line");
   cmd->add_flag("--high-precision", a->high_precision,
                 "run.implementation_mode=high_precision: deterministic algorithms on a GPU, no Winograd on a CPU");
@@ -317,12 +328,13 @@ Runner add_bench_command(CLI::App& app) {
   // The input pipeline alone.
   auto d = std::make_shared<DataBenchArgs>();
   cmd->add_option("--data", d->path, "Benchmark the loader alone on this image folder (no model)");
-  cmd->add_option("--workers", d->workers, "--data: loader threads (0: one per host thread)");
+  cmd->add_option("--workers", d->workers, "--data: loader threads (0: one per host thread)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--batches", d->batches, "--data: timed batches (0: one epoch)");
   cmd->add_flag("--eval-transform", d->eval, "--data: resize + centre crop instead of RandomResizedCrop + flip");
   cmd->add_flag("--normalize", d->normalize, "--data: f32 NCHW batches (the CPU training path) instead of u8 NHWC");
   cmd->add_flag("!--no-dct-scaling", d->dct_scaling, "--data: decode JPEGs at full size");
-  cmd->add_option("--cache-mb", d->cache_mb, "--data: decoded-image cache (MiB)");
+  cmd->add_option("--cache-mb", d->cache_mb, "--data: decoded-image cache (MiB)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--epochs", d->epochs, "--data: epochs to run; only the last is timed (fills the cache first)");
   cmd->add_option("--trace", d->trace, "--data: write a Chrome trace of the loader here");
   return [cmd, a, d]() -> int {

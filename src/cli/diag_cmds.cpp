@@ -140,7 +140,9 @@ Runner add_profile_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--warmup", a->warmup, "Untimed steps first")->capture_default_str()->check(CLI::NonNegativeNumber);
-  cmd->add_option("--threads", a->threads, "Host threads (0: all cores)")->capture_default_str();
+  cmd->add_option("--threads", a->threads, "Host threads (0: all cores)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--top", a->top, "Rows shown (0: all layers)")->capture_default_str();
   cmd->add_option("--trace", a->trace, "Chrome trace of the mean step (empty: none)")->capture_default_str();
   cmd->add_option("--json", a->json, "Write the profile as JSON here");

@@ -139,7 +139,9 @@ Runner add_info_command(CLI::App& app) {
   cmd->add_option("--model", args->model, "Model name (resnet18/34/50/101/152, resnet20..110, resnet50_gdw)")
       ->capture_default_str();
   cmd->add_option("--input", args->input, "Input shape CxHxW")->capture_default_str();
-  cmd->add_option("--batch", args->batch, "Batch size for the memory plan")->capture_default_str();
+  cmd->add_option("--batch", args->batch, "Batch size for the memory plan")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--classes", args->classes, "Number of classes")->capture_default_str();
   cmd->add_option("--dtype", args->dtype, "fp32, or the half dtype (bf16, fp16) of a mixed-precision plan")
       ->capture_default_str();

@@ -123,6 +123,8 @@ TEST(ResnetBench, BadMemoryArgumentsAreClearErrors) {
       {"--find-max-batch --memory-cap 12X", "not a positive byte count"},
       {"--find-max-batch", "needs --memory-cap"},
       {"--memory-level O5", "unknown memory level 'O5' (expected O0, O1 or O2)"},
+      {"--batch 0", "--batch"},
+      {"--threads -3", "--threads"},
   };
   for (const Case& c : cases) {
     const Output o = run_resnet("bench " + kSmall + " " + c.args);
