@@ -2,6 +2,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +13,7 @@
 #include "cli/commands.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
+#include "data/encoded_dataset.h"
 #include "data/idx_dataset.h"
 #include "data/loader.h"
 #include "data/transform.h"
@@ -76,6 +79,11 @@ int run_train(const TrainArgs& a) {
     fmt::print("final: top-1 {:.2f}%, top-5 {:.2f}%, loss {:.4f}; best top-1 {:.2f}%; {} steps in {:.1f} s; run {}\n",
                100 * r.final_eval.top1, 100 * r.final_eval.top5, r.final_eval.loss, 100 * r.best_top1, r.steps,
                r.seconds, r.run_dir);
+  else if (r.complete)  // a resume of a finished run: nothing was left to do
+    fmt::print(
+        "the run in {} is complete ({} steps): nothing left to train; its last checkpoint and report are "
+        "there\n",
+        r.run_dir, r.steps);
   else
     fmt::print("{} after {} steps in {:.1f} s; resume with: resnet train --resume {}\n",
                r.interrupted ? "interrupted" : "stopped", r.steps, r.seconds, r.run_dir);
@@ -130,20 +138,37 @@ int run_eval(const EvalArgs& a) {
   po.activation_dtype = policy.activation_dtype;
   po.layout = lo.layout;
   Evaluator ev(model, *backend, po);
+  // Opened before the evaluation: a path that cannot be written fails now, not after the work.
+  std::ofstream out;
+  if (!a.predictions.empty()) {
+    out.open(a.predictions);
+    RN_CHECK(out) << "cannot write predictions to '" << a.predictions << "'";
+  }
   std::vector<Prediction> preds;
   const EvalResult r = ev.run(loader, 0, a.predictions.empty() ? nullptr : &preds);
   fmt::print("{} on {} ({} images): loss {:.4f}, top-1 {:.2f}%, top-5 {:.2f}%\n", a.weights, loader.dataset().name(),
              r.samples, r.loss, 100 * r.top1, 100 * r.top5);
   if (!a.predictions.empty()) {
-    std::ofstream out(a.predictions);
-    RN_CHECK(out) << "cannot write predictions to '" << a.predictions << "'";
+    // The image each row is about, for image folders and shards (quoted: paths may hold commas).
+    const auto* encoded = dynamic_cast<const EncodedDataset*>(&loader.dataset());
+    auto source_of = [&](int64_t index) {
+      if (!encoded) return std::string();
+      std::string s = "\"";
+      for (char c : encoded->source(index)) s += c == '"' ? std::string("\"\"") : std::string(1, c);
+      return s + "\"";
+    };
     out << "index,label";
     for (int j = 1; j <= 5; ++j) out << ",class" << j << ",prob" << j;
-    out << "\n";
+    out << ",source\n";
     for (const Prediction& p : preds) {
       out << p.index << "," << p.label;
-      for (int j = 0; j < p.k; ++j) out << "," << p.classes[j] << "," << fmt::format("{:.6f}", p.probs[j]);
-      out << "\n";
+      for (int j = 0; j < 5; ++j) {
+        if (j < p.k)
+          out << "," << p.classes[j] << "," << fmt::format("{:.6f}", p.probs[j]);
+        else
+          out << ",,";
+      }
+      out << "," << source_of(p.index) << "\n";
     }
     RN_CHECK(out.good()) << "error writing '" << a.predictions << "'";
     fmt::print("wrote {} predictions to {}\n", preds.size(), a.predictions);
@@ -158,7 +183,26 @@ struct ExportArgs {
   std::string out;
 };
 
+// The file name's extension in lower case: ".onnx", ".pth", "" (none).
+std::string lower_extension(const std::string& path) {
+  std::string e = std::filesystem::path(path).extension().string();
+  for (char& c : e) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return e;
+}
+
+// resnet export and import write safetensors (or ONNX); a PyTorch-looking name would send the
+// file to torch.load, which cannot read it.
+void check_weights_output_name(const std::string& out, const char* command) {
+  const std::string e = lower_extension(out);
+  RN_CHECK(e != ".pth" && e != ".pt" && e != ".bin" && e != ".ckpt" && e != ".tar")
+      << "resnet " << command << " writes safetensors" << (std::string(command) == "export" ? " or ONNX" : "")
+      << ", which torch.load cannot read, so '" << out
+      << "' would mislead: name it .safetensors (PyTorch reads it with safetensors.torch.load_file; "
+         "tools/torchvision_to_safetensors.py --reverse makes a state dict of it)";
+}
+
 int run_export(const ExportArgs& a) {
+  check_weights_output_name(a.out, "export");
   EvalArgs ea;
   ea.config = a.config;
   ea.sets = a.sets;
@@ -167,7 +211,7 @@ int run_export(const ExportArgs& a) {
   const ModelOptions mo = model_options(cfg.model);
   Model model(build_model(cfg.model.name, mo));
   load_model_weights(a.weights, model);
-  if (a.out.ends_with(".onnx")) {
+  if (lower_extension(a.out) == ".onnx") {
     const OnnxExportInfo info = save_onnx(a.out, model);
     fmt::print(
         "wrote {} ({}, ONNX opset {}: {} nodes, {} initializers, {:.1f} MB); input \"input\" [N, {}, {}, {}] "
@@ -195,8 +239,15 @@ struct ImportArgs {
 // shape by shape, and written as a resnet.cpp weights file whose embedded config lets `resnet
 // eval` and `model.pretrained` use it as it is.
 int run_import(const ImportArgs& a) {
-  RN_CHECK(!a.out.ends_with(".onnx")) << "resnet import writes a safetensors weights file, not '" << a.out
-                                      << "'; import first, then: resnet export --weights W.safetensors --out " << a.out;
+  RN_CHECK(lower_extension(a.out) != ".onnx")
+      << "resnet import writes a safetensors weights file, not '" << a.out
+      << "'; import first, then: resnet export --weights W.safetensors --out " << a.out;
+  check_weights_output_name(a.out, "import");
+  const bool model_named =
+      !a.model.empty() || !a.config.empty() ||
+      std::any_of(a.sets.begin(), a.sets.end(), [](const std::string& s) { return s.rfind("model.name=", 0) == 0; });
+  RN_CHECK(model_named) << "resnet import: name the model the weights are for: --model resnet50 (or --config, or "
+                           "--set model.name=...)";
   std::vector<std::string> sets;
   if (!a.model.empty()) {
     sets.push_back("model.name=" + a.model);
@@ -236,7 +287,8 @@ Runner add_train_command(CLI::App& app) {
   cmd->add_option("--data", a->data,
                   "Train on an image folder (root/<class>/*.jpg, or root/train and root/val): shorthand for "
                   "data.dataset=imagefolder, data.root, model.in_channels=3 and ImageNet mean/std; --set wins");
-  cmd->add_option("--max-steps", a->max_steps, "Stop with a checkpoint after this many steps in total");
+  cmd->add_option("--max-steps", a->max_steps, "Stop with a checkpoint after this many steps in total")
+      ->check(CLI::PositiveNumber);
   return [cmd, a]() -> int { return cmd->parsed() ? run_train(*a) : -1; };
 }
 

@@ -235,8 +235,15 @@ SafetensorsFile SafetensorsFile::load(const std::string& path) {
   RN_CHECK(read_exact(file.fd, length_bytes, 8, &err)) << where << "cannot read header length: " << errno_text(err);
   uint64_t header_bytes = 0;
   for (int i = 7; i >= 0; --i) header_bytes = (header_bytes << 8) | length_bytes[i];
-  RN_CHECK(header_bytes <= kMaxHeaderBytes)
-      << where << "header length " << header_bytes << " is absurd (limit " << kMaxHeaderBytes << " bytes)";
+  if (header_bytes > kMaxHeaderBytes) {
+    // Most often another kind of file given where weights were expected: say so, and show text.
+    std::string start;
+    for (unsigned char c : length_bytes) start += (c >= 0x20 && c < 0x7f) ? static_cast<char>(c) : '\0';
+    const bool text = start.find('\0') == std::string::npos;
+    RN_FAIL() << where << "header length " << header_bytes << " is absurd (limit " << kMaxHeaderBytes
+              << " bytes): this is not a safetensors file" << (text ? " (it starts with the text '" + start + "')" : "")
+              << "; weights are read from safetensors files and PyTorch torch.save files";
+  }
   RN_CHECK(header_bytes <= file_bytes - 8) << where << "header length " << header_bytes << " exceeds the file ("
                                            << file_bytes << " bytes; truncated?)";
   std::string text(header_bytes, '\0');

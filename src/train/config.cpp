@@ -852,11 +852,19 @@ std::vector<MemorySwitch> parse_memory_schedule(const std::string& text) {
   for (char ch : text) {
     if (ch == ',')
       entries.emplace_back();
-    else if (ch != ' ' && ch != '\t')
+    else
       entries.back() += ch;
   }
-  for (const std::string& entry : entries) {
+  for (std::string& entry : entries) {
+    // Spaces around an entry and its ':' are fine; elsewhere they are a missing comma ('1:O2 2:O1').
+    entry.erase(0, entry.find_first_not_of(" \t"));
+    entry.erase(entry.find_last_not_of(" \t") + 1);
+    for (size_t c = entry.find(':'); c != std::string::npos; c = entry.find(':', c + 1)) {
+      while (c > 0 && (entry[c - 1] == ' ' || entry[c - 1] == '\t')) entry.erase(--c, 1);
+      while (c + 1 < entry.size() && (entry[c + 1] == ' ' || entry[c + 1] == '\t')) entry.erase(c + 1, 1);
+    }
     if (entry.empty()) fail(entry, "is empty");
+    if (entry.find_first_of(" \t") != std::string::npos) fail(entry, "holds a space: separate entries with ','");
     const size_t colon = entry.find(':');
     if (colon == std::string::npos) fail(entry, "has no ':'");
     MemorySwitch sw;

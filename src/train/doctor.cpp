@@ -163,8 +163,12 @@ void decide(DoctorReport& r, const DiagnosticsConfig& d) {
                 "{} {} gradient agrees with fp32 within {} over all tensors (largest "
                 "tensor difference {}: {})",
                 r.level, r.half, pct(r.rel_diff_total), worst_diff->name, pct(worst_diff->rel_diff_first))
-          : fmt::format("{} {} not run here ({}); ranges simulated from fp32 gradients", r.level, r.half,
-                        r.not_run_why.empty() ? "level O0" : "see above");
+      : r.level == "O0"
+          ? fmt::format(
+                "precision O0 is fp32 everywhere, so there is nothing to compare; the {} ranges are "
+                "simulated from the fp32 gradients (set precision.level to check a mixed level)",
+                r.half)
+          : fmt::format("{} {} not run here ({}); ranges simulated from fp32 gradients", r.level, r.half, "see above");
   r.verdict = fmt::format("verdict: OK: {}; underflow at most {} and overflow at most {} at loss scale {}; {}", agree,
                           pct(worst_under ? worst_under->underflow : 0), pct(worst_over ? worst_over->overflow : 0),
                           format_scale(r.loss_scale), "recommended " + rec);

@@ -23,6 +23,7 @@ double rel_diff(double a, double b) {
 
 std::string grad_summary_path(const std::string& run) {
   namespace fs = std::filesystem;
+  RN_CHECK(fs::exists(run)) << "'" << run << "' does not exist: name a run folder or its grad_summary.jsonl";
   const fs::path p = fs::is_directory(run) ? fs::path(run) / "grad_summary.jsonl" : fs::path(run);
   RN_CHECK(fs::exists(p)) << "no gradient summary at '" << p.string()
                           << "': the run did not monitor gradients (set diagnostics.grad_monitor_interval > 0)";

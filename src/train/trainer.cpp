@@ -4,7 +4,9 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <exception>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include "core/log.h"
@@ -46,16 +48,35 @@ std::atomic<bool> g_stop{false};
 
 extern "C" void on_stop_signal(int) { g_stop = true; }
 
-// Keys that do not change what a run computes, so a resumed run's config.yaml may differ from
-// its checkpoint's in them: where the data lives and how it is read, threads, logging,
-// evaluation and checkpoint frequency, diagnostics, memory reuse, the job's placement, and the
-// per-rank batch (which follows the number of ranks; the global batch is checked on its own).
+// Keys that do not change the recipe a run follows, so a resumed run's config.yaml may differ
+// from its checkpoint's in them: where the data lives and how it is read, threads, logging,
+// evaluation and checkpoint frequency, diagnostics, memory reuse, the device and its kernels
+// (which round differently, as another build may: see the build warning), gradient buckets, the
+// job's placement, and the per-rank batch (which follows the number of ranks; the global batch is
+// checked on its own).
 bool may_differ_on_resume(const std::string& key) {
-  static const char* const kKeys[] = {
-      "memory.",       "diagnostics.",           "run.checkpoint.", "run.out_dir",
-      "run.threads",   "run.log_interval_steps", "run.trace",       "run.eval_interval_epochs",
-      "data.root",     "data.val_root",          "data.workers",    "data.prefetch",
-      "data.cache_mb", "data.batch_size",        "dist.timeout_s",  "dist.rank_table"};
+  static const char* const kKeys[] = {"memory.",
+                                      "diagnostics.",
+                                      "run.checkpoint.",
+                                      "run.out_dir",
+                                      "run.threads",
+                                      "run.log_interval_steps",
+                                      "run.trace",
+                                      "run.eval_interval_epochs",
+                                      "run.device",
+                                      "run.implementation_mode",
+                                      "run.deterministic",
+                                      "run.sink_size",
+                                      "data.root",
+                                      "data.val_root",
+                                      "data.workers",
+                                      "data.prefetch",
+                                      "data.cache_mb",
+                                      "data.batch_size",
+                                      "dist.timeout_s",
+                                      "dist.rank_table",
+                                      "dist.fusion_threshold",
+                                      "dist.bucket_boundaries"};
   for (std::string_view k : kKeys)
     if (k.back() == '.' ? key.rfind(k, 0) == 0 : key == k) return true;
   return false;
@@ -114,12 +135,40 @@ void log_measured_memory(const Plan& plan, MetricsLog& metrics, int64_t epoch, i
 // A fresh run never writes into a folder that already holds a run: it takes the first free
 // "<out_dir>-N" instead.
 std::string fresh_run_dir(const std::string& out_dir) {
+  RN_CHECK(!out_dir.empty()) << "config: key 'run.out_dir' is empty: name the run folder (e.g. runs/my_run)";
   auto used = [](const fs::path& p) { return fs::exists(p / "train.log") || fs::exists(p / "checkpoints"); };
   fs::path dir = out_dir;
   for (int n = 2; used(dir); ++n) dir = out_dir + "-" + std::to_string(n);
-  fs::create_directories(dir);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  RN_CHECK(!ec && fs::is_directory(dir)) << "run.out_dir: cannot make the run folder '" << dir.string()
+                                         << "': " << (ec ? ec.message() : "a file of that name is in the way");
   return dir.string();
 }
+
+// A fresh run that fails before training starts (a model that does not fit its pretrained
+// weights, a missing device, ...) leaves no folder behind: otherwise the corrected attempt would
+// go to <out_dir>-2, and a resume of the failed folder could not take the corrected settings.
+// Only what the run wrote itself is removed, and the folder only once it is empty.
+class FreshRunFolder {
+ public:
+  explicit FreshRunFolder(std::string dir) : dir_(std::move(dir)) {}
+  FreshRunFolder(const FreshRunFolder&) = delete;
+  FreshRunFolder& operator=(const FreshRunFolder&) = delete;
+  void keep() { dir_.clear(); }  // training has started: the folder is a run now
+  ~FreshRunFolder() {
+    if (dir_.empty() || std::uncaught_exceptions() == 0) return;
+    const fs::path d = dir_;
+    std::error_code ec;
+    for (const char* f : {"config.yaml", "train.log", "metrics.jsonl", "grad_summary.jsonl", "report.html"})
+      fs::remove(d / f, ec);
+    fs::remove(d / "checkpoints", ec);  // fails, and keeps it, unless it is empty
+    fs::remove(d, ec);                  // likewise
+  }
+
+ private:
+  std::string dir_;
+};
 
 // One all-reduce per step: the loss (averaged for logging) and whether any rank was asked to
 // stop, so that every rank stops after the same step.
@@ -186,10 +235,14 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
   Config cfg = config_in;
   const bool resuming = !options.resume_dir.empty();
   std::string run_dir;
+  std::optional<FreshRunFolder> fresh_folder;  // removed again if the run fails before it starts
   if (resuming) {
     run_dir = options.resume_dir;
     const std::string path = run_dir + "/config.yaml";
-    RN_CHECK(fs::exists(path)) << "cannot resume from '" << run_dir << "': it has no config.yaml";
+    RN_CHECK(fs::is_directory(run_dir)) << "cannot resume from '" << run_dir
+                                        << "': " << (fs::exists(run_dir) ? "it is not a folder" : "no such folder");
+    RN_CHECK(fs::exists(path)) << "cannot resume from '" << run_dir
+                               << "': it has no config.yaml (not a run folder that resnet train wrote)";
     cfg = load_config(path, {});
     // Only settings that cannot change results may differ from the run's: the memory level.
     for (const std::string& o : options.resume_overrides) {
@@ -208,7 +261,10 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
   if (resuming) {
     if (writer && !options.resume_overrides.empty()) write_file_atomic(run_dir + "/config.yaml", cfg.to_yaml());
   } else {
-    if (writer) run_dir = fresh_run_dir(cfg.run.out_dir);
+    if (writer) {
+      run_dir = fresh_run_dir(cfg.run.out_dir);
+      fresh_folder.emplace(run_dir);
+    }
     run_dir = comm.broadcast_string(run_dir, 0, "the run folder's name");
     if (writer) write_file_atomic(run_dir + "/config.yaml", cfg.to_yaml());
   }
@@ -487,6 +543,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
 
   const int64_t epochs = cfg.schedule.epochs;
   bool stop = false;
+  if (fresh_folder) fresh_folder->keep();
   while (st.epoch < epochs && !stop) {
     if (const MemoryLevel level = memory_level_at_epoch(cfg.memory, st.epoch); level != po.memory) {
       plan_at(level, st.epoch);
@@ -725,6 +782,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
   step->sync_host_state();
   result.steps = st.step;
   result.best_top1 = st.best_top1;
+  result.complete = st.epoch >= epochs;
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   diag.finish(st.epoch, st.step);
   if (scaler.skipped_steps() > 0) RN_LOG_INFO("{} steps were skipped for inf/NaN gradients", scaler.skipped_steps());

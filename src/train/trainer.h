@@ -25,6 +25,7 @@ struct TrainResult {
   EvalResult final_eval;
   double best_top1 = 0;
   bool interrupted = false;  // stopped by SIGINT/SIGTERM after saving a checkpoint
+  bool complete = false;     // every epoch of the schedule is done (also: a resume found nothing left)
 };
 
 struct TrainOptions {

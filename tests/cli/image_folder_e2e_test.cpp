@@ -103,6 +103,33 @@ TEST(ImageFolderE2E, TrainEvalAndBenchOnAGeneratedFolder) {
   EXPECT_NE(out.find("top-1"), std::string::npos) << out;
   EXPECT_NE(out.find("(32 images)"), std::string::npos) << out;
 
+  // A folder without class1 keeps the labels training gave (by class name, from the recorded
+  // data.classes: class2 stays 2), and the predictions name each image.
+  const fs::path partial = root / "partial";
+  for (const char* c : {"class0", "class2"}) {
+    fs::create_directories(partial / c);
+    fs::copy(root / "data" / "val" / c, partial / c, fs::copy_options::recursive);
+  }
+  const fs::path csv = root / "partial.csv";
+  ASSERT_EQ(run("eval --weights " + (run_dir / "checkpoints" / "best.safetensors").string() + " --data " +
+                    partial.string() + " --predictions " + csv.string(),
+                &out),
+            0)
+      << out;
+  std::ifstream preds(csv);
+  std::string line;
+  std::getline(preds, line);
+  EXPECT_EQ(line.substr(line.rfind(',')), ",source");
+  int rows = 0;
+  while (std::getline(preds, line)) {
+    ++rows;
+    const std::string label = line.substr(line.find(',') + 1, line.find(',', line.find(',') + 1) - line.find(',') - 1);
+    const bool class2 = line.find("/class2/im") != std::string::npos;
+    EXPECT_TRUE(class2 || line.find("/class0/im") != std::string::npos) << line;
+    EXPECT_EQ(label, class2 ? "2" : "0") << line;
+  }
+  EXPECT_EQ(rows, 16);
+
   ASSERT_EQ(run("bench --data " + (root / "data" / "train").string() +
                     " --batch 16 --input 3x32x32 --threads 2 --warmup 1 --json",
                 &out),

@@ -88,6 +88,14 @@ TEST_F(ImportCli, PickledModuleAndMisfitAreRefusedWithNothingWritten) {
   EXPECT_NE(log().find("then: resnet export --weights W.safetensors --out " + onnx.string()), std::string::npos)
       << log();
   EXPECT_FALSE(fs::exists(onnx));
+  // Nor under a PyTorch name (torch.load cannot read it), nor with the model left to a default.
+  const fs::path pth = dir_ / "x.PTH";
+  EXPECT_EQ(resnet({"import", (dir_ / "r18.pth").string(), "--model", "resnet18", "--out", pth.string()}), 1);
+  EXPECT_NE(log().find("torch.load cannot read, so '" + pth.string() + "' would mislead"), std::string::npos) << log();
+  EXPECT_EQ(resnet({"export", "--weights", (dir_ / "r18.pth").string(), "--out", pth.string()}), 1);
+  EXPECT_FALSE(fs::exists(pth));
+  EXPECT_EQ(resnet({"import", (dir_ / "r18.pth").string(), "--out", out.string()}), 1);
+  EXPECT_NE(log().find("name the model the weights are for: --model resnet50"), std::string::npos) << log();
   // Training from a file that does not fit stops before the first step, naming the way out.
   EXPECT_EQ(
       resnet({"train", "--set", "model.name=resnet18", "--set", "model.num_classes=10", "--set",

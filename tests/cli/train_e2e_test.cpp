@@ -166,7 +166,7 @@ TEST(TrainE2E, SigtermSavesACheckpointThenEvalAndExportWork) {
   std::ifstream f(csv);
   std::string header, line;
   std::getline(f, header);
-  EXPECT_EQ(header, "index,label,class1,prob1,class2,prob2,class3,prob3,class4,prob4,class5,prob5");
+  EXPECT_EQ(header, "index,label,class1,prob1,class2,prob2,class3,prob3,class4,prob4,class5,prob5,source");
   int rows = 0;
   while (std::getline(f, line)) ++rows;
   EXPECT_EQ(rows, 1000) << "one row per image of the evaluated subset";

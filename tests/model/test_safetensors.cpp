@@ -277,7 +277,10 @@ TEST_F(SafetensorsTest, HeaderLengthAbsurd) {
   write_bytes(file, le64(1ull << 40) + "{}");
   expect_load_error(file, {"header length 1099511627776 is absurd"});
   write_bytes(file, le64(~0ull) + "{}");
-  expect_load_error(file, {"is absurd"});
+  expect_load_error(file, {"is absurd", "this is not a safetensors file;"});
+  // Another kind of file where weights were expected: its text start is shown.
+  write_bytes(file, "index,label,top1\n0,3,3\n");
+  expect_load_error(file, {"this is not a safetensors file (it starts with the text 'index,la')"});
 }
 
 TEST_F(SafetensorsTest, HeaderLengthLargerThanFile) {

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "backends/cpu/cpu_backend.h"
+#include "core/build_info.h"
 #include "core/rng.h"
 #include "core/thread_pool.h"
 #include "data/dataset.h"
@@ -310,6 +311,20 @@ TEST(Doctor, MeasuresBf16GradientDifferencesWhereTheCpuRunsBf16) {
   EXPECT_LE(r.rel_diff_total, worst);
   cfg.diagnostics.doctor_max_grad_diff = 0;
   EXPECT_FALSE(run_doctor(cfg, {.steps = 1}).pass);
+}
+
+// At O0 there is nothing to compare: the verdict says so (not "O0 bf16 not run here"), and the
+// report names the build that ran it.
+TEST(Doctor, AtO0SaysThereIsNothingToCompare) {
+  TestDir dir;
+  Config cfg = small_config(dir.file("run"));
+  cfg.precision.level = PrecisionLevel::O0;
+  const DoctorReport r = run_doctor(cfg, {.steps = 1});
+  EXPECT_FALSE(r.mixed_ran);
+  EXPECT_NE(r.verdict.find("verdict: OK: precision O0 is fp32 everywhere, so there is nothing to compare"),
+            std::string::npos)
+      << r.verdict;
+  EXPECT_EQ(r.to_json()["build"].get<std::string>(), build_description());
 }
 
 TEST(Profile, LayersAddUpAndWorkIsCounted) {

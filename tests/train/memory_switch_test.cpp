@@ -49,6 +49,14 @@ TEST(MemorySchedule, BadSchedulesAreErrorsNamingKeyAndEntry) {
     }
   }
   EXPECT_THROW(load_config_from_string("memory:\n  schedule: '3:O4'\n"), Error);
+  // A missing comma is named as written, not with its spaces dropped ('1:O22:O1').
+  try {
+    parse_memory_schedule("1:O2 2:O1");
+    ADD_FAILURE() << "accepted a schedule without its comma";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("entry '1:O2 2:O1' holds a space"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(parse_memory_schedule(" 2 : O2 ,5:O0 ").size(), 2u);
   EXPECT_THROW(load_config_from_string("memory:\n  level: O3\n"), Error);
   EXPECT_EQ(load_config_from_string("memory:\n  level: O2\n  schedule: 3:O1\n").memory.schedule, "3:O1");
 }

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "train/config.h"
+#include "train/trainer.h"
 
 namespace rn::test {
 
@@ -27,6 +28,14 @@ inline Config small_run_config(const std::string& out_dir) {
   c.run.out_dir = out_dir;
   c.validate();
   return c;
+}
+
+// `cfg` trained until `steps` optimizer steps in all (a checkpoint there), as a run stopped
+// early that a test then resumes.
+inline TrainResult train_until(const Config& cfg, int64_t steps) {
+  TrainOptions o;
+  o.max_steps = steps;
+  return train(cfg, o);
 }
 
 }  // namespace rn::test

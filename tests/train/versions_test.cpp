@@ -164,9 +164,7 @@ std::vector<nlohmann::json> starts_of(const std::string& run_dir) {
 TEST(Versions, RunsRecordTheirBuild) {
   TestDir dir;
   const Config cfg = test::small_run_config(dir.file("run"));
-  TrainOptions first;
-  first.max_steps = 4;
-  const TrainResult a = train(cfg, first);
+  const TrainResult a = test::train_until(cfg, 4);
   ASSERT_EQ(a.steps, 4);
   const std::string log = read_text(a.run_dir + "/train.log");
   EXPECT_NE(log.find(software_description()), std::string::npos) << log;
