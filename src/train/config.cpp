@@ -646,6 +646,11 @@ std::vector<Field> build_fields() {
                               "resnet doctor fails when one tensor's gradient differs from fp32 by more than this "
                               "(relative L2 norm, first step; small BN tensors near the input differ most)",
                               at_least(0)));
+  f.push_back(RN_CONFIG_FIELD(diagnostics.doctor_max_diff_ratio,
+                              "resnet doctor fails on a gradient difference (whole or per tensor) only when it is "
+                              "also more than this many times the rounding baseline: the difference fp32 itself "
+                              "shows when only the weights and the input are rounded to the half dtype",
+                              at_least(1)));
   f.push_back(RN_CONFIG_FIELD(diagnostics.doctor_max_underflow,
                               "resnet doctor fails when more than this fraction of a tensor's gradient values "
                               "underflow to zero in the half dtype at the loss scale",

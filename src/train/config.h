@@ -190,6 +190,7 @@ struct DiagnosticsConfig {
   int64_t variance_window = 50;          // steps in the rolling window
   double doctor_max_grad_diff = 0.5;  // relative difference of the whole gradient (mixed vs fp32) at which doctor fails
   double doctor_max_tensor_grad_diff = 1.0;  // ... of one tensor's gradient
+  double doctor_max_diff_ratio = 2.0;        // ... and more than this times the rounding baseline
   double doctor_max_underflow = 0.01;        // fraction of a tensor's gradient values that underflow
   double doctor_max_overflow = 0;            // fraction of a tensor's gradient values that overflow
   bool operator==(const DiagnosticsConfig&) const = default;

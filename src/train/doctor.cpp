@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <optional>
 
 #include "core/build_info.h"
 #include "core/log.h"
@@ -49,6 +50,13 @@ std::vector<HostBatch> take_batches(const Config& cfg, Layout layout, int steps)
   return out;
 }
 
+// Rounds fp32 values to `half` and back, in place.
+void round_through(float* x, int64_t n, DType half) {
+  std::vector<uint8_t> h(static_cast<size_t>(n) * dtype_size(half));
+  convert(h.data(), half, x, DType::f32, static_cast<size_t>(n));
+  convert(x, DType::f32, h.data(), half, static_cast<size_t>(n));
+}
+
 // Staged on the host and copied, so that it works wherever the plan keeps its tensors.
 void fill(Plan& plan, const HostBatch& b) {
   const Tensor in = plan.input();
@@ -69,13 +77,16 @@ struct Run {
   std::unique_ptr<TrainStep> step;
   PrecisionPolicy policy;
 
-  Run(const Config& cfg, const PrecisionPolicy& p, Backend& backend)
+  // With `round_to`, the weights start rounded to that dtype (the rounding baseline).
+  Run(const Config& cfg, const PrecisionPolicy& p, Backend& backend, std::optional<DType> round_to = std::nullopt)
       : model(build_model(cfg.model.name, model_options(cfg.model)), cfg.optimizer.decay_bn_and_bias),
         table(params_of(model, cfg.optimizer)),
         optimizer(cfg.optimizer, table),
         scaler(p.loss_scale),
         policy(p) {
     model.init(static_cast<uint64_t>(cfg.run.seed));
+    if (round_to)
+      for (const ParamView& v : model.params().params) round_through(model.param_data() + v.offset, v.numel, *round_to);
     PlanOptions po;
     po.batch = cfg.data.batch_size;
     po.dtype = p.conv_dtype;
@@ -109,7 +120,17 @@ std::string compute_dtype(ParamKind kind, const PrecisionPolicy& p) {
 
 std::string pct(double f) { return f < 0 ? "n/a" : fmt::format("{:.2f}%", 100 * f); }
 
-void decide(DoctorReport& r, const DiagnosticsConfig& d) {
+}  // namespace
+
+std::string format_scale(double s) {
+  if (!std::isfinite(s)) return s > 0 ? "inf" : "n/a";
+  if (s == 0) return "0";
+  const double e = std::log2(s);
+  if (e == std::round(e)) return fmt::format("2^{}", static_cast<int>(e));
+  return fmt::format("{:g}", s);
+}
+
+void decide_doctor_verdict(DoctorReport& r, const DiagnosticsConfig& d) {
   const DoctorTensor* worst_diff = nullptr;
   const DoctorTensor* worst_under = nullptr;
   const DoctorTensor* worst_over = nullptr;
@@ -140,17 +161,40 @@ void decide(DoctorReport& r, const DiagnosticsConfig& d) {
         n, pct(d.doctor_max_overflow), r.half, format_scale(r.loss_scale), worst_over->name, pct(worst_over->overflow),
         rec));
   }
-  if (r.rel_diff_total > d.doctor_max_grad_diff)
-    r.problems.push_back(
-        fmt::format("disagreement: the {} gradient differs from fp32 by {} over all tensors (threshold {}, "
-                    "diagnostics.doctor_max_grad_diff; largest tensor {}: {})",
-                    r.level, pct(r.rel_diff_total), pct(d.doctor_max_grad_diff), worst_diff->name,
-                    pct(worst_diff->rel_diff_first)));
-  if (worst_diff && worst_diff->rel_diff_first > d.doctor_max_tensor_grad_diff)
+  // A difference past its threshold fails only when it is also past doctor_max_diff_ratio times
+  // what rounding the weights and input alone does to the fp32 gradient (the network's own
+  // sensitivity); without a baseline (none measured), the threshold alone decides.
+  auto past_baseline = [&](double diff, double baseline) {
+    return baseline < 0 || diff > d.doctor_max_diff_ratio * baseline;
+  };
+  if (r.rel_diff_total > d.doctor_max_grad_diff && past_baseline(r.rel_diff_total, r.rounding_diff_total))
+    r.problems.push_back(fmt::format(
+        "disagreement: the {} gradient differs from fp32 by {} over all tensors (threshold {}, "
+        "diagnostics.doctor_max_grad_diff{}; largest tensor {}: {})",
+        r.level, pct(r.rel_diff_total), pct(d.doctor_max_grad_diff),
+        r.rounding_diff_total < 0
+            ? std::string()
+            : fmt::format(
+                  ", and {:.1f} times the rounding baseline {} (limit {:g}x, diagnostics.doctor_max_diff_ratio)",
+                  r.rel_diff_total / std::max(r.rounding_diff_total, 1e-300), pct(r.rounding_diff_total),
+                  d.doctor_max_diff_ratio),
+        worst_diff->name, pct(worst_diff->rel_diff_first)));
+  // The tensor that fails worst: past its threshold and its own baseline, by the largest difference.
+  const DoctorTensor* failing = nullptr;
+  for (const DoctorTensor& t : r.tensors)
+    if (t.rel_diff_first > d.doctor_max_tensor_grad_diff && past_baseline(t.rel_diff_first, t.rel_diff_rounding) &&
+        (!failing || t.rel_diff_first > failing->rel_diff_first))
+      failing = &t;
+  if (failing)
     r.problems.push_back(
         fmt::format("disagreement: the {} gradient of {} differs from fp32 by {} (threshold {}, "
-                    "diagnostics.doctor_max_tensor_grad_diff)",
-                    r.level, worst_diff->name, pct(worst_diff->rel_diff_first), pct(d.doctor_max_tensor_grad_diff)));
+                    "diagnostics.doctor_max_tensor_grad_diff{})",
+                    r.level, failing->name, pct(failing->rel_diff_first), pct(d.doctor_max_tensor_grad_diff),
+                    failing->rel_diff_rounding < 0
+                        ? std::string()
+                        : fmt::format(", and {:.1f} times its rounding baseline {} (limit {:g}x)",
+                                      failing->rel_diff_first / std::max(failing->rel_diff_rounding, 1e-300),
+                                      pct(failing->rel_diff_rounding), d.doctor_max_diff_ratio)));
   r.pass = r.problems.empty();
   if (!r.pass) {
     r.verdict = "verdict: FAIL: " + r.problems.front() +
@@ -158,11 +202,11 @@ void decide(DoctorReport& r, const DiagnosticsConfig& d) {
     return;
   }
   std::string agree =
-      r.mixed_ran && worst_diff
-          ? fmt::format(
-                "{} {} gradient agrees with fp32 within {} over all tensors (largest "
-                "tensor difference {}: {})",
-                r.level, r.half, pct(r.rel_diff_total), worst_diff->name, pct(worst_diff->rel_diff_first))
+      r.mixed_ran && worst_diff ? fmt::format(
+                                      "{} {} gradient agrees with fp32 within {} over all tensors (largest "
+                                      "tensor difference {}: {}; rounding baseline {})",
+                                      r.level, r.half, pct(r.rel_diff_total), worst_diff->name,
+                                      pct(worst_diff->rel_diff_first), pct(r.rounding_diff_total))
       : r.level == "O0"
           ? fmt::format(
                 "precision O0 is fp32 everywhere, so there is nothing to compare; the {} ranges are "
@@ -172,16 +216,6 @@ void decide(DoctorReport& r, const DiagnosticsConfig& d) {
   r.verdict = fmt::format("verdict: OK: {}; underflow at most {} and overflow at most {} at loss scale {}; {}", agree,
                           pct(worst_under ? worst_under->underflow : 0), pct(worst_over ? worst_over->overflow : 0),
                           format_scale(r.loss_scale), "recommended " + rec);
-}
-
-}  // namespace
-
-std::string format_scale(double s) {
-  if (!std::isfinite(s)) return s > 0 ? "inf" : "n/a";
-  if (s == 0) return "0";
-  const double e = std::log2(s);
-  if (e == std::round(e)) return fmt::format("2^{}", static_cast<int>(e));
-  return fmt::format("{:g}", s);
 }
 
 DoctorReport run_doctor(const Config& cfg, const DoctorOptions& options) {
@@ -219,6 +253,9 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& options) {
   fp32_policy.loss_scale.policy = LossScalePolicy::none;
   Run ref(cfg, fp32_policy, *backend);
   std::unique_ptr<Run> mixed = r.mixed_ran ? std::make_unique<Run>(cfg, mixed_policy, *backend) : nullptr;
+  // The rounding baseline: fp32 throughout, from weights and an input rounded to the half dtype.
+  std::unique_ptr<Run> rounded =
+      mixed ? std::make_unique<Run>(cfg, fp32_policy, *backend, cfg.precision.half_dtype) : nullptr;
   const std::vector<ParamView>& views = ref.model.params().params;
   std::vector<DoctorTensor> t(views.size());
   for (size_t i = 0; i < views.size(); ++i) {
@@ -245,8 +282,16 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& options) {
   }
   const double underflow_tol = cfg.diagnostics.doctor_max_underflow;
   double total_d2 = 0, total_n2 = 0;  // the whole gradient's difference, first step
+  double rounding_d2 = 0;             // the rounding baseline's
+  const double lr = cfg.optimizer.base_lr * 0.1;  // a small fixed step: the doctor looks at gradients
+  if (rounded) {
+    HostBatch b = batches.front();
+    round_through(b.images.data(), static_cast<int64_t>(b.images.size()), cfg.precision.half_dtype);
+    fill(*rounded->plan, b);
+    rounded->step->run(lr);
+    rounded->step->sync_host_state();
+  }
   for (int k = 0; k < options.steps; ++k) {
-    const double lr = cfg.optimizer.base_lr * 0.1;  // a small fixed step: the doctor looks at gradients
     fill(*ref.plan, batches[static_cast<size_t>(k)]);
     ref.step->run(lr);
     ref.step->sync_host_state();  // on a device: gradients, scale and counters back to the host
@@ -275,12 +320,18 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& options) {
           t[i].rel_diff_first = d;
           total_d2 += dn.distance * dn.distance;
           total_n2 += dn.norm_a * dn.norm_a;
+          const DistanceNorm rd = distance_norm(gi, rounded->model.grad_data() + v.offset, v.numel, 1.0);
+          t[i].rel_diff_rounding = rd.relative();
+          rounding_d2 += rd.distance * rd.distance;
         }
         t[i].rel_diff_max = std::max(t[i].rel_diff_max, d);
       }
     }
   }
-  if (mixed) r.rel_diff_total = DistanceNorm{std::sqrt(total_d2), std::sqrt(total_n2)}.relative();
+  if (mixed) {
+    r.rel_diff_total = DistanceNorm{std::sqrt(total_d2), std::sqrt(total_n2)}.relative();
+    r.rounding_diff_total = DistanceNorm{std::sqrt(rounding_d2), std::sqrt(total_n2)}.relative();
+  }
   if (mixed) {
     r.overflow_skips = mixed->scaler.skipped_steps();
     r.final_scale = mixed->scaler.scale();
@@ -291,7 +342,7 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& options) {
   for (const DoctorTensor& x : t) r.safe = intersect(r.safe, x.safe);
   r.recommended_scale = recommended_scale(r.safe);
   r.tensors.assign(t.rbegin(), t.rend());  // forward order
-  decide(r, cfg.diagnostics);
+  decide_doctor_verdict(r, cfg.diagnostics);
   return r;
 }
 
@@ -321,15 +372,22 @@ std::string DoctorReport::table() const {
   if (mixed_ran)
     s += fmt::format("  overflow-skipped steps in the {} run: {} of {} (loss scale {} -> {})\n", level, overflow_skips,
                      steps, format_scale(loss_scale), format_scale(final_scale));
-  s += fmt::format("\n{:<34} {:>9} {:<16} {:>10} {:>10} {:>10} {:>9} {:>9}  {}\n", "tensor", "numel", "computes in",
-                   "grad norm", "diff 1st", "diff max", "underflow", "overflow", "safe loss scales");
+  if (rounding_diff_total >= 0)
+    s += fmt::format(
+        "  rounding baseline (\"rounding\"): fp32 from weights and input rounded to {}, against fp32: what the "
+        "network itself does with the smallest {} perturbation\n",
+        half, half);
+  s += fmt::format("\n{:<34} {:>9} {:<16} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9}  {}\n", "tensor", "numel",
+                   "computes in", "grad norm", "diff 1st", "rounding", "diff max", "underflow", "overflow",
+                   "safe loss scales");
   for (const DoctorTensor& x : tensors)
-    s += fmt::format("{:<34} {:>9} {:<16} {:>10.3e} {:>10} {:>10} {:>9} {:>9}  {} .. {}\n", x.name, x.numel, x.compute,
-                     x.grad_norm, pct(x.rel_diff_first), pct(x.rel_diff_max), pct(x.underflow), pct(x.overflow),
-                     format_scale(x.safe.lo), format_scale(x.safe.hi));
+    s += fmt::format("{:<34} {:>9} {:<16} {:>10.3e} {:>10} {:>10} {:>10} {:>9} {:>9}  {} .. {}\n", x.name, x.numel,
+                     x.compute, x.grad_norm, pct(x.rel_diff_first), pct(x.rel_diff_rounding), pct(x.rel_diff_max),
+                     pct(x.underflow), pct(x.overflow), format_scale(x.safe.lo), format_scale(x.safe.hi));
   if (rel_diff_total >= 0)
-    s += fmt::format("\nwhole gradient (all tensors), first step: {} relative difference from fp32",
-                     pct(rel_diff_total));
+    s += fmt::format(
+        "\nwhole gradient (all tensors), first step: {} relative difference from fp32 (rounding baseline {}: {:.2f}x)",
+        pct(rel_diff_total), pct(rounding_diff_total), rel_diff_total / std::max(rounding_diff_total, 1e-300));
   s += fmt::format("\nall tensors: safe loss scales {} .. {}; recommended initial scale {}\n", format_scale(safe.lo),
                    format_scale(safe.hi), format_scale(recommended_scale));
   for (const std::string& p : problems) s += "problem: " + p + "\n";
@@ -347,6 +405,7 @@ nlohmann::json DoctorReport::to_json() const {
                   {"grad_norm", x.grad_norm},
                   {"rel_diff_first", x.rel_diff_first < 0 ? nlohmann::json(nullptr) : num(x.rel_diff_first)},
                   {"rel_diff_max", x.rel_diff_max < 0 ? nlohmann::json(nullptr) : num(x.rel_diff_max)},
+                  {"rel_diff_rounding", x.rel_diff_rounding < 0 ? nlohmann::json(nullptr) : num(x.rel_diff_rounding)},
                   {"underflow_fraction", x.underflow},
                   {"overflow_fraction", x.overflow},
                   {"safe_scale_lo", num(x.safe.lo)},
@@ -374,6 +433,7 @@ nlohmann::json DoctorReport::to_json() const {
           {"safe_scale_hi", num(safe.hi)},
           {"recommended_scale", num(recommended_scale)},
           {"rel_diff_total", rel_diff_total < 0 ? nlohmann::json(nullptr) : num(rel_diff_total)},
+          {"rounding_diff_total", rounding_diff_total < 0 ? nlohmann::json(nullptr) : num(rounding_diff_total)},
           {"pass", pass},
           {"problems", problems},
           {"verdict", verdict},

@@ -10,7 +10,13 @@
 //   - the power-of-two loss scales that avoid both, and from their intersection over all
 //     tensors a recommended initial scale;
 //   - the dtype it computes in (the active level made visible), with BN, loss and master
-//     weights; and the overflow-skip count of the mixed run.
+//     weights; and the overflow-skip count of the mixed run;
+//   - the rounding baseline: the fp32 gradient of a third model whose weights and input are
+//     rounded to the half dtype, against the fp32 gradient. It measures how far the network
+//     itself moves its gradient under the smallest perturbation the half dtype makes (deep
+//     networks at initialisation move it far: tens of percent for a CIFAR resnet56), so that
+//     a disagreement fails only when the mixed run differs by more than its thresholds and
+//     also by more than diagnostics.doctor_max_diff_ratio times this baseline.
 // When the configured dtype cannot run on this backend (fp16 on the CPU), only the fp32
 // run is made, and the underflow/overflow figures are the analytic ones: "simulated".
 #pragma once
@@ -38,6 +44,7 @@ struct DoctorTensor {
   double grad_norm = 0;        // fp32 gradient, first step
   double rel_diff_first = -1;  // -1: not measured (no mixed run)
   double rel_diff_max = -1;
+  double rel_diff_rounding = -1;       // the rounding baseline, first step; -1: not measured
   double underflow = 0, overflow = 0;  // largest fractions over the steps, at the scale of each step
   ScaleRange safe;                     // over all steps
 };
@@ -59,6 +66,7 @@ struct DoctorReport {
   std::vector<double> loss_fp32, loss_mixed;
   std::vector<DoctorTensor> tensors;  // forward order (stem first)
   double rel_diff_total = -1;  // the whole gradient, first step; -1: not measured
+  double rounding_diff_total = -1;  // the rounding baseline over the whole gradient; -1: not measured
   ScaleRange safe;
   double recommended_scale = 0;
   bool pass = true;
@@ -70,6 +78,9 @@ struct DoctorReport {
 };
 
 DoctorReport run_doctor(const Config& cfg, const DoctorOptions& options);
+// Sets pass, problems and verdict of a report from its figures and the thresholds (the last
+// step of run_doctor; on its own for tests).
+void decide_doctor_verdict(DoctorReport& r, const DiagnosticsConfig& d);
 
 // "2^7 (128)" style for scales.
 std::string format_scale(double s);

@@ -306,11 +306,68 @@ TEST(Doctor, MeasuresBf16GradientDifferencesWhereTheCpuRunsBf16) {
   EXPECT_LT(worst, 2.0);
   EXPECT_EQ(r.loss_mixed.size(), 2u);
   EXPECT_NEAR(r.loss_mixed[0], r.loss_fp32[0], 0.05 * r.loss_fp32[0]);
-  // A threshold of 0 makes any disagreement fail the gate.
   EXPECT_GT(r.rel_diff_total, 0);
   EXPECT_LE(r.rel_diff_total, worst);
+  // The rounding baseline is measured for every tensor and the whole gradient, and is of the
+  // same order as the bf16 difference (the same perturbation, in part).
+  for (const auto& t : r.tensors) EXPECT_GE(t.rel_diff_rounding, 0) << t.name;
+  EXPECT_GT(r.rounding_diff_total, 0);
+  EXPECT_LT(r.rel_diff_total, 4 * r.rounding_diff_total);
+  EXPECT_NE(r.table().find("rounding baseline"), std::string::npos);
+  EXPECT_TRUE(r.to_json()["rounding_diff_total"].is_number());
+  // Thresholds of 0 with a ratio beyond any measured one: the baseline decides, and passes.
   cfg.diagnostics.doctor_max_grad_diff = 0;
-  EXPECT_FALSE(run_doctor(cfg, {.steps = 1}).pass);
+  cfg.diagnostics.doctor_max_tensor_grad_diff = 0;
+  cfg.diagnostics.doctor_max_diff_ratio = 1e6;
+  EXPECT_TRUE(run_doctor(cfg, {.steps = 1}).pass);
+}
+
+// The gradient gates: a difference fails when it is past its threshold and past
+// doctor_max_diff_ratio times its rounding baseline, not on either alone.
+TEST(Doctor, DisagreementFailsPastTheThresholdAndTheBaseline) {
+  auto report = [](double total, double total_baseline, double tensor, double tensor_baseline) {
+    DoctorReport r;
+    r.level = "O2";
+    r.half = "bf16";
+    r.mixed_ran = true;
+    r.rel_diff_total = total;
+    r.rounding_diff_total = total_baseline;
+    DoctorTensor a, b;
+    a.name = "layer1.0.bn2.bias";
+    a.rel_diff_first = tensor;
+    a.rel_diff_rounding = tensor_baseline;
+    b.name = "fc.weight";
+    b.rel_diff_first = 0.01;
+    b.rel_diff_rounding = 0.01;
+    r.tensors = {a, b};
+    r.recommended_scale = 1;
+    r.safe = {0.5, 2};
+    return r;
+  };
+  DiagnosticsConfig d;  // 50% whole, 100% per tensor, 2x the baseline
+  // A deep network at initialisation: large differences, as large when only rounding.
+  DoctorReport deep = report(0.77, 0.64, 1.79, 1.64);
+  decide_doctor_verdict(deep, d);
+  EXPECT_TRUE(deep.pass) << deep.verdict;
+  // The same differences against a small baseline: the mixed path itself is off.
+  DoctorReport off = report(0.77, 0.2, 1.79, 0.5);
+  decide_doctor_verdict(off, d);
+  EXPECT_FALSE(off.pass);
+  ASSERT_EQ(off.problems.size(), 2u) << off.verdict;
+  EXPECT_NE(off.problems[0].find("by 77.00% over all tensors"), std::string::npos) << off.problems[0];
+  EXPECT_NE(off.problems[0].find("3.9 times the rounding baseline 20.00%"), std::string::npos) << off.problems[0];
+  EXPECT_NE(off.problems[1].find("of layer1.0.bn2.bias differs from fp32 by 179.00%"), std::string::npos)
+      << off.problems[1];
+  EXPECT_NE(off.problems[1].find("3.6 times its rounding baseline 50.00%"), std::string::npos) << off.problems[1];
+  // Far past the baseline but within the thresholds: small differences pass.
+  DoctorReport small = report(0.3, 0.01, 0.9, 0.01);
+  decide_doctor_verdict(small, d);
+  EXPECT_TRUE(small.pass) << small.verdict;
+  // Without a baseline (not measured), the thresholds alone decide.
+  DoctorReport none = report(0.77, -1, 0.5, -1);
+  decide_doctor_verdict(none, d);
+  EXPECT_FALSE(none.pass);
+  EXPECT_EQ(none.problems.size(), 1u) << none.verdict;
 }
 
 // At O0 there is nothing to compare: the verdict says so (not "O0 bf16 not run here"), and the
