@@ -29,6 +29,7 @@ struct DoctorArgs {
 
 int run_doctor_cmd(const DoctorArgs& a) {
   const Config cfg = load_config(a.config, a.sets);
+  if (!a.json.empty()) check_output_path(a.json, "--json");
   const DoctorReport r = run_doctor(cfg, {.steps = a.steps});
   fmt::print("{}", r.table());
   if (!a.json.empty()) {
@@ -69,6 +70,8 @@ int run_profile_cmd(const ProfileArgs& a) {
   o.steps = a.steps;
   o.warmup = a.warmup;
   o.threads = a.threads;
+  if (!a.trace.empty()) check_output_path(a.trace, "--trace");
+  if (!a.json.empty()) check_output_path(a.json, "--json");
   const ProfileReport r = run_profile(o);
   fmt::print("{}", r.table(a.top));
   if (!a.trace.empty()) {

@@ -1,9 +1,11 @@
 #include "cli/format.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <utility>
 
@@ -28,6 +30,17 @@ std::string human_bytes(double b) {
     ++u;
   }
   return u == 0 ? fmt::format("{:.0f} B", b) : fmt::format("{:.1f} {}", b, units[u]);
+}
+
+void check_output_path(const std::string& path, const std::string& option) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  RN_CHECK(!fs::is_directory(path, ec)) << option << " '" << path << "' is a folder; give a file name";
+  const fs::path parent = fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();
+  RN_CHECK(fs::is_directory(parent, ec)) << option << " '" << path << "': the folder '" << parent.string()
+                                         << "' does not exist";
+  RN_CHECK(::access(parent.c_str(), W_OK) == 0)
+      << option << " '" << path << "': the folder '" << parent.string() << "' is not writable";
 }
 
 size_t parse_bytes(const std::string& text, const std::string& what) {

@@ -24,6 +24,10 @@ void parse_input_shape(const std::string& text, int64_t* c, int64_t* h, int64_t*
 // implies (O0 for fp32, O2 for a half dtype); throws rn::Error for an unknown level, a half
 // dtype at O0 or fp32 at O1-O3.
 PrecisionLevel precision_level_for(const std::string& precision, DType dtype);
+// Throws rn::Error naming `option` unless `path` could be written later: its folder exists
+// and is writable, and it is not itself a folder. Called before long work whose result goes
+// there, so that a typo fails at once rather than after the work.
+void check_output_path(const std::string& path, const std::string& option);
 // The one of `values` whose enum_name() is `text`; throws rn::Error naming `what`, the text
 // and the expected names otherwise.
 template <typename E>

@@ -2,6 +2,8 @@
 // fast random access (docs/shards.md). Progress goes to stderr, a summary to stdout.
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <filesystem>
 #include <memory>
 
 #include "cli/commands.h"
@@ -12,6 +14,8 @@
 namespace rn::cli {
 
 namespace {
+
+namespace fs = std::filesystem;
 
 struct PackArgs {
   std::string src;
@@ -24,6 +28,7 @@ struct PackArgs {
   double shard_mb = 256;
   int workers = 0;
   bool strict = false;
+  bool overwrite = false;
 };
 
 // A line at every further 5% of the records, and at least every 5 seconds.
@@ -45,7 +50,21 @@ class ProgressPrinter {
   double last_seconds_ = 0;
 };
 
+// Shards written into an image folder would be read as part of it (a class folder of no
+// images, or files in a class folder) by the next scan; refused before any work.
+void check_out_outside_src(const std::string& src, const std::string& out) {
+  std::error_code ec1, ec2;
+  const fs::path s = fs::weakly_canonical(fs::absolute(src), ec1);
+  const fs::path o = fs::weakly_canonical(fs::absolute(out), ec2);
+  if (ec1 || ec2) return;  // the dataset and pack_shards name whatever is wrong
+  const auto [s_end, o_it] = std::mismatch(s.begin(), s.end(), o.begin(), o.end());
+  RN_CHECK(s_end != s.end()) << "pack: the output folder '" << out << "' is "
+                             << (o_it == o.end() ? "the source folder" : "inside the source folder '" + src + "'")
+                             << ", where the shards would be read as images or classes: give a folder outside it";
+}
+
 int run_pack(const PackArgs& a) {
+  if (a.list.empty()) check_out_outside_src(a.src, a.out);  // a list names its files: others do no harm
   std::unique_ptr<EncodedDataset> src;
   if (a.list.empty())
     src = std::make_unique<ImageFolderDataset>(a.src);
@@ -63,6 +82,7 @@ int run_pack(const PackArgs& a) {
   o.target_shard_bytes = static_cast<uint64_t>(a.shard_mb * (1 << 20));
   o.workers = a.workers;
   o.strict = a.strict;
+  o.overwrite = a.overwrite;
   o.progress = ProgressPrinter();
   const PackResult r = pack_shards(*src, o);
 
@@ -102,6 +122,7 @@ Runner add_pack_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--strict", a->strict, "Stop at the first unreadable image instead of skipping it");
+  cmd->add_flag("--overwrite", a->overwrite, "Pack into a folder that holds a pack of another source, replacing it");
   return [cmd, a]() -> int { return cmd->parsed() ? run_pack(*a) : -1; };
 }
 

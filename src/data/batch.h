@@ -20,6 +20,10 @@ struct Batch {
   int64_t index = 0;  // position of this batch in this rank's epoch, from 0
   int64_t epoch = 0;
   std::span<const int64_t> sample_indices;  // the n dataset indices, in slot order
+  // 1 where sample_indices[i] was unreadable (DataLoaderOptions::bad_files = skip) and the
+  // image and label are those of the next readable sample: training may use it, evaluation
+  // must leave it out. n entries.
+  std::span<const uint8_t> replaced;
 
   const int32_t* label_data() const { return labels.ptr<const int32_t>(); }
 };

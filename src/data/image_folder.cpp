@@ -1,11 +1,13 @@
 #include "data/image_folder.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "core/check.h"
@@ -54,6 +56,35 @@ void read_file_bytes(const std::string& path, std::vector<uint8_t>& out) {
   }
 }
 
+namespace {
+
+// A dataset root (train/, val/, each of class folders) given where one split was expected
+// would make "train" and "val" the two classes, each with every image below it.
+void check_not_split_layout(const std::string& root, const std::vector<std::string>& classes) {
+  static const std::set<std::string> kSplitNames = {"train",      "training", "val",    "valid",
+                                                    "validation", "test",     "testing"};
+  for (const std::string& c : classes) {
+    std::string lower = c;
+    for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (!kSplitNames.count(lower)) return;
+    // A split holds class folders and no images of its own.
+    bool subfolders = false;
+    for (const auto& entry : fs::directory_iterator(fs::path(root) / c)) {
+      if (entry.is_directory()) subfolders = true;
+      if (entry.is_regular_file() && is_image_file_name(entry.path().filename().string())) return;
+    }
+    if (!subfolders) return;
+  }
+  std::string names;
+  for (const std::string& c : classes) names += (names.empty() ? "" : ", ") + c + "/";
+  RN_FAIL() << "image folder " << root << " holds the splits " << names
+            << " (folders of class folders), not class folders: give one split, such as "
+            << (fs::path(root) / classes.front()).string()
+            << " (resnet train --data takes the folder above the splits and uses train/ and val/)";
+}
+
+}  // namespace
+
 ImageFolderDataset::ImageFolderDataset(const std::string& root) : root_(root) {
   std::error_code ec;
   RN_CHECK(fs::exists(root, ec)) << "image folder " << root << " does not exist";
@@ -65,6 +96,7 @@ ImageFolderDataset::ImageFolderDataset(const std::string& root) : root_(root) {
   RN_CHECK(!classes_.empty()) << "image folder " << root
                               << " has no class folders (expected root/<class>/<image files>, as torchvision's "
                                  "ImageFolder)";
+  check_not_split_layout(root, classes_);
   for (size_t c = 0; c < classes_.size(); ++c) {
     std::vector<std::string> files;
     const fs::path dir = fs::path(root) / classes_[c];

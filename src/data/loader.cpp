@@ -140,6 +140,7 @@ DataLoader::Slot& DataLoader::claim(uint64_t* generation) {
   slot.error = nullptr;
   slot.times = PipelineTimes{};
   slot.indices.assign(order_.begin() + k * bs, order_.begin() + k * bs + slot.count);
+  slot.replaced.assign(static_cast<size_t>(slot.count), 0);
   *generation = slot.generation;
   return slot;
 }
@@ -307,6 +308,7 @@ void DataLoader::fill_encoded(Slot& slot, WorkerState& state, const Tensor& imag
       auto replace = [&] {
         if (!replaced) ++slot.times.skipped;
         replaced = true;
+        slot.replaced[static_cast<size_t>(i)] = 1;
         index = (index + 1) % n;
       };
       for (int64_t tries = 0;; ++tries) {
@@ -428,6 +430,7 @@ const Batch* DataLoader::next() {
   b.index = slot.batch;
   b.epoch = slot.epoch;
   b.sample_indices = std::span<const int64_t>(slot.indices.data(), slot.indices.size());
+  b.replaced = std::span<const uint8_t>(slot.replaced.data(), slot.replaced.size());
   return &b;
 }
 

@@ -127,6 +127,7 @@ class DataLoader {
     DeviceBuffer label_buffer;
     DeviceBuffer crop_buffer;  // i32 [batch, 3] with defer_crop_flip
     std::vector<int64_t> indices;  // dataset indices of the batch in progress
+    std::vector<uint8_t> replaced;  // per index: unreadable, another sample stands in (Batch::replaced)
     SlotState state = SlotState::free;
     uint64_t generation = 0;  // start_epoch count when claimed; stale work is thrown away
     int64_t batch = -1;

@@ -344,6 +344,35 @@ int64_t choose_records_per_shard(const EncodedDataset& src, const PackOptions& o
   return std::clamp<int64_t>(static_cast<int64_t>(o.target_shard_bytes / std::max<uint64_t>(1, bytes / ok)), 1, n);
 }
 
+// "imagefolder:ROOT" with ROOT made absolute, so that the same folder named from another
+// working directory (or with ./ or ..) compares equal.
+std::string comparable_source(const std::string& source) {
+  const size_t colon = source.find(':');
+  if (colon == std::string::npos) return source;
+  std::error_code ec;
+  const fs::path p = fs::weakly_canonical(fs::absolute(source.substr(colon + 1)), ec);
+  return ec ? source : source.substr(0, colon + 1) + p.string();
+}
+
+// A finished pack of another dataset in the output folder would be replaced shard by shard;
+// that takes --overwrite. A pack of the same source is a rerun (kept shards are reused).
+void check_earlier_pack(const EncodedDataset& src, const PackOptions& o) {
+  const fs::path manifest_path = fs::path(o.out_dir) / kShardManifestName;
+  std::error_code ec;
+  if (o.overwrite || !fs::exists(manifest_path, ec)) return;
+  ShardManifest earlier;
+  try {
+    earlier = parse_shard_manifest(read_text_file(manifest_path.string()), manifest_path.string());
+  } catch (const Error& e) {
+    RN_FAIL() << "pack: " << o.out_dir << " holds a " << kShardManifestName << " that cannot be read (" << e.what()
+              << "); give an empty folder, or --overwrite to pack over it";
+  }
+  if (comparable_source(earlier.source) == comparable_source(src.name())) return;
+  RN_FAIL() << "pack: " << o.out_dir << " already holds a pack of " << earlier.source << " (" << earlier.records
+            << " records, " << earlier.classes.size() << " classes); packing " << src.name()
+            << " there would replace it: give another folder, or --overwrite to replace it";
+}
+
 }  // namespace
 
 std::vector<std::string> pack_keys(const EncodedDataset& src) {
@@ -374,6 +403,8 @@ PackResult pack_shards(const EncodedDataset& src, const PackOptions& o) {
   fs::create_directories(o.out_dir, ec);
   RN_CHECK(!ec && fs::is_directory(o.out_dir)) << "pack: cannot create the output folder '" << o.out_dir
                                                << "': " << (ec ? ec.message() : "a file of that name exists");
+
+  check_earlier_pack(src, o);
 
   const std::vector<std::string> keys = pack_keys(src);
   const int64_t rps = choose_records_per_shard(src, o);
@@ -416,7 +447,7 @@ PackResult pack_shards(const EncodedDataset& src, const PackOptions& o) {
   result.records_per_shard = rps;
   ShardManifest manifest;
   manifest.classes = src.classes();
-  manifest.source = src.name();
+  manifest.source = comparable_source(src.name());  // absolute, for a rerun from elsewhere
   manifest.max_size = o.max_short_side;
   manifest.quality = o.quality;
   manifest.raw = o.raw;

@@ -168,6 +168,15 @@ ImageFolderPaths image_folder_paths(const DataConfig& data) {
     p.val = (fs::path(data.root) / "val").string();
   } else {
     p.train = data.root;
+    // A root of splits without train/ (val/, perhaps test/: a test set kept in the dataset's
+    // layout): evaluation reads val/; training from it stops on the image folder's split error.
+    // A class that happens to be called "val" beside other classes stays a class.
+    bool only_splits = fs::is_directory(fs::path(data.root) / "val", ec);
+    for (fs::directory_iterator it(data.root, ec), end; only_splits && !ec && it != end; it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      if (it->is_directory(ec) && name != "val" && name != "test") only_splits = false;
+    }
+    if (only_splits && !ec) p.val = (fs::path(data.root) / "val").string();
   }
   if (!data.val_root.empty()) p.val = data.val_root;
   if (p.val.empty() || !fs::exists(p.val, ec)) {

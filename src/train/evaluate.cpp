@@ -1,6 +1,9 @@
 #include "train/evaluate.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 
@@ -42,19 +45,27 @@ EvalResult Evaluator::run(DataLoader& loader, int64_t epoch, std::vector<Predict
     Plan& plan = plan_for(b->size);
     feeder.feed(plan, *b);
     plan.forward();
-    loss_sum += static_cast<double>(plan.loss()) * static_cast<double>(b->size);
     const Tensor probs_view = plan.probs();
     const int64_t K = probs_view.shape[1];
     std::vector<float> probs_host(static_cast<size_t>(probs_view.numel()));
     plan.copy_to_host(probs_host.data(), probs_view);
+    // An unreadable file's slot holds the next readable image (the loader's skip policy);
+    // counting it would score that image twice and the bad file not at all. Its share of the
+    // batch's mean loss is taken back out: plain cross-entropy is -log p[label].
+    double batch_loss = static_cast<double>(plan.loss()) * static_cast<double>(b->size);
     std::vector<int32_t> order(static_cast<size_t>(K));
     for (int64_t n = 0; n < b->size; ++n) {
       const float* p = probs_host.data() + n * K;
+      const int32_t label = b->label_data()[n];
+      if (!b->replaced.empty() && b->replaced[static_cast<size_t>(n)]) {
+        batch_loss += std::log(std::max(static_cast<double>(p[label]), 1e-30));
+        ++r.unreadable;
+        continue;
+      }
       std::iota(order.begin(), order.end(), 0);
       const int k = static_cast<int>(std::min<int64_t>(5, K));
       std::partial_sort(order.begin(), order.begin() + k, order.end(),
                         [&](int32_t x, int32_t y) { return p[x] > p[y] || (p[x] == p[y] && x < y); });
-      const int32_t label = b->label_data()[n];
       if (order[0] == label) ++top1;
       if (std::find(order.begin(), order.begin() + k, label) != order.begin() + k) ++top5;
       if (predictions) {
@@ -68,18 +79,22 @@ EvalResult Evaluator::run(DataLoader& loader, int64_t epoch, std::vector<Predict
         }
         predictions->push_back(pr);
       }
+      ++r.samples;
     }
-    r.samples += b->size;
+    loss_sum += batch_loss;
   }
   if (comm && comm->size() > 1) {
-    double sums[4] = {loss_sum, static_cast<double>(top1), static_cast<double>(top5), static_cast<double>(r.samples)};
-    comm->all_reduce(sums, 4, ReduceOp::sum, "evaluation sums");
+    double sums[5] = {loss_sum, static_cast<double>(top1), static_cast<double>(top5), static_cast<double>(r.samples),
+                      static_cast<double>(r.unreadable)};
+    comm->all_reduce(sums, 5, ReduceOp::sum, "evaluation sums");
     loss_sum = sums[0];
     top1 = static_cast<int64_t>(sums[1]);
     top5 = static_cast<int64_t>(sums[2]);
     r.samples = static_cast<int64_t>(sums[3]);
+    r.unreadable = static_cast<int64_t>(sums[4]);
   }
-  RN_CHECK(r.samples > 0) << "evaluation saw no samples";
+  RN_CHECK(r.samples > 0) << "evaluation saw no samples"
+                          << (r.unreadable > 0 ? fmt::format(": all {} images were unreadable", r.unreadable) : "");
   r.loss = loss_sum / static_cast<double>(r.samples);
   r.top1 = static_cast<double>(top1) / static_cast<double>(r.samples);
   r.top5 = static_cast<double>(top5) / static_cast<double>(r.samples);

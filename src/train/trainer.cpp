@@ -771,9 +771,12 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
       em.loss = ev.loss;
       em.top1 = ev.top1;
       em.top5 = ev.top5;
+      em.extra["images"] = static_cast<double>(ev.samples);
+      if (ev.unreadable > 0) em.extra["unreadable"] = static_cast<double>(ev.unreadable);
       metrics.log_eval(em);
-      RN_LOG_INFO("epoch {} evaluation: loss {:.4f}, top-1 {:.2f}%, top-5 {:.2f}% ({} images)", done_epoch + 1, ev.loss,
-                  100 * ev.top1, 100 * ev.top5, ev.samples);
+      RN_LOG_INFO("epoch {} evaluation: loss {:.4f}, top-1 {:.2f}%, top-5 {:.2f}% ({} images{})", done_epoch + 1,
+                  ev.loss, 100 * ev.top1, 100 * ev.top5, ev.samples,
+                  ev.unreadable > 0 ? fmt::format("; {} unreadable files left out", ev.unreadable) : std::string());
       st.best_top1 = std::max(st.best_top1, ev.top1);
     }
     if (cfg.run.checkpoint.every_epoch || last) save(true, top1);

@@ -15,7 +15,8 @@ namespace rn {
 
 struct EvalResult {
   double loss = 0, top1 = 0, top5 = 0;  // top-k as fractions in [0, 1]
-  int64_t samples = 0;
+  int64_t samples = 0;                  // the images the figures are over
+  int64_t unreadable = 0;               // images left out: their files could not be read (data.bad_files: skip)
 };
 
 struct TrainResult {

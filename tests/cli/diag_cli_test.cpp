@@ -3,6 +3,7 @@
 // trace, `resnet summary` summarises and compares runs and names a missing summary.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -83,6 +84,12 @@ TEST(DiagCli, DoctorExitsTwoOnPlantedUnderflowAndZeroAtTheRecommendedScale) {
   EXPECT_NE(nlohmann::json::parse(read_all(dir / "precise.json"))["backend"].get<std::string>().find("high_precision"),
             std::string::npos);
 
+  // An output that cannot be written fails before the runs, not after them.
+  EXPECT_EQ(run(small("doctor", {"--json", (dir / "missing" / "d.json").string()}), dir / "path.log"), 1);
+  EXPECT_NE(read_all(dir / "path.log").find("the folder '" + (dir / "missing").string() + "' does not exist"),
+            std::string::npos)
+      << read_all(dir / "path.log");
+  EXPECT_EQ(read_all(dir / "path.log").find("verdict"), std::string::npos) << read_all(dir / "path.log");
   EXPECT_EQ(run(small("doctor", {"--set", "diagnostics.doctor_max_underflow=2"}), dir / "range.log"), 1);
   EXPECT_NE(read_all(dir / "range.log").find("diagnostics.doctor_max_underflow"), std::string::npos);
 }
@@ -127,6 +134,25 @@ TEST(DiagCli, ProfileWritesJsonAndTrace) {
             std::string::npos);
   EXPECT_EQ(run({"profile", "--dtype", "int8"}, dir / "bad.log"), 1);
   EXPECT_NE(read_all(dir / "bad.log").find("int8"), std::string::npos);
+  // An output that cannot be written fails before the profile, not after it.
+  // args with `option`'s value replaced.
+  auto with = [&](const std::string& option, const std::string& value) {
+    std::vector<std::string> a = args;
+    *(std::find(a.begin(), a.end(), option) + 1) = value;
+    return a;
+  };
+  for (const char* option : {"--trace", "--json"}) {
+    const std::vector<std::string> bad_path = with(option, (dir / "missing" / "out.json").string());
+    EXPECT_EQ(run(bad_path, dir / "bad_path.log"), 1);
+    const std::string text = read_all(dir / "bad_path.log");
+    EXPECT_NE(text.find(std::string(option) + " '" + (dir / "missing" / "out.json").string() + "': the folder"),
+              std::string::npos)
+        << text;
+    EXPECT_EQ(text.find("peaks measured at start"), std::string::npos) << "profiled first:\n" << text;
+  }
+  EXPECT_EQ(run(with("--json", dir.string()), dir / "folder.log"), 1);
+  EXPECT_NE(read_all(dir / "folder.log").find("is a folder; give a file name"), std::string::npos)
+      << read_all(dir / "folder.log");
 }
 
 TEST(DiagCli, SummaryOfOneRunAndOfTwo) {

@@ -139,6 +139,38 @@ TEST(PackCli, APackKilledMidwayIsFinishedByARerun) {
       << (killed ? "killed mid-pack" : "the first pack finished before the kill");
 }
 
+// A folder holding another source's pack is not replaced without --overwrite; a rerun of the
+// same source, however its path is spelled, is; the source folder itself and a root of
+// splits are refused before any work.
+TEST(PackCli, AnotherSourcesPackIsNotReplacedSilently) {
+  TestDir dir;
+  test::write_image_folder(dir.path() / "data" / "train", 2, 3);
+  test::write_image_folder(dir.path() / "data" / "val", 2, 1);
+  const std::string train = dir.file("data/train"), val = dir.file("data/val"), out = dir.file("out");
+  ASSERT_EQ(run_resnet("pack " + train + " " + out, dir), 0) << read_all(dir.file("stderr"));
+  const std::string manifest = read_all(dir.file("out/dataset.json"));
+
+  EXPECT_EQ(run_resnet("pack " + val + " " + out, dir), 1);
+  EXPECT_THAT(read_all(dir.file("stderr")), HasSubstr("already holds a pack of imagefolder:" + train + " (6 records"));
+  EXPECT_EQ(read_all(dir.file("out/dataset.json")), manifest) << "the refused pack touched the folder";
+  EXPECT_EQ(ShardDataset(out).size(), 6);
+
+  EXPECT_EQ(run_resnet("pack " + dir.file("data/val/../train") + " " + out, dir), 0) << read_all(dir.file("stderr"));
+  EXPECT_THAT(read_all(dir.file("stdout")), HasSubstr("1 kept from an earlier run"));
+
+  ASSERT_EQ(run_resnet("pack " + val + " " + out + " --overwrite", dir), 0) << read_all(dir.file("stderr"));
+  EXPECT_EQ(ShardDataset(out).size(), 2);
+
+  EXPECT_EQ(run_resnet("pack " + train + " " + dir.file("data/train/packed"), dir), 1);
+  EXPECT_THAT(read_all(dir.file("stderr")), HasSubstr("is inside the source folder"));
+  EXPECT_EQ(run_resnet("pack " + train + " " + train, dir), 1);
+  EXPECT_THAT(read_all(dir.file("stderr")), HasSubstr("is the source folder"));
+  EXPECT_FALSE(fs::exists(dir.file("data/train/packed")));
+
+  EXPECT_EQ(run_resnet("pack " + dir.file("data") + " " + dir.file("out2"), dir), 1);
+  EXPECT_THAT(read_all(dir.file("stderr")), HasSubstr("holds the splits train/, val/"));
+}
+
 TEST(PackCli, AMissingSourceIsOneClearError) {
   TestDir dir;
   EXPECT_EQ(run_resnet("pack " + dir.file("nowhere") + " " + dir.file("out"), dir), 1);

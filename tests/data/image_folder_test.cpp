@@ -83,6 +83,7 @@ struct EpochData {
   std::vector<uint8_t> pixels;
   std::vector<int32_t> labels;
   std::vector<int64_t> indices;
+  std::vector<int64_t> replaced;  // the sample indices the batches mark as stood in for
 };
 
 EpochData run_epoch(DataLoader& loader, int64_t epoch) {
@@ -93,6 +94,9 @@ EpochData run_epoch(DataLoader& loader, int64_t epoch) {
     d.pixels.insert(d.pixels.end(), p, p + b->images.numel());
     d.labels.insert(d.labels.end(), b->label_data(), b->label_data() + b->size);
     d.indices.insert(d.indices.end(), b->sample_indices.begin(), b->sample_indices.end());
+    EXPECT_EQ(b->replaced.size(), static_cast<size_t>(b->size));
+    for (size_t i = 0; i < b->replaced.size(); ++i)
+      if (b->replaced[i]) d.replaced.push_back(b->sample_indices[i]);
   }
   return d;
 }
@@ -129,6 +133,22 @@ TEST(ImageFolder, MissingFolderAndEmptyClassAreClearErrors) {
   const std::string e = error_of([&] { ImageFolderDataset((dir.path() / "root").string()); });
   EXPECT_NE(e.find("class_9"), std::string::npos) << e;
   EXPECT_NE(e.find("no image files"), std::string::npos) << e;
+}
+
+// A dataset root of splits, given where one split belongs, would make "train" and "val" the
+// classes; it is refused, naming a split to give instead.
+TEST(ImageFolder, ARootOfSplitsIsNotAnImageFolder) {
+  TestDir dir;
+  make_folder(dir.path() / "data" / "train", 2, 2);
+  make_folder(dir.path() / "data" / "val", 2, 1);
+  const std::string e = error_of([&] { ImageFolderDataset((dir.path() / "data").string()); });
+  EXPECT_NE(e.find("holds the splits train/, val/"), std::string::npos) << e;
+  EXPECT_NE(e.find((dir.path() / "data" / "train").string()), std::string::npos) << e;
+  EXPECT_EQ(ImageFolderDataset((dir.path() / "data" / "train").string()).num_classes(), 2);
+  // Classes that happen to carry such a name, with images of their own, stay classes.
+  make_folder(dir.path() / "named", 1, 1);
+  fs::rename(dir.path() / "named" / "class_0", dir.path() / "named" / "test");
+  EXPECT_EQ(ImageFolderDataset((dir.path() / "named").string()).classes(), (std::vector<std::string>{"test"}));
 }
 
 TEST(ImageFolder, ListFileWithErrorsNamingTheLine) {
@@ -312,6 +332,11 @@ TEST(ImageLoader, BadFilesAreSkippedCountedAndLoggedOnce) {
   EXPECT_EQ(d.labels.size(), 13u);
   EXPECT_EQ(loader.bad_file_count(), 3);
   EXPECT_EQ(loader.epoch_times().skipped, 3);
+  // The batches mark the three bad files' slots, so that evaluation can leave them out.
+  std::vector<std::string> marked;
+  for (int64_t i : d.replaced) marked.push_back(fs::path(ds->source(i)).filename().string());
+  std::sort(marked.begin(), marked.end());
+  EXPECT_EQ(marked, (std::vector<std::string>{"text.jpg", "truncated.jpg", "zero.jpg"}));
   run_epoch(loader, 1);
   EXPECT_EQ(loader.bad_file_count(), 3);
   EXPECT_EQ(loader.epoch_times().skipped, 3);  // counted every epoch ...

@@ -1,0 +1,88 @@
+// Evaluator: an unreadable file in the evaluation set is left out of every figure and of the
+// predictions, so that the result equals the one without the file, rather than scoring the
+// image that stands in for it (the loader's skip policy) a second time.
+#include "train/evaluate.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "data/encoded_dataset.h"
+#include "data/image_folder_files.h"
+#include "model/zoo.h"
+#include "ops/backend.h"
+#include "test_dir.h"
+#include "train/config.h"
+#include "train/data_setup.h"
+
+namespace rn {
+namespace {
+
+namespace fs = std::filesystem;
+
+Config eval_config(const std::string& root) {
+  Config c;
+  c.model.name = "resnet20";
+  c.model.num_classes = 3;
+  c.model.in_channels = 3;
+  c.model.image_size = {16, 16};
+  c.data.dataset = DatasetKind::imagefolder;
+  c.data.root = root;
+  c.data.classes = {"class_0", "class_1", "class_2"};
+  c.data.mean = {0.5, 0.5, 0.5};
+  c.data.std = {0.25, 0.25, 0.25};
+  c.data.augment.eval_resize = 16;
+  c.data.batch_size = 4;
+  c.data.workers = 1;
+  c.run.device = DeviceChoice::cpu;
+  c.run.threads = 1;
+  c.validate();
+  return c;
+}
+
+struct Evaluated {
+  EvalResult result;
+  std::vector<std::string> sources;  // the image of each prediction, in order
+};
+
+Evaluated evaluate(const Config& cfg, Model& model) {
+  auto backend = make_backend("ref");
+  std::unique_ptr<DataLoader> loader = make_val_loader(cfg, DType::f32, Layout::nhwc);
+  PlanOptions po;
+  po.layout = Layout::nhwc;
+  Evaluator ev(model, *backend, po);
+  std::vector<Prediction> preds;
+  Evaluated out;
+  out.result = ev.run(*loader, 0, &preds);
+  const auto& ds = dynamic_cast<const EncodedDataset&>(loader->dataset());
+  for (const Prediction& p : preds) out.sources.push_back(fs::path(ds.source(p.index)).filename().string());
+  std::sort(out.sources.begin(), out.sources.end());
+  return out;
+}
+
+TEST(Evaluator, LeavesUnreadableFilesOut) {
+  TestDir dir;
+  test::write_image_folder(dir.path() / "data/val", 3, 3);
+  const Config cfg = eval_config(dir.file("data"));
+  Model model(build_model(cfg.model.name, model_options(cfg.model)));
+  const Evaluated clean = evaluate(cfg, model);
+  EXPECT_EQ(clean.result.samples, 9);
+  EXPECT_EQ(clean.result.unreadable, 0);
+
+  // One truncated and one empty file: each would otherwise be scored as the next readable image.
+  test::write_bytes(dir.path() / "data/val/class_1/broken.jpg", {0xff, 0xd8, 0xff});
+  test::write_bytes(dir.path() / "data/val/class_2/zz_empty.jpg", {});
+  const Evaluated bad = evaluate(cfg, model);
+  EXPECT_EQ(bad.result.samples, 9);
+  EXPECT_EQ(bad.result.unreadable, 2);
+  EXPECT_NEAR(bad.result.loss, clean.result.loss, 1e-5 * std::max(1.0, clean.result.loss));
+  EXPECT_EQ(bad.result.top1, clean.result.top1);
+  EXPECT_EQ(bad.result.top5, clean.result.top5);
+  EXPECT_EQ(bad.sources, clean.sources) << "a prediction row for a file that was never read";
+}
+
+}  // namespace
+}  // namespace rn
