@@ -7,7 +7,8 @@
 
 Tensor names are torchvision's state-dict names, unchanged (see docs/weights.md). Floating
 tensors are written as F32. BN's num_batches_tracked counters (int64) are dropped unless
---keep-num-batches-tracked is given. --reverse loads a safetensors file into the torchvision
+--keep-num-batches-tracked is given. The classifier's size comes from the file's fc.weight
+(a model fine-tuned to 5 classes converts as it is), or --num-classes for --random. --reverse loads a safetensors file into the torchvision
 model strictly (every name present, no extra names, same shapes; only num_batches_tracked may
 be absent, and then keeps the model's zero) and saves model.state_dict() with torch.save.
 
@@ -43,10 +44,16 @@ def fail(message):
     sys.exit(f"torchvision_to_safetensors: error: {message}")
 
 
-def build_model(name):
+def build_model(name, num_classes=1000):
     if name not in MODELS:
         fail(f"unknown model '{name}' (expected one of {', '.join(MODELS)})")
-    return getattr(torchvision.models, name)(weights=None)
+    return getattr(torchvision.models, name)(weights=None, num_classes=num_classes)
+
+
+def classes_of(tensors, default):
+    """The classifier's output count, from fc.weight [classes, features] when present."""
+    fc = tensors.get("fc.weight")
+    return int(fc.shape[0]) if fc is not None and len(fc.shape) == 2 else default
 
 
 def is_num_batches_tracked(name):
@@ -143,11 +150,15 @@ def load_state_dict(path):
 
 def to_safetensors(args):
     torch.manual_seed(args.seed)  # --random: torchvision's own initialisation from a seeded generator
-    model = build_model(args.model)
+    if not args.weights:
+        model = build_model(args.model, args.num_classes)
     source = f"random seed {args.seed}"
     if args.weights:
-        # Strict loading checks that the weights belong to this architecture.
-        model.load_state_dict(load_state_dict(args.weights), strict=True)
+        # Strict loading checks that the weights belong to this architecture (with the
+        # classifier the file has: a fine-tuned model has its own number of classes).
+        sd = load_state_dict(args.weights)
+        model = build_model(args.model, classes_of(sd, args.num_classes))
+        model.load_state_dict(sd, strict=True)
         source = os.path.basename(args.weights)
     tensors = [(name, t) for name, t in model.state_dict().items()
                if args.keep_num_batches_tracked or not is_num_batches_tracked(name)]
@@ -158,8 +169,8 @@ def to_safetensors(args):
 
 
 def from_safetensors(args):
-    model = build_model(args.model)
     tensors, _ = read_safetensors(args.reverse)
+    model = build_model(args.model, classes_of(tensors, args.num_classes))
     expected = model.state_dict()
     extra = sorted(set(tensors) - set(expected))
     missing = sorted(n for n in set(expected) - set(tensors) if not is_num_batches_tracked(n))
@@ -187,6 +198,9 @@ def main():
     source.add_argument("--random", action="store_true", help="torchvision's random initialisation")
     source.add_argument("--reverse", metavar="IN.safetensors", help="convert a safetensors file back to a .pth")
     p.add_argument("--seed", type=int, default=0, help="seed for --random (default 0)")
+    p.add_argument("--num-classes", type=int, default=1000,
+                   help="classifier outputs for --random (default 1000); --weights and --reverse take "
+                        "them from the file's fc.weight")
     p.add_argument("--keep-num-batches-tracked", action="store_true",
                    help="also write BN num_batches_tracked (I64) counters")
     args = p.parse_args()

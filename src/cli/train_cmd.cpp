@@ -11,17 +11,22 @@
 #include <set>
 
 #include "cli/commands.h"
+#include "cli/format.h"
+#include "core/atomic_file.h"
 #include "core/log.h"
+#include "core/rng.h"
 #include "core/thread_pool.h"
 #include "data/encoded_dataset.h"
 #include "data/idx_dataset.h"
 #include "data/loader.h"
+#include "data/shard_format.h"
 #include "data/transform.h"
 #include "dist/world.h"
 #include "model/model.h"
 #include "model/onnx_export.h"
 #include "model/safetensors.h"
 #include "model/zoo.h"
+#include "ops/backend.h"
 #include "train/batch_feeder.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
@@ -50,19 +55,44 @@ std::vector<std::string> imagenet_input_sets() {
           "data.std=[0.229, 0.224, 0.225]"};
 }
 
+// The classes of the training split under a data root (root/train when there is one): a
+// packed folder's recorded classes, else its class folders, counted without listing their
+// images. 0 when there is no such folder (the loaders then say what is wrong).
+int64_t count_classes(const std::string& root) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path split = fs::is_directory(fs::path(root) / "train", ec) ? fs::path(root) / "train" : fs::path(root);
+  const fs::path manifest = split / std::string(kShardManifestName);
+  if (fs::exists(manifest, ec)) {
+    try {
+      return static_cast<int64_t>(
+          parse_shard_manifest(read_text_file(manifest.string()), manifest.string()).classes.size());
+    } catch (const Error&) {
+      return 0;
+    }
+  }
+  int64_t n = 0;
+  for (fs::directory_iterator it(split, ec), end; !ec && it != end; it.increment(ec))
+    if (it->is_directory(ec)) ++n;
+  return ec ? 0 : n;
+}
+
 // --data PATH: an image folder (root/<class>/*.jpg, or root/train + root/val) with
-// ImageNet's normalisation; the user's own --set options come after and win.
-std::vector<std::string> data_sets(const std::string& path) {
+// ImageNet's normalisation and, without --config, as many model outputs as it has classes;
+// the user's own --set options come after and win.
+std::vector<std::string> data_sets(const std::string& path, bool has_config) {
   if (path.empty()) return {};
   std::vector<std::string> sets = imagenet_input_sets();
   sets.push_back("data.root=" + path);
+  if (const int64_t classes = count_classes(path); !has_config && classes > 0)
+    sets.push_back("model.num_classes=" + std::to_string(classes));
   return sets;
 }
 
 int run_train(const TrainArgs& a) {
   RN_CHECK(a.resume.empty() || (a.data.empty() && a.config.empty()))
       << "--resume continues a run with the config in its folder; --data and --config cannot change it";
-  std::vector<std::string> sets = data_sets(a.data);
+  std::vector<std::string> sets = data_sets(a.data, !a.config.empty());
   sets.insert(sets.end(), a.sets.begin(), a.sets.end());
   // Resuming, the run's own config wins; --set may change only memory.* (checked by train()).
   Config cfg = a.resume.empty() ? load_config(a.config, sets) : load_config("", {});
@@ -98,15 +128,43 @@ struct EvalArgs {
   std::string predictions;
 };
 
-// The config of a checkpoint (recorded in its metadata), else the given one. A PyTorch file
-// records none: --config and --set describe its model.
+// torchvision's setting for one of its ImageNet ResNets: 224x224 RGB photos (resized to 256
+// for evaluation) with ImageNet's mean and std, from an image folder.
+std::vector<std::string> torchvision_sets(const std::string& model, int64_t num_classes) {
+  std::vector<std::string> sets = {"model.name=" + model, "model.num_classes=" + std::to_string(num_classes),
+                                   "model.image_size=224", "data.augment.eval_resize=256"};
+  const std::vector<std::string> imagenet = imagenet_input_sets();
+  sets.insert(sets.end(), imagenet.begin(), imagenet.end());
+  return sets;
+}
+
+bool sets_key(const std::vector<std::string>& sets, const std::string& key) {
+  return std::any_of(sets.begin(), sets.end(), [&](const std::string& s) { return s.rfind(key + "=", 0) == 0; });
+}
+
+// The config of a checkpoint (recorded in its metadata), else the given one. A file that
+// records none (a PyTorch state dict, a converted torchvision file) and whose tensors are a
+// torchvision ResNet gets torchvision's setting for it, unless --config or model.name says
+// otherwise; --set changes any of it.
 Config config_for_weights(const EvalArgs& a) {
-  if (a.config.empty() && !is_pytorch_file(a.weights)) {
+  if (!a.config.empty()) return load_config(a.config, a.sets);
+  if (!is_pytorch_file(a.weights)) {
     const SafetensorsFile f = SafetensorsFile::load(a.weights);
     auto it = f.metadata().find("config_yaml");
     if (it != f.metadata().end()) return load_config_from_string(it->second, a.sets, a.weights + " (embedded config)");
   }
-  return load_config(a.config, a.sets);
+  std::vector<std::string> sets;
+  if (!sets_key(a.sets, "model.name")) {
+    if (const auto tv = torchvision_resnet_in(a.weights)) {
+      RN_LOG_INFO(
+          "{} records no config; its tensors are torchvision's {} with {} classes: using torchvision's "
+          "224x224 RGB input and ImageNet's mean and std (--set changes any of it)",
+          a.weights, tv->name, tv->num_classes);
+      sets = torchvision_sets(tv->name, tv->num_classes);
+    }
+  }
+  sets.insert(sets.end(), a.sets.begin(), a.sets.end());
+  return load_config("", sets);
 }
 
 // Our checkpoints and weights files; a PyTorch state dict through the same strict load as
@@ -146,8 +204,9 @@ int run_eval(const EvalArgs& a) {
   }
   std::vector<Prediction> preds;
   const EvalResult r = ev.run(loader, 0, a.predictions.empty() ? nullptr : &preds);
-  fmt::print("{} on {} ({} images): loss {:.4f}, top-1 {:.2f}%, top-5 {:.2f}%\n", a.weights, loader.dataset().name(),
-             r.samples, r.loss, 100 * r.top1, 100 * r.top5);
+  fmt::print("{} on {} ({} images{}): loss {:.4f}, top-1 {:.2f}%, top-5 {:.2f}%\n", a.weights, loader.dataset().name(),
+             r.samples, r.unreadable > 0 ? fmt::format("; {} unreadable files left out", r.unreadable) : std::string(),
+             r.loss, 100 * r.top1, 100 * r.top5);
   if (!a.predictions.empty()) {
     // The image each row is about, for image folders and shards (quoted: paths may hold commas).
     const auto* encoded = dynamic_cast<const EncodedDataset*>(&loader.dataset());
@@ -181,7 +240,35 @@ struct ExportArgs {
   std::vector<std::string> sets;
   std::string weights;
   std::string out;
+  std::string sample;
 };
+
+// --sample PREFIX: a batch of two standard-normal inputs (already "normalised", NCHW fp32) and
+// the logits our CPU backend computes for them in evaluation mode, as raw little-endian fp32,
+// so that another runtime's output can be checked against ours (tools/onnx_check.py).
+void write_sample(const std::string& prefix, Model& model, const ModelOptions& mo) {
+  const std::string input_path = prefix + ".input.f32", logits_path = prefix + ".logits.f32";
+  check_output_path(input_path, "--sample");
+  auto backend = make_backend("cpu");
+  PlanOptions po;
+  po.batch = 2;
+  po.layout = Layout::nchw;
+  po.mode = PlanMode::eval;
+  Plan plan(model, backend.get(), po);
+  HostTensor x(plan.input().shape, DType::f32, Layout::nchw);
+  Rng rng(20261202);
+  for (int64_t i = 0; i < x.numel(); ++i) x.ptr<float>()[i] = rng.normal();
+  plan.copy_from_host(plan.input(), x.view().data);
+  const std::vector<int32_t> labels(static_cast<size_t>(po.batch), 0);  // the plan's loss reads them
+  plan.copy_from_host(plan.labels(), labels.data());
+  plan.forward();
+  HostTensor logits(plan.logits().shape, DType::f32);
+  plan.copy_to_host(logits.view().data, plan.logits());
+  write_file_atomic(input_path, x.view().data, x.view().bytes());
+  write_file_atomic(logits_path, logits.view().data, logits.view().bytes());
+  fmt::print("wrote {} ([2, {}, {}, {}] fp32) and {} ([2, {}] fp32, our CPU backend's logits for it)\n", input_path,
+             mo.in_channels, mo.height, mo.width, logits_path, mo.num_classes);
+}
 
 // The file name's extension in lower case: ".onnx", ".pth", "" (none).
 std::string lower_extension(const std::string& path) {
@@ -211,6 +298,7 @@ int run_export(const ExportArgs& a) {
   const ModelOptions mo = model_options(cfg.model);
   Model model(build_model(cfg.model.name, mo));
   load_model_weights(a.weights, model);
+  if (!a.sample.empty()) write_sample(a.sample, model, mo);
   if (lower_extension(a.out) == ".onnx") {
     const OnnxExportInfo info = save_onnx(a.out, model);
     fmt::print(
@@ -219,6 +307,9 @@ int run_export(const ExportArgs& a) {
         a.out, cfg.model.name, kOnnxOpset, info.nodes, info.initializers, 1e-6 * static_cast<double>(info.bytes),
         mo.in_channels, mo.height, mo.width, fmt::join(cfg.data.mean, ", "), fmt::join(cfg.data.std, ", "),
         mo.num_classes);
+    if (!a.sample.empty())
+      fmt::print("check it: /usr/bin/python3 tools/onnx_check.py {} --input {}.input.f32 --logits {}.logits.f32\n",
+                 a.out, a.sample, a.sample);
     return 0;
   }
   save_weights(a.out, model, cfg.to_yaml());
@@ -243,21 +334,27 @@ int run_import(const ImportArgs& a) {
       << "resnet import writes a safetensors weights file, not '" << a.out
       << "'; import first, then: resnet export --weights W.safetensors --out " << a.out;
   check_weights_output_name(a.out, "import");
-  const bool model_named =
-      !a.model.empty() || !a.config.empty() ||
-      std::any_of(a.sets.begin(), a.sets.end(), [](const std::string& s) { return s.rfind("model.name=", 0) == 0; });
-  RN_CHECK(model_named) << "resnet import: name the model the weights are for: --model resnet50 (or --config, or "
-                           "--set model.name=...)";
+  std::string model_name = a.model;
+  std::optional<TorchvisionResnet> tv;
+  if (model_name.empty() && a.config.empty() && !sets_key(a.sets, "model.name")) {
+    tv = torchvision_resnet_in(a.source);
+    RN_CHECK(tv) << "resnet import: " << a.source
+                 << " is not one of torchvision's ResNets by its tensors; name the model the weights are for: "
+                    "--model resnet50 (or --config, or --set model.name=...)";
+    model_name = tv->name;
+    fmt::print("{}: torchvision's {} with {} classes, by its tensors\n", a.source, tv->name, tv->num_classes);
+  }
   std::vector<std::string> sets;
-  if (!a.model.empty()) {
-    sets.push_back("model.name=" + a.model);
-    // The ImageNet ResNets as torchvision trains them: 1000 classes of 224x224 RGB photos.
+  if (!model_name.empty()) {
+    // The ImageNet ResNets as torchvision trains them: 224x224 RGB photos, 1000 classes (or the
+    // file's, when its classifier says so).
     static const std::set<std::string> kImageNet = {"resnet18",  "resnet34",  "resnet50",
                                                     "resnet101", "resnet152", "resnet50_gdw"};
-    if (kImageNet.count(a.model)) {
-      sets.insert(sets.end(), {"model.num_classes=1000", "model.image_size=224", "data.augment.eval_resize=256"});
-      const std::vector<std::string> imagenet = imagenet_input_sets();
-      sets.insert(sets.end(), imagenet.begin(), imagenet.end());
+    if (kImageNet.count(model_name)) {
+      if (!tv && model_name != "resnet50_gdw") tv = torchvision_resnet_in(a.source);
+      sets = torchvision_sets(model_name, tv && tv->name == model_name ? tv->num_classes : 1000);
+    } else {
+      sets.push_back("model.name=" + model_name);
     }
   }
   sets.insert(sets.end(), a.sets.begin(), a.sets.end());
@@ -286,7 +383,8 @@ Runner add_train_command(CLI::App& app) {
   cmd->add_option("--resume", a->resume, "Continue the run in this folder from its last checkpoint");
   cmd->add_option("--data", a->data,
                   "Train on an image folder (root/<class>/*.jpg, or root/train and root/val): shorthand for "
-                  "data.dataset=imagefolder, data.root, model.in_channels=3 and ImageNet mean/std; --set wins");
+                  "data.dataset=imagefolder, data.root, model.in_channels=3, ImageNet mean/std and (without "
+                  "--config) model.num_classes from its class folders; --set wins");
   cmd->add_option("--max-steps", a->max_steps, "Stop with a checkpoint after this many steps in total")
       ->check(CLI::PositiveNumber);
   return [cmd, a]() -> int { return cmd->parsed() ? run_train(*a) : -1; };
@@ -314,6 +412,9 @@ Runner add_export_command(CLI::App& app) {
   add_config_options(cmd, a->config, a->sets);
   cmd->add_option("--weights", a->weights, "A checkpoint or weights file, or a PyTorch state dict (.pth)")->required();
   cmd->add_option("--out", a->out, "Output: .onnx writes ONNX (opset 13), any other name safetensors")->required();
+  cmd->add_option("--sample", a->sample,
+                  "Also write PREFIX.input.f32 (two random normalised images, NCHW fp32) and PREFIX.logits.f32 (our "
+                  "logits for them), for tools/onnx_check.py");
   return [cmd, a]() -> int { return cmd->parsed() ? run_export(*a) : -1; };
 }
 
@@ -326,8 +427,9 @@ Runner add_import_command(CLI::App& app) {
   add_config_options(cmd, a->config, a->sets);
   cmd->add_option("source", a->source, "torch.save file (.pth, .pt, .tar) or safetensors file")->required();
   cmd->add_option("--model", a->model,
-                  "Model of the weights (model.name); an ImageNet model also sets 1000 classes, 224x224 RGB input and "
-                  "ImageNet's normalisation, which --set can change");
+                  "Model of the weights (model.name); an ImageNet model also sets 224x224 RGB input, ImageNet's "
+                  "normalisation and the file's classes (1000 for torchvision's), which --set can change. Without it, "
+                  "a torchvision ResNet is recognised by its tensors");
   cmd->add_option("--out", a->out, "The weights file to write (.safetensors)")->required();
   return [cmd, a]() -> int { return cmd->parsed() ? run_import(*a) : -1; };
 }

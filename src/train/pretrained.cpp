@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <tuple>
 
 #include "core/check.h"
 #include "core/dtype.h"
@@ -56,6 +57,55 @@ bool is_pytorch_file(const std::string& path) {
   std::byte h[4] = {};
   in.read(reinterpret_cast<char*>(h), 4);
   return in.gcount() == 4 && looks_like_torch_file(h);
+}
+
+std::optional<TorchvisionResnet> torchvision_resnet_of(const TensorShapes& tensors) {
+  const bool module = !tensors.empty() && std::all_of(tensors.begin(), tensors.end(),
+                                                      [](const auto& t) { return t.first.rfind("module.", 0) == 0; });
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& [name, shape] : tensors) shapes[module ? name.substr(7) : name] = shape;
+  auto shape_of = [&](const std::string& name) {
+    auto it = shapes.find(name);
+    return it == shapes.end() ? std::vector<int64_t>{} : it->second;
+  };
+  const std::vector<int64_t> conv1 = shape_of("conv1.weight"), fc = shape_of("fc.weight");
+  if (conv1 != std::vector<int64_t>{64, 3, 7, 7} || fc.size() != 2 || fc[0] < 1) return std::nullopt;
+  const bool bottleneck = shapes.count("layer1.0.conv3.weight") > 0;
+  // torchvision's widths: no wide (width_per_group) or grouped (ResNeXt) variant.
+  if (shape_of("layer1.0.conv1.weight") != std::vector<int64_t>{64, 64, bottleneck ? 1 : 3, bottleneck ? 1 : 3} ||
+      shape_of("layer1.0.conv2.weight") != std::vector<int64_t>{64, 64, 3, 3} || fc[1] != (bottleneck ? 2048 : 512))
+    return std::nullopt;
+  std::vector<int> depths;
+  for (int stage = 1; stage <= 4; ++stage) {
+    int blocks = 0;
+    while (shapes.count(fmt::format("layer{}.{}.conv1.weight", stage, blocks))) ++blocks;
+    depths.push_back(blocks);
+  }
+  if (shapes.count("layer5.0.conv1.weight")) return std::nullopt;
+  static const std::vector<std::tuple<bool, std::vector<int>, const char*>> kNetworks = {
+      {false, {2, 2, 2, 2}, "resnet18"},
+      {false, {3, 4, 6, 3}, "resnet34"},
+      {true, {3, 4, 6, 3}, "resnet50"},
+      {true, {3, 4, 23, 3}, "resnet101"},
+      {true, {3, 8, 36, 3}, "resnet152"}};
+  for (const auto& [b, d, name] : kNetworks)
+    if (b == bottleneck && d == depths) return TorchvisionResnet{name, fc[0]};
+  return std::nullopt;
+}
+
+std::optional<TorchvisionResnet> torchvision_resnet_in(const std::string& path) {
+  TensorShapes shapes;
+  if (is_pytorch_file(path)) {
+    for (const auto& [name, t] : read_torch_state_dict(path).tensors) shapes.emplace_back(name, t.shape);
+  } else {
+    const SafetensorsFile f = SafetensorsFile::load(path);
+    for (const SafetensorsEntry& e : f.entries()) {
+      std::vector<int64_t> dims;
+      for (int d = 0; d < e.shape.rank(); ++d) dims.push_back(e.shape[d]);
+      shapes.emplace_back(e.name, std::move(dims));
+    }
+  }
+  return torchvision_resnet_of(shapes);
 }
 
 std::string PretrainedLoad::summary() const {

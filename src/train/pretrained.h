@@ -11,7 +11,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/model.h"
@@ -38,5 +40,18 @@ PretrainedLoad load_pretrained(const std::string& path, Model& model, const std:
 
 // True when `path` starts like a file torch.save wrote (model/torch_file.h), not safetensors.
 bool is_pytorch_file(const std::string& path);
+
+// A torchvision ImageNet ResNet recognised by its tensors: which one, and its classifier size.
+struct TorchvisionResnet {
+  std::string name;         // "resnet18", "resnet34", "resnet50", "resnet101" or "resnet152"
+  int64_t num_classes = 0;  // fc.weight's rows
+};
+using TensorShapes = std::vector<std::pair<std::string, std::vector<int64_t>>>;
+// The torchvision ResNet whose state dict has exactly these names' stem, stage depths, widths
+// and classifier (a "module." prefix on every name is ignored), or nothing: another network,
+// a wide or grouped variant, a deep stem. The strict load still checks every tensor.
+std::optional<TorchvisionResnet> torchvision_resnet_of(const TensorShapes& tensors);
+// The same for a weights file (PyTorch or safetensors); throws rn::Error naming an unreadable one.
+std::optional<TorchvisionResnet> torchvision_resnet_in(const std::string& path);
 
 }  // namespace rn

@@ -94,6 +94,11 @@ TEST(ImageFolderE2E, TrainEvalAndBenchOnAGeneratedFolder) {
   for (size_t p = log.find("broken.jpg"); p != std::string::npos; p = log.find("broken.jpg", p + 1)) ++mentions;
   EXPECT_EQ(mentions, 1u) << "a bad file is logged once";
   EXPECT_TRUE(fs::exists(run_dir / "trace.json"));
+  // --data without --config gives the model as many outputs as the folder has classes.
+  std::ifstream config_file(run_dir / "config.yaml");
+  const std::string config{std::istreambuf_iterator<char>(config_file), std::istreambuf_iterator<char>()};
+  EXPECT_NE(config.find("num_classes: 4\n"), std::string::npos) << config;
+  EXPECT_EQ(log.find("outputs are never"), std::string::npos) << log;
 
   ASSERT_EQ(run("eval --weights " + (run_dir / "checkpoints" / "best.safetensors").string() + " --data " +
                     (root / "data").string(),

@@ -34,7 +34,9 @@ class ImportCli : public ::testing::Test {
         "torch.manual_seed(0)\n"
         "m = torchvision.models.resnet18()\n"
         "torch.save(m.state_dict(), 'r18.pth')\n"
-        "torch.save(m, 'module.pth')\n";
+        "torch.save(m, 'module.pth')\n"
+        "torch.save(torchvision.models.resnet18(num_classes=5).state_dict(), 'r18_5.pth')\n"
+        "torch.save({'w': torch.zeros(2)}, 'other.pth')\n";
     const std::string cmd = "cd " + dir_.string() + " && " + python() + " -c \"" + script + "\" > make.log 2>&1";
     if (std::system(cmd.c_str()) != 0) GTEST_SKIP() << "torch/torchvision not usable by " << python();
   }
@@ -57,19 +59,32 @@ TEST_F(ImportCli, TorchvisionStateDictBecomesAWeightsFileWithItsConfig) {
   EXPECT_NE(yaml.find("dataset: imagefolder"), std::string::npos) << yaml;
   // The embedded config is what `resnet export` uses: no --set needed to describe the model.
   ASSERT_EQ(resnet({"export", "--weights", out.string(), "--out", (dir_ / "again.safetensors").string()}), 0) << log();
-  // Export (and eval) also take the .pth itself, with --set describing its model: the same bytes.
+  // Export (and eval) also take the .pth itself, recognised by its tensors: the same bytes.
   const fs::path direct = dir_ / "direct.safetensors";
-  ASSERT_EQ(resnet({"export", "--weights", (dir_ / "r18.pth").string(), "--out", direct.string(), "--set",
-                    "model.name=resnet18", "--set", "model.num_classes=1000", "--set", "model.in_channels=3", "--set",
-                    "model.image_size=224", "--set", "data.mean=[0.5, 0.5, 0.5]", "--set", "data.std=[0.5, 0.5, 0.5]",
-                    "--set", "data.dataset=synthetic"}),
-            0)
-      << log();
+  ASSERT_EQ(resnet({"export", "--weights", (dir_ / "r18.pth").string(), "--out", direct.string()}), 0) << log();
+  EXPECT_NE(log().find("its tensors are torchvision's resnet18 with 1000 classes"), std::string::npos) << log();
   const SafetensorsFile d = SafetensorsFile::load(direct.string());
   ASSERT_EQ(d.entries().size(), f.entries().size());
   for (const SafetensorsEntry& e : f.entries()) {
     const auto a = f.raw(e.name), b = d.raw(e.name);
     EXPECT_TRUE(a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin())) << e.name;
+  }
+}
+
+// Without --model, a torchvision ResNet is recognised by its tensors, with its own classifier:
+// a model fine-tuned to 5 classes imports as 5 classes, with or without --model.
+TEST_F(ImportCli, TorchvisionResnetsAreRecognisedWithTheirClasses) {
+  for (const bool named : {false, true}) {
+    SCOPED_TRACE(named ? "--model resnet18" : "no --model");
+    const fs::path out = dir_ / (named ? "named.safetensors" : "r18_5.safetensors");
+    std::vector<std::string> args = {"import", (dir_ / "r18_5.pth").string(), "--out", out.string()};
+    if (named) args.insert(args.end(), {"--model", "resnet18"});
+    ASSERT_EQ(resnet(args), 0) << log();
+    if (!named)
+      EXPECT_NE(log().find("torchvision's resnet18 with 5 classes, by its tensors"), std::string::npos) << log();
+    const std::string yaml = SafetensorsFile::load(out.string()).metadata().at("config_yaml");
+    EXPECT_NE(yaml.find("num_classes: 5"), std::string::npos) << yaml;
+    EXPECT_NE(yaml.find("image_size: [224, 224]"), std::string::npos) << yaml;
   }
 }
 
@@ -94,8 +109,11 @@ TEST_F(ImportCli, PickledModuleAndMisfitAreRefusedWithNothingWritten) {
   EXPECT_NE(log().find("torch.load cannot read, so '" + pth.string() + "' would mislead"), std::string::npos) << log();
   EXPECT_EQ(resnet({"export", "--weights", (dir_ / "r18.pth").string(), "--out", pth.string()}), 1);
   EXPECT_FALSE(fs::exists(pth));
-  EXPECT_EQ(resnet({"import", (dir_ / "r18.pth").string(), "--out", out.string()}), 1);
-  EXPECT_NE(log().find("name the model the weights are for: --model resnet50"), std::string::npos) << log();
+  EXPECT_EQ(resnet({"import", (dir_ / "other.pth").string(), "--out", out.string()}), 1);
+  EXPECT_NE(log().find("is not one of torchvision's ResNets by its tensors; name the model the weights are for: "
+                       "--model resnet50"),
+            std::string::npos)
+      << log();
   // Training from a file that does not fit stops before the first step, naming the way out.
   EXPECT_EQ(
       resnet({"train", "--set", "model.name=resnet18", "--set", "model.num_classes=10", "--set",

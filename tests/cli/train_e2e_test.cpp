@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -20,6 +21,7 @@
 #include "data/idx_dataset.h"
 #include "model/onnx_export.h"
 #include "model/safetensors.h"
+#include "python_for_tests.h"
 #include "resnet_process.h"
 #include "train/metrics.h"
 #include "train/versions.h"
@@ -184,7 +186,9 @@ TEST(TrainE2E, SigtermSavesACheckpointThenEvalAndExportWork) {
   // file itself; a build without libonnx says what is missing and fails).
   const fs::path onnx_path = dir.string() + "_model.onnx";
   fs::remove(log);
-  const int onnx_rc = wait_for(spawn({"export", "--weights", saved[0].string(), "--out", onnx_path.string()}, log));
+  const std::string sample = dir.string() + "_sample";
+  const int onnx_rc =
+      wait_for(spawn({"export", "--weights", saved[0].string(), "--out", onnx_path.string(), "--sample", sample}, log));
   const std::string onnx_out = read_all(log);
   if (onnx_export_available()) {
     ASSERT_EQ(onnx_rc, 0) << onnx_out;
@@ -192,6 +196,14 @@ TEST(TrainE2E, SigtermSavesACheckpointThenEvalAndExportWork) {
     EXPECT_NE(onnx_out.find("input \"input\" [N, 1, 28, 28] normalised with mean 0.286"), std::string::npos)
         << onnx_out;
     EXPECT_GT(fs::file_size(onnx_path), fs::file_size(weights) / 2);
+    // --sample: an input and our logits for it, which the exported graph reproduces.
+    EXPECT_EQ(fs::file_size(sample + ".input.f32"), 2u * 28 * 28 * 4);
+    EXPECT_EQ(fs::file_size(sample + ".logits.f32"), 2u * 10 * 4);
+    const std::string check = test::python() + " " + RN_SOURCE_DIR + "/tools/onnx_check.py " + onnx_path.string() +
+                              " --input " + sample + ".input.f32 --logits " + sample + ".logits.f32 > " + sample +
+                              ".check 2>&1";
+    if (std::system((test::python() + " -c 'import onnx, torch' >/dev/null 2>&1").c_str()) == 0)
+      EXPECT_EQ(std::system(check.c_str()), 0) << read_all(sample + ".check");
   } else {
     EXPECT_NE(onnx_rc, 0);
     EXPECT_NE(onnx_out.find("libonnx-dev"), std::string::npos) << onnx_out;

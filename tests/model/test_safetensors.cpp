@@ -522,9 +522,11 @@ TEST_F(SafetensorsConverterTest, Resnet18RoundTrip) {
   if (std::system("/usr/bin/python3 -c 'import torch, torchvision' > /dev/null 2>&1") != 0) {
     GTEST_SKIP() << "/usr/bin/python3 cannot import torch and torchvision (Debian: python3-torch, python3-torchvision)";
   }
-  // 1. torchvision's random resnet18 -> safetensors, read here.
+  // 1. torchvision's random resnet18 with a 5-class classifier (a fine-tuned model: every step
+  // below must keep the file's classifier rather than torchvision's 1000 classes) ->
+  // safetensors, read here.
   const std::string a = path("a.safetensors");
-  ASSERT_NO_FATAL_FAILURE(run_tool("--model resnet18 --random --seed 3 --out '" + a + "'"));
+  ASSERT_NO_FATAL_FAILURE(run_tool("--model resnet18 --random --num-classes 5 --seed 3 --out '" + a + "'"));
   SafetensorsFile fa = SafetensorsFile::load(a);
   EXPECT_EQ(fa.entries().size(), 102u);  // 122 state-dict entries less 20 num_batches_tracked
   EXPECT_EQ(fa.metadata().at("model"), "resnet18");
@@ -535,8 +537,8 @@ TEST_F(SafetensorsConverterTest, Resnet18RoundTrip) {
   EXPECT_EQ(fa.view("conv1.weight").shape, (Shape{64, 3, 7, 7}));
   EXPECT_EQ(fa.view("layer2.0.downsample.0.weight").shape, (Shape{128, 64, 1, 1}));
   EXPECT_EQ(fa.view("layer4.1.bn2.running_var").shape, (Shape{512}));
-  EXPECT_EQ(fa.view("fc.weight").shape, (Shape{1000, 512}));
-  EXPECT_EQ(fa.view("fc.bias").shape, (Shape{1000}));
+  EXPECT_EQ(fa.view("fc.weight").shape, (Shape{5, 512}));
+  EXPECT_EQ(fa.view("fc.bias").shape, (Shape{5}));
   EXPECT_EQ(fa.view("bn1.weight").ptr<float>()[0], 1.0f);  // torchvision's BN initialisation
   EXPECT_NE(fa.view("conv1.weight").ptr<float>()[0], 0.0f);
 

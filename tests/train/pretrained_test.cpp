@@ -80,6 +80,12 @@ TEST(Pretrained, TorchvisionStateDictLoadsAsTheConverterWritesIt) {
       " >> make.log 2>&1";
   if (std::system(cmd.c_str()) != 0) GTEST_SKIP() << "torch/torchvision not usable by " << python() << ": " << cmd;
   const SafetensorsFile conv = SafetensorsFile::load(dir.file("conv.safetensors"));
+  for (const char* file : {"zip.pth", "legacy.pth", "half.pth", "conv.safetensors"}) {
+    const auto tv = torchvision_resnet_in(dir.file(file));
+    ASSERT_TRUE(tv) << file;
+    EXPECT_EQ(tv->name, "resnet18") << file;
+    EXPECT_EQ(tv->num_classes, 1000) << file;
+  }
   for (const char* file : {"zip.pth", "legacy.pth", "half.pth"}) {
     SCOPED_TRACE(file);
     Model m = make("resnet18", 1000, 3, 224, 5);
@@ -102,6 +108,44 @@ TEST(Pretrained, TorchvisionStateDictLoadsAsTheConverterWritesIt) {
     }
     EXPECT_EQ(differ, 0) << "values differ from the converter's";
   }
+}
+
+// torchvision's ResNets are told apart by their tensors alone (our models carry torchvision's
+// names and shapes); anything else, including our hardware-adapted variant, is not guessed at.
+TEST(Pretrained, TorchvisionResnetsAreRecognisedByTheirTensors) {
+  auto shapes_of = [](const std::string& name, int64_t classes, bool module_prefix) {
+    ModelOptions o;
+    o.num_classes = classes;
+    o.in_channels = 3;
+    o.height = o.width = 224;
+    const Model m(build_model(name, o));
+    TensorShapes shapes;
+    for (const std::string& n : m.names()) {
+      const Tensor t = m.named(n);
+      std::vector<int64_t> dims;
+      for (int d = 0; d < t.shape.rank(); ++d) dims.push_back(t.shape[d]);
+      shapes.emplace_back(module_prefix ? "module." + n : n, dims);
+    }
+    return shapes;
+  };
+  for (const char* name : {"resnet18", "resnet34", "resnet50", "resnet101", "resnet152"}) {
+    const auto tv = torchvision_resnet_of(shapes_of(name, 1000, false));
+    ASSERT_TRUE(tv) << name;
+    EXPECT_EQ(tv->name, name);
+    EXPECT_EQ(tv->num_classes, 1000);
+  }
+  const auto five = torchvision_resnet_of(shapes_of("resnet50", 5, true));
+  ASSERT_TRUE(five);
+  EXPECT_EQ(five->name, "resnet50");
+  EXPECT_EQ(five->num_classes, 5);
+  EXPECT_FALSE(torchvision_resnet_of(shapes_of("resnet50_gdw", 1000, false))) << "a deep stem is not torchvision's";
+  EXPECT_FALSE(torchvision_resnet_of(shapes_of("resnet20", 10, false)));
+  EXPECT_FALSE(torchvision_resnet_of({}));
+  // One block fewer in a stage is no torchvision network.
+  TensorShapes cut;
+  for (auto& t : shapes_of("resnet18", 1000, false))
+    if (t.first.rfind("layer3.1.", 0) != 0) cut.push_back(t);
+  EXPECT_FALSE(torchvision_resnet_of(cut));
 }
 
 TEST(Pretrained, ExcludedTensorsKeepTheirInitialisation) {
