@@ -250,22 +250,10 @@ void write_sample(const std::string& prefix, Model& model, const ModelOptions& m
   const std::string input_path = prefix + ".input.f32", logits_path = prefix + ".logits.f32";
   check_output_path(input_path, "--sample");
   auto backend = make_backend("cpu");
-  PlanOptions po;
-  po.batch = 2;
-  po.layout = Layout::nchw;
-  po.mode = PlanMode::eval;
-  Plan plan(model, backend.get(), po);
-  HostTensor x(plan.input().shape, DType::f32, Layout::nchw);
-  Rng rng(20261202);
-  for (int64_t i = 0; i < x.numel(); ++i) x.ptr<float>()[i] = rng.normal();
-  plan.copy_from_host(plan.input(), x.view().data);
-  const std::vector<int32_t> labels(static_cast<size_t>(po.batch), 0);  // the plan's loss reads them
-  plan.copy_from_host(plan.labels(), labels.data());
-  plan.forward();
-  HostTensor logits(plan.logits().shape, DType::f32);
-  plan.copy_to_host(logits.view().data, plan.logits());
-  write_file_atomic(input_path, x.view().data, x.view().bytes());
-  write_file_atomic(logits_path, logits.view().data, logits.view().bytes());
+  const ExportSample sample = export_sample(model, *backend, 2, 20261202);
+  const Tensor x = sample.input.view(), logits = sample.logits.view();
+  write_file_atomic(input_path, x.data, x.bytes());
+  write_file_atomic(logits_path, logits.data, logits.bytes());
   fmt::print("wrote {} ([2, {}, {}, {}] fp32) and {} ([2, {}] fp32, our CPU backend's logits for it)\n", input_path,
              mo.in_channels, mo.height, mo.width, logits_path, mo.num_classes);
 }

@@ -6,7 +6,9 @@
 
 #include "core/atomic_file.h"
 #include "core/check.h"
+#include "core/rng.h"
 #include "model/graph.h"
+#include "model/plan.h"
 
 #ifdef RN_HAVE_ONNX
 #include <onnx/checker.h>
@@ -222,5 +224,24 @@ OnnxExportInfo save_onnx(const std::string& path, const Model& model) {
 }
 
 #endif
+
+ExportSample export_sample(Model& model, Backend& backend, int64_t batch, uint64_t seed) {
+  PlanOptions po;
+  po.batch = batch;
+  po.layout = Layout::nchw;
+  po.mode = PlanMode::eval;
+  Plan plan(model, &backend, po);
+  ExportSample s;
+  s.input = HostTensor(plan.input().shape, DType::f32, Layout::nchw);
+  Rng rng(seed);
+  for (int64_t i = 0; i < s.input.numel(); ++i) s.input.ptr<float>()[i] = rng.normal();
+  plan.copy_from_host(plan.input(), s.input.view().data);
+  const std::vector<int32_t> labels(static_cast<size_t>(batch), 0);  // the plan's loss reads them
+  plan.copy_from_host(plan.labels(), labels.data());
+  plan.forward();
+  s.logits = HostTensor(plan.logits().shape, DType::f32);
+  plan.copy_to_host(s.logits.view().data, plan.logits());
+  return s;
+}
 
 }  // namespace rn

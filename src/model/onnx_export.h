@@ -9,9 +9,12 @@
 // ONNX's own checker and shape inference before it is written, atomically.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
+#include "core/tensor.h"
 #include "model/model.h"
+#include "ops/backend.h"
 
 namespace rn {
 
@@ -29,5 +32,13 @@ struct OnnxExportInfo {
 // Writes `model` (its parameters and running statistics on the host) to `path`. Throws
 // rn::Error naming the path on a failed write, and rn::Unsupported in a build without libonnx.
 OnnxExportInfo save_onnx(const std::string& path, const Model& model);
+
+// What an exported graph must reproduce: `batch` standard-normal inputs drawn with `seed`
+// (already normalised, NCHW fp32) and the logits `backend` computes for them in evaluation mode.
+struct ExportSample {
+  HostTensor input;   // [batch, C, H, W] fp32
+  HostTensor logits;  // [batch, classes] fp32
+};
+ExportSample export_sample(Model& model, Backend& backend, int64_t batch, uint64_t seed);
 
 }  // namespace rn

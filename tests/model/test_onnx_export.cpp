@@ -97,20 +97,9 @@ TEST_P(OnnxExport, EvaluatesToTheReferenceBackendsLogits) {
 
   // Our logits in evaluation mode, on the reference backend.
   auto backend = make_backend("ref");
-  PlanOptions po;
-  po.batch = 2;
-  po.layout = Layout::nchw;
-  po.mode = PlanMode::eval;
-  Plan plan(model, backend.get(), po);
-  HostTensor x(plan.input().shape, DType::f32, Layout::nchw);
-  Rng rng(11);
-  for (int64_t i = 0; i < x.numel(); ++i) x.ptr<float>()[i] = rng.normal();
-  plan.copy_from_host(plan.input(), x.view().data);
-  const std::vector<int32_t> labels(static_cast<size_t>(po.batch), 0);  // the plan's loss needs some
-  plan.copy_from_host(plan.labels(), labels.data());
-  plan.forward();
-  HostTensor logits(plan.logits().shape, DType::f32);
-  plan.copy_to_host(logits.view().data, plan.logits());
+  const ExportSample sample = export_sample(model, *backend, 2, 11);
+  const HostTensor& x = sample.input;
+  const HostTensor& logits = sample.logits;
 
   const OnnxExportInfo info = save_onnx((dir / "model.onnx").string(), model);
   EXPECT_EQ(static_cast<size_t>(info.initializers), model.names().size());
