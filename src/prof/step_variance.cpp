@@ -125,6 +125,24 @@ VarianceWarning StepVarianceAnalyser::explain(int64_t step, double spread) const
       c.push_back({"clocks or power", compute_slow * (1 - cs / cf), ev});
     }
   }
+  {
+    // A thread waiting for a core stalls the whole step (each parallel region waits for its
+    // slowest thread), so a stretch whose threads waited far longer lost its time to others.
+    const double wf = mean_of(fast, [](const StepSample& s) { return s.cpu_wait; });
+    const double ws = mean_of(slow, [](const StepSample& s) { return s.cpu_wait; });
+    auto compute = [&](const std::vector<const StepSample*>& set, double t) {
+      return t - mean_of(set, [](const StepSample& s) { return s.data_wait + s.comm + s.host_sync; });
+    };
+    const double stretch = compute(slow, t_slow) - compute(fast, t_fast);
+    if (std::isfinite(wf) && std::isfinite(ws) && stretch > 0 && ws - wf > 0.3 * stretch)
+      c.push_back({"CPU contention", stretch,
+                   fmt::format("the process's threads waited {:.1f} ms per step for a core in the fastest half vs "
+                               "{:.1f} ms in the slowest quarter: more runnable threads than cores (other "
+                               "processes, or run.threads plus data.workers beyond the cores); give run.threads no "
+                               "more than the idle cores (OpenMP: OMP_WAIT_POLICY=passive stops waiting threads "
+                               "from spinning on a shared machine)",
+                               1e3 * wf, 1e3 * ws)});
+  }
   const auto best = std::max_element(c.begin(), c.end(), [](auto& a, auto& b) { return a.seconds < b.seconds; });
   VarianceWarning w;
   w.step = step;
@@ -135,8 +153,8 @@ VarianceWarning StepVarianceAnalyser::explain(int64_t step, double spread) const
   } else {
     w.cause = "compute";
     w.evidence = fmt::format(
-        "data wait, communication, host sync and clocks do not explain it: the step itself took {:.1f} ms in the "
-        "slowest quarter vs {:.1f} ms in the fastest half (other processes on the machine?)",
+        "data wait, communication, host sync, clocks and waits for a core do not explain it: the step itself took "
+        "{:.1f} ms in the slowest quarter vs {:.1f} ms in the fastest half",
         1e3 * t_slow, 1e3 * t_fast);
   }
   w.text = fmt::format(

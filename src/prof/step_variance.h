@@ -15,8 +15,10 @@
 //   communication         the all-reduce / communication time grew
 //   host synchronisation  the time the host spent waiting on the device grew
 //   clocks or power       the device clock (or power) was lower in the slow steps
-//   compute               none of those: the step itself varies (other processes on the
-//                         machine, thermal limits the monitor does not see)
+//   CPU contention        the process's threads waited far longer for a core in the slow
+//                         steps (the scheduler's run delay: more runnable threads than cores)
+//   compute               none of those: the step itself varies (thermal limits the
+//                         monitor does not see, a kernel's own variance)
 // The warning fires once per cause when the spread passes the threshold, and again only
 // after the spread has stayed below 80% of it for a whole window (a new episode). Explaining costs a sort of
 // the window, and only happens while the spread is past the threshold.
@@ -42,6 +44,10 @@ struct StepSample {
   double host_sync = 0;  // of which the host waiting for the device
   double clock_mhz = std::numeric_limits<double>::quiet_NaN();
   double power_w = std::numeric_limits<double>::quiet_NaN();
+  // Seconds the process's threads spent runnable but waiting for a core during the step,
+  // summed over its threads (the scheduler's run delay, /proc/self/task/*/schedstat). NaN:
+  // not known.
+  double cpu_wait = std::numeric_limits<double>::quiet_NaN();
   int64_t images = 0;  // samples processed (for images/s)
 };
 

@@ -1,10 +1,31 @@
 #include "train/diagnostics.h"
 
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
 #include "core/log.h"
 
 namespace rn {
 
 namespace {
+
+// Seconds all threads of this process have spent runnable but waiting for a core (the second
+// field of /proc/self/task/<tid>/schedstat, in ns); NaN where the kernel does not say. Threads
+// that ended since the last reading take their share with them, which only understates.
+double cpu_wait_seconds() {
+  std::error_code ec;
+  double total_ns = 0;
+  bool any = false;
+  for (std::filesystem::directory_iterator it("/proc/self/task", ec), end; !ec && it != end; it.increment(ec)) {
+    std::ifstream f(it->path() / "schedstat");
+    unsigned long long run_ns = 0, wait_ns = 0;
+    if (f >> run_ns >> wait_ns) total_ns += static_cast<double>(wait_ns), any = true;
+  }
+  return any ? 1e-9 * total_ns : std::numeric_limits<double>::quiet_NaN();
+}
 
 std::unique_ptr<DeviceProbe> make_probe(Device device, const std::string& pci_bus_id) {
   if (device == Device::cuda) {
@@ -50,6 +71,7 @@ TrainDiagnostics::~TrainDiagnostics() {
 void TrainDiagnostics::begin_epoch(double wait_total) {
   last_wait_ = wait_total;
   last_end_ = std::chrono::steady_clock::now();
+  last_cpu_wait_ = cpu_wait_seconds();
   pending_ = {};  // an epoch boundary: steps of the last one are not carried over
 }
 
@@ -80,6 +102,11 @@ void TrainDiagnostics::after_step(const StepDiagnostics& s) {
   last_wait_ = s.wait_total;
   std::optional<VarianceWarning> warning;
   if (s.sync_point) {
+    // Read once per sync point (a directory of small files): the steps since the last one.
+    const double cpu_wait = cpu_wait_seconds();
+    const double waited = cpu_wait - last_cpu_wait_;  // NaN where not known
+    sample.cpu_wait = std::isnan(waited) ? waited : std::max(0.0, waited);
+    last_cpu_wait_ = cpu_wait;
     warning = variance_.add(s.step, sample);
     pending_ = {};
   }

@@ -65,6 +65,7 @@ class TrainDiagnostics {
   StepVarianceAnalyser variance_;
   std::unique_ptr<DeviceMonitor> device_;
   double last_wait_ = 0;
+  double last_cpu_wait_ = 0;  // cpu_wait_seconds() at the last sync point (NaN: not known)
   std::chrono::steady_clock::time_point last_end_;
   double excluded_ = 0;                      // seconds the monitors spent inside the current step's interval
   StepSample pending_;                       // steps since the last synchronisation (sink mode)

@@ -101,6 +101,28 @@ TEST(StepVariance, CommunicationAndHostSyncAreNamed) {
   }
 }
 
+// Steps stretched while the process's threads waited for a core: the cores were taken.
+TEST(StepVariance, StretchWaitingForCoresIsCpuContention) {
+  StepVarianceAnalyser v({.window = 40, .threshold = 0.10});
+  auto samples = steady(200);
+  for (auto& s : samples) s.cpu_wait = 0.001;
+  for (int i = 100; i < 130; ++i) {
+    samples[i].seconds *= 1.6;
+    samples[i].cpu_wait = 0.12;  // two threads, each 60 ms behind
+  }
+  const auto w = feed(v, samples);
+  ASSERT_FALSE(w.empty());
+  EXPECT_EQ(w[0].cause, "CPU contention");
+  EXPECT_NE(w[0].evidence.find("waited 1.0 ms per step for a core in the fastest half vs "), std::string::npos)
+      << w[0].evidence;
+  // Slightly longer waits than a steady step's do not explain a 60% stretch.
+  StepVarianceAnalyser quiet({.window = 40, .threshold = 0.10});
+  for (int i = 100; i < 130; ++i) samples[i].cpu_wait = 0.004;
+  const auto q = feed(quiet, samples);
+  ASSERT_FALSE(q.empty());
+  EXPECT_EQ(q[0].cause, "compute");
+}
+
 TEST(StepVariance, UnexplainedSpreadIsCompute) {
   StepVarianceAnalyser v({.window = 40, .threshold = 0.10});
   auto samples = steady(200);
