@@ -251,11 +251,24 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& options) {
   const std::vector<HostBatch> batches = take_batches(cfg, backend->preferred_layout(), options.steps);
   PrecisionPolicy fp32_policy;  // O0, no loss scale
   fp32_policy.loss_scale.policy = LossScalePolicy::none;
+  const double lr = cfg.optimizer.base_lr * 0.1;  // a small fixed step: the doctor looks at gradients
+  // The rounding baseline: fp32 throughout, from weights and an input rounded to the half dtype.
+  // Its first gradient is kept on the host and its model and plan freed before the two runs
+  // are made, so that it adds nothing to their peak memory.
+  std::vector<float> rounded_grads;
+  if (r.mixed_ran) {
+    Run rounded(cfg, fp32_policy, *backend, cfg.precision.half_dtype);
+    HostBatch b = batches.front();
+    round_through(b.images.data(), static_cast<int64_t>(b.images.size()), cfg.precision.half_dtype);
+    fill(*rounded.plan, b);
+    rounded.step->run(lr);
+    rounded.step->sync_host_state();
+    size_t n = 0;
+    for (const ParamView& v : rounded.model.params().params) n = std::max(n, static_cast<size_t>(v.offset + v.numel));
+    rounded_grads.assign(rounded.model.grad_data(), rounded.model.grad_data() + n);
+  }
   Run ref(cfg, fp32_policy, *backend);
   std::unique_ptr<Run> mixed = r.mixed_ran ? std::make_unique<Run>(cfg, mixed_policy, *backend) : nullptr;
-  // The rounding baseline: fp32 throughout, from weights and an input rounded to the half dtype.
-  std::unique_ptr<Run> rounded =
-      mixed ? std::make_unique<Run>(cfg, fp32_policy, *backend, cfg.precision.half_dtype) : nullptr;
   const std::vector<ParamView>& views = ref.model.params().params;
   std::vector<DoctorTensor> t(views.size());
   for (size_t i = 0; i < views.size(); ++i) {
@@ -283,14 +296,6 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& options) {
   const double underflow_tol = cfg.diagnostics.doctor_max_underflow;
   double total_d2 = 0, total_n2 = 0;  // the whole gradient's difference, first step
   double rounding_d2 = 0;             // the rounding baseline's
-  const double lr = cfg.optimizer.base_lr * 0.1;  // a small fixed step: the doctor looks at gradients
-  if (rounded) {
-    HostBatch b = batches.front();
-    round_through(b.images.data(), static_cast<int64_t>(b.images.size()), cfg.precision.half_dtype);
-    fill(*rounded->plan, b);
-    rounded->step->run(lr);
-    rounded->step->sync_host_state();
-  }
   for (int k = 0; k < options.steps; ++k) {
     fill(*ref.plan, batches[static_cast<size_t>(k)]);
     ref.step->run(lr);
@@ -320,7 +325,7 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& options) {
           t[i].rel_diff_first = d;
           total_d2 += dn.distance * dn.distance;
           total_n2 += dn.norm_a * dn.norm_a;
-          const DistanceNorm rd = distance_norm(gi, rounded->model.grad_data() + v.offset, v.numel, 1.0);
+          const DistanceNorm rd = distance_norm(gi, rounded_grads.data() + v.offset, v.numel, 1.0);
           t[i].rel_diff_rounding = rd.relative();
           rounding_d2 += rd.distance * rd.distance;
         }
