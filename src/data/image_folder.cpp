@@ -75,11 +75,14 @@ void check_not_split_layout(const std::string& root, const std::vector<std::stri
     }
     if (!subfolders) return;
   }
-  std::string names;
-  for (const std::string& c : classes) names += (names.empty() ? "" : ", ") + c + "/";
+  std::string names, example = classes.front();
+  for (const std::string& c : classes) {
+    names += (names.empty() ? "" : ", ") + c + "/";
+    if (c == "train") example = c;
+  }
   RN_FAIL() << "image folder " << root << " holds the splits " << names
             << " (folders of class folders), not class folders: give one split, such as "
-            << (fs::path(root) / classes.front()).string()
+            << (fs::path(root) / example).string()
             << " (resnet train --data takes the folder above the splits and uses train/ and val/)";
 }
 
