@@ -9,6 +9,8 @@
 #include "cli/commands.h"
 #include "cli/format.h"
 #include "data/image_folder.h"
+#include "data/shard_dataset.h"
+#include "data/shard_format.h"
 #include "data/shard_pack.h"
 
 namespace rn::cli {
@@ -66,10 +68,13 @@ void check_out_outside_src(const std::string& src, const std::string& out) {
 int run_pack(const PackArgs& a) {
   if (a.list.empty()) check_out_outside_src(a.src, a.out);  // a list names its files: others do no harm
   std::unique_ptr<EncodedDataset> src;
-  if (a.list.empty())
-    src = std::make_unique<ImageFolderDataset>(a.src);
-  else
+  std::error_code ec;
+  if (!a.list.empty())
     src = std::make_unique<ImageListDataset>(a.src, a.list);
+  else if (fs::exists(fs::path(a.src) / std::string(kShardManifestName), ec))
+    src = std::make_unique<ShardDataset>(a.src);  // a pack, packed again (smaller, or raw)
+  else
+    src = std::make_unique<ImageFolderDataset>(a.src);
   fmt::print(stderr, "pack: {} images, {} classes from {} into {}\n", src->size(), src->num_classes(), src->name(),
              a.out);
 
@@ -87,9 +92,10 @@ int run_pack(const PackArgs& a) {
   const PackResult r = pack_shards(*src, o);
 
   fmt::print(
-      "packed {} records into {} shards ({} records per shard, {} kept from an earlier run) in {:.1f} s, "
+      "packed {} records into {} shard{} ({} records per shard, {} kept from an earlier run) in {:.1f} s, "
       "{:.0f} records/s\n",
-      r.records, r.shards, r.records_per_shard, r.shards_reused, r.seconds, r.records / std::max(r.seconds, 1e-9));
+      r.records, r.shards, r.shards == 1 ? "" : "s", r.records_per_shard, r.shards_reused, r.seconds,
+      r.records / std::max(r.seconds, 1e-9));
   fmt::print("read {}, wrote {}; skipped {} unreadable images\n", human_bytes(static_cast<double>(r.bytes_in)),
              human_bytes(static_cast<double>(r.bytes_out)), r.skipped);
   for (const auto& s : r.skipped_sources) fmt::print("  skipped {}\n", s);
@@ -101,7 +107,9 @@ int run_pack(const PackArgs& a) {
 Runner add_pack_command(CLI::App& app) {
   auto a = std::make_shared<PackArgs>();
   CLI::App* cmd = app.add_subcommand("pack", "Pack an image folder into shards for fast random access");
-  cmd->add_option("src", a->src, "ImageFolder root (class folders of images), or the root of --list's paths")
+  cmd->add_option("src", a->src,
+                  "ImageFolder root (class folders of images), a packed folder (packed again), or the root of "
+                  "--list's paths")
       ->required();
   cmd->add_option("out", a->out, "Output folder (dataset.json, shard-NNNNN.tar/.idx)")->required();
   cmd->add_option("--list", a->list, "List file of 'relative/path label' lines (paths relative to SRC)");

@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -128,6 +130,13 @@ struct EvalArgs {
   std::string predictions;
 };
 
+// A weights file that is not there is named as missing, not as a file of the wrong kind.
+void check_weights_exist(const std::string& path, const char* what) {
+  std::error_code ec;
+  RN_CHECK(std::filesystem::is_regular_file(path, ec))
+      << what << " '" << path << "' " << (std::filesystem::exists(path, ec) ? "is not a file" : "does not exist");
+}
+
 // torchvision's setting for one of its ImageNet ResNets: 224x224 RGB photos (resized to 256
 // for evaluation) with ImageNet's mean and std, from an image folder.
 std::vector<std::string> torchvision_sets(const std::string& model, int64_t num_classes) {
@@ -146,12 +155,19 @@ bool sets_key(const std::vector<std::string>& sets, const std::string& key) {
 // records none (a PyTorch state dict, a converted torchvision file) and whose tensors are a
 // torchvision ResNet gets torchvision's setting for it, unless --config or model.name says
 // otherwise; --set changes any of it.
-Config config_for_weights(const EvalArgs& a) {
+// `recorded`, when given, says whether the config came with the weights (a checkpoint's) rather
+// than from --config, --set or torchvision's setting.
+Config config_for_weights(const EvalArgs& a, bool* recorded = nullptr) {
+  check_weights_exist(a.weights, "--weights");
+  if (recorded) *recorded = false;
   if (!a.config.empty()) return load_config(a.config, a.sets);
   if (!is_pytorch_file(a.weights)) {
     const SafetensorsFile f = SafetensorsFile::load(a.weights);
     auto it = f.metadata().find("config_yaml");
-    if (it != f.metadata().end()) return load_config_from_string(it->second, a.sets, a.weights + " (embedded config)");
+    if (it != f.metadata().end()) {
+      if (recorded) *recorded = true;
+      return load_config_from_string(it->second, a.sets, a.weights + " (embedded config)");
+    }
   }
   std::vector<std::string> sets;
   if (!sets_key(a.sets, "model.name")) {
@@ -179,9 +195,20 @@ void load_model_weights(const std::string& path, Model& model) {
 }
 
 int run_eval(const EvalArgs& a) {
-  Config cfg = config_for_weights(a);
+  bool recorded = false;
+  Config cfg = config_for_weights(a, &recorded);
   set_host_threads(static_cast<int>(cfg.run.threads));
-  if (!a.data.empty()) cfg.data.root = a.data;
+  if (!a.data.empty()) {
+    cfg.data.root = a.data;
+  } else if (!recorded && a.config.empty() && cfg.data.dataset == DatasetKind::imagefolder) {
+    RN_FAIL() << "resnet eval: " << a.weights
+              << " records no dataset (weights from elsewhere): give the images to evaluate with --data DIR (an image "
+                 "folder of class folders, or a packed folder)";
+  } else if (cfg.data.dataset == DatasetKind::imagefolder && !std::filesystem::is_directory(cfg.data.root)) {
+    RN_FAIL() << "resnet eval: data.root '" << cfg.data.root << "'"
+              << (recorded ? " (from " + a.weights + "'s recorded config)" : std::string())
+              << " is not a folder here; give the images with --data DIR";
+  }
   auto backend = make_backend_for(cfg.run.device, backend_options_for(cfg.run));
   const PrecisionPolicy policy = make_precision_policy(cfg.precision, *backend);
   Model model(build_model(cfg.model.name, model_options(cfg.model)));
@@ -200,7 +227,7 @@ int run_eval(const EvalArgs& a) {
   std::ofstream out;
   if (!a.predictions.empty()) {
     out.open(a.predictions);
-    RN_CHECK(out) << "cannot write predictions to '" << a.predictions << "'";
+    RN_CHECK(out) << "cannot write predictions to '" << a.predictions << "': " << std::strerror(errno);
   }
   std::vector<Prediction> preds;
   const EvalResult r = ev.run(loader, 0, a.predictions.empty() ? nullptr : &preds);
@@ -278,6 +305,7 @@ void check_weights_output_name(const std::string& out, const char* command) {
 
 int run_export(const ExportArgs& a) {
   check_weights_output_name(a.out, "export");
+  check_output_path(a.out, "--out");
   EvalArgs ea;
   ea.config = a.config;
   ea.sets = a.sets;
@@ -295,9 +323,13 @@ int run_export(const ExportArgs& a) {
         a.out, cfg.model.name, kOnnxOpset, info.nodes, info.initializers, 1e-6 * static_cast<double>(info.bytes),
         mo.in_channels, mo.height, mo.width, fmt::join(cfg.data.mean, ", "), fmt::join(cfg.data.std, ", "),
         mo.num_classes);
-    if (!a.sample.empty())
-      fmt::print("check it: /usr/bin/python3 tools/onnx_check.py {} --input {}.input.f32 --logits {}.logits.f32\n",
-                 a.out, a.sample, a.sample);
+    if (!a.sample.empty()) {
+      const auto abs = [](const std::string& p) { return std::filesystem::absolute(p).string(); };
+      fmt::print(
+          "check it from the resnet.cpp source folder: /usr/bin/python3 tools/onnx_check.py {} --input {} --logits "
+          "{}\n",
+          abs(a.out), abs(a.sample + ".input.f32"), abs(a.sample + ".logits.f32"));
+    }
     return 0;
   }
   save_weights(a.out, model, cfg.to_yaml());
@@ -322,6 +354,8 @@ int run_import(const ImportArgs& a) {
       << "resnet import writes a safetensors weights file, not '" << a.out
       << "'; import first, then: resnet export --weights W.safetensors --out " << a.out;
   check_weights_output_name(a.out, "import");
+  check_output_path(a.out, "--out");
+  check_weights_exist(a.source, "resnet import:");
   std::string model_name = a.model;
   std::optional<TorchvisionResnet> tv;
   if (model_name.empty() && a.config.empty() && !sets_key(a.sets, "model.name")) {

@@ -354,12 +354,36 @@ std::string comparable_source(const std::string& source) {
   return ec ? source : source.substr(0, colon + 1) + p.string();
 }
 
-// A finished pack of another dataset in the output folder would be replaced shard by shard;
-// that takes --overwrite. A pack of the same source is a rerun (kept shards are reused).
-void check_earlier_pack(const EncodedDataset& src, const PackOptions& o) {
+// Written at the start of a pack and removed with its dataset.json in place: shard files
+// beside it are an unfinished pack's, which a rerun may finish.
+constexpr const char* kPackMarker = ".resnet-pack";
+
+// What the output folder may already hold. Folders: never (a folder with dataset.json reads as
+// the pack, which would hide them). A finished pack of another source, or shard files that no
+// unfinished pack of ours left, would be replaced or deleted: that takes --overwrite. A pack of
+// the same source, or an unfinished one, is a rerun (complete shards are kept).
+void check_output_folder(const EncodedDataset& src, const PackOptions& o) {
   const fs::path manifest_path = fs::path(o.out_dir) / kShardManifestName;
   std::error_code ec;
-  if (o.overwrite || !fs::exists(manifest_path, ec)) return;
+  if (!fs::is_directory(o.out_dir, ec)) return;
+  static const std::regex shard_file(R"(shard-\d{5,}\.(tar|idx)(\.tmp)?)");
+  std::string folder, shard;
+  for (const auto& entry : fs::directory_iterator(o.out_dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_directory(ec) && folder.empty()) folder = name;
+    if (std::regex_match(name, shard_file) && shard.empty()) shard = name;
+  }
+  RN_CHECK(folder.empty()) << "pack: the output folder '" << o.out_dir << "' holds folders ('" << folder
+                           << "/'); a packed folder holds its shards and dataset.json only, and would hide them "
+                              "from every reader: give a new or empty folder";
+  if (o.overwrite) return;
+  if (!fs::exists(manifest_path, ec)) {
+    RN_CHECK(shard.empty() || fs::exists(fs::path(o.out_dir) / kPackMarker, ec))
+        << "pack: the output folder '" << o.out_dir << "' holds shard files ('" << shard
+        << "') that no unfinished resnet pack left (no dataset.json, no " << kPackMarker
+        << "): give another folder, or --overwrite to replace them";
+    return;
+  }
   ShardManifest earlier;
   try {
     earlier = parse_shard_manifest(read_text_file(manifest_path.string()), manifest_path.string());
@@ -399,12 +423,12 @@ PackResult pack_shards(const EncodedDataset& src, const PackOptions& o) {
   RN_CHECK(o.quality >= 1 && o.quality <= 100) << "pack: JPEG quality " << o.quality << " is outside 1..100";
   RN_CHECK(o.max_short_side >= 0) << "pack: negative maximum size " << o.max_short_side;
   RN_CHECK(src.size() > 0) << "pack: " << src.name() << " is empty";
+  check_output_folder(src, o);
   std::error_code ec;
   fs::create_directories(o.out_dir, ec);
   RN_CHECK(!ec && fs::is_directory(o.out_dir)) << "pack: cannot create the output folder '" << o.out_dir
                                                << "': " << (ec ? ec.message() : "a file of that name exists");
-
-  check_earlier_pack(src, o);
+  write_file_atomic((fs::path(o.out_dir) / kPackMarker).string(), src.name() + "\n");
 
   const std::vector<std::string> keys = pack_keys(src);
   const int64_t rps = choose_records_per_shard(src, o);
@@ -467,6 +491,7 @@ PackResult pack_shards(const EncodedDataset& src, const PackOptions& o) {
   manifest.records = result.records;
   manifest.skipped = result.skipped;
   write_file_atomic((fs::path(o.out_dir) / kShardManifestName).string(), format_shard_manifest(manifest));
+  fs::remove(fs::path(o.out_dir) / kPackMarker, ec);  // finished: dataset.json says so now
   if (result.skipped > 0) RN_LOG_WARN("pack: skipped {} unreadable images of {}", result.skipped, src.size());
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   report();

@@ -226,8 +226,16 @@ PretrainedLoad load_pretrained(const std::string& path, Model& model, const std:
     if (!unknown.empty())
       parts.push_back(fmt::format("{} tensor(s) the model lacks: {}", unknown.size(), list(unknown)));
     if (!written_for.empty() && written_for != model_name) parts.push_back("the file was written for " + written_for);
+    TensorShapes shapes;
+    for (const std::string& n : order) shapes.emplace_back(n, src.at(n).shape);
+    if (const auto tv = torchvision_resnet_of(shapes); tv && tv->name != model_name)
+      parts.push_back(fmt::format("its tensors are torchvision's {} with {} classes", tv->name, tv->num_classes));
     for (size_t i = 0; i < parts.size(); ++i) msg += (i ? "; " : "") + parts[i];
-    if (fc_mismatch)
+    // The way out of a classifier of another size, when that is all that differs.
+    const bool only_fc =
+        missing.empty() && unknown.empty() &&
+        std::all_of(wrong.begin(), wrong.end(), [](const std::string& w) { return w.starts_with("'fc."); });
+    if (fc_mismatch && only_fc)
       msg += ". To start from these weights with a new classifier, leave it out: model.pretrained_exclude=[fc]";
     RN_FAIL() << msg;
   }

@@ -63,6 +63,11 @@ TEST_F(ImportCli, TorchvisionStateDictBecomesAWeightsFileWithItsConfig) {
   const fs::path direct = dir_ / "direct.safetensors";
   ASSERT_EQ(resnet({"export", "--weights", (dir_ / "r18.pth").string(), "--out", direct.string()}), 0) << log();
   EXPECT_NE(log().find("its tensors are torchvision's resnet18 with 1000 classes"), std::string::npos) << log();
+  // Evaluating weights from elsewhere needs the images: said so, not a default dataset's error.
+  EXPECT_EQ(resnet({"eval", "--weights", (dir_ / "r18.pth").string()}), 1);
+  EXPECT_NE(log().find("records no dataset (weights from elsewhere): give the images to evaluate with --data DIR"),
+            std::string::npos)
+      << log();
   const SafetensorsFile d = SafetensorsFile::load(direct.string());
   ASSERT_EQ(d.entries().size(), f.entries().size());
   for (const SafetensorsEntry& e : f.entries()) {
@@ -96,6 +101,12 @@ TEST_F(ImportCli, PickledModuleAndMisfitAreRefusedWithNothingWritten) {
       << log();
   EXPECT_EQ(resnet({"import", (dir_ / "r18.pth").string(), "--model", "resnet34", "--out", out.string()}), 1);
   EXPECT_NE(log().find("r18.pth' does not fit resnet34"), std::string::npos) << log();
+  // Another architecture: the file is named for what it is, and no classifier advice.
+  EXPECT_NE(log().find("its tensors are torchvision's resnet18 with 1000 classes"), std::string::npos) << log();
+  EXPECT_EQ(log().find("pretrained_exclude"), std::string::npos) << log();
+  // A missing file is named as missing, whatever its extension suggests.
+  EXPECT_EQ(resnet({"import", (dir_ / "nope.pth").string(), "--out", out.string()}), 1);
+  EXPECT_NE(log().find("'" + (dir_ / "nope.pth").string() + "' does not exist"), std::string::npos) << log();
   EXPECT_FALSE(fs::exists(out));
   // ONNX is export's job: a safetensors file under an .onnx name would mislead whoever opens it.
   const fs::path onnx = dir_ / "x.onnx";

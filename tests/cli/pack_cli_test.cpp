@@ -169,6 +169,26 @@ TEST(PackCli, AnotherSourcesPackIsNotReplacedSilently) {
 
   EXPECT_EQ(run_resnet("pack " + dir.file("data") + " " + dir.file("out2"), dir), 1);
   EXPECT_THAT(read_all(dir.file("stderr")), HasSubstr("holds the splits train/, val/"));
+
+  // Shard files that no pack of ours left (another tool's WebDataset) are not deleted without
+  // --overwrite, nor is a folder of folders (an image folder) packed into, which its new
+  // dataset.json would hide.
+  fs::create_directories(dir.path() / "foreign");
+  for (int i = 0; i < 3; ++i) std::ofstream(dir.file("foreign/shard-0000" + std::to_string(i) + ".tar")) << "x";
+  EXPECT_EQ(run_resnet("pack " + val + " " + dir.file("foreign"), dir), 1);
+  EXPECT_THAT(read_all(dir.file("stderr")), HasSubstr("holds shard files ('shard-0000"));
+  EXPECT_TRUE(fs::exists(dir.file("foreign/shard-00002.tar")));
+  EXPECT_EQ(run_resnet("pack " + val + " " + dir.file("foreign") + " --overwrite", dir), 0)
+      << read_all(dir.file("stderr"));
+  EXPECT_EQ(run_resnet("pack " + val + " " + train, dir), 1);
+  EXPECT_THAT(read_all(dir.file("stderr")), HasSubstr("holds folders ('class_0/')"));
+  EXPECT_FALSE(fs::exists(dir.file("data/train/dataset.json")));
+
+  // A pack as the source is packed again (here as raw pixels), with its records and classes.
+  ASSERT_EQ(run_resnet("pack " + out + " " + dir.file("raw") + " --raw", dir), 0) << read_all(dir.file("stderr"));
+  EXPECT_THAT(read_all(dir.file("stdout")), HasSubstr("packed 2 records into 1 shard ("));
+  EXPECT_EQ(ShardDataset(dir.file("raw")).size(), 2);
+  EXPECT_FALSE(fs::exists(dir.file("raw/.resnet-pack"))) << "a finished pack keeps no marker";
 }
 
 TEST(PackCli, AMissingSourceIsOneClearError) {
