@@ -261,6 +261,10 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
   if (resuming) {
     if (writer && !options.resume_overrides.empty()) write_file_atomic(run_dir + "/config.yaml", cfg.to_yaml());
   } else {
+    // The data folders as absolute paths, so that the recorded config (config.yaml and every
+    // checkpoint's) reads the same data from any working directory: resnet eval, a resume.
+    for (std::string* path : {&cfg.data.root, &cfg.data.val_root})
+      if (!path->empty()) *path = fs::absolute(*path).lexically_normal().string();
     if (writer) {
       run_dir = fresh_run_dir(cfg.run.out_dir);
       fresh_folder.emplace(run_dir);

@@ -141,6 +141,14 @@ TEST(ImageFolderClasses, RunsRecordTheirClassesForEval) {
   EXPECT_NE(log.find("model.num_classes is 5 but the training data has 3 classes"), std::string::npos) << log;
   const Config recorded = load_config(r.run_dir + "/config.yaml");
   EXPECT_EQ(recorded.data.classes, (std::vector<std::string>{"class_0", "class_1", "class_2"}));
+  // Given relative to the working directory, the data folder is recorded absolute, so that eval
+  // and resume find it from anywhere.
+  Config relative = cfg;
+  relative.data.root = fs::relative(dir.path() / "data", fs::current_path()).string();
+  ASSERT_NE(relative.data.root.front(), '/');
+  relative.run.out_dir = dir.file("run_relative");
+  const TrainResult rr = train(relative, o);
+  EXPECT_EQ(load_config(rr.run_dir + "/config.yaml").data.root, (dir.path() / "data").lexically_normal().string());
 
   Config eval_cfg = recorded;
   test::write_image_folder(dir.path() / "other", 3, 1);
