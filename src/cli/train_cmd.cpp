@@ -16,7 +16,6 @@
 #include "cli/format.h"
 #include "core/atomic_file.h"
 #include "core/log.h"
-#include "core/rng.h"
 #include "core/thread_pool.h"
 #include "data/encoded_dataset.h"
 #include "data/idx_dataset.h"

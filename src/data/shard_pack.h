@@ -38,8 +38,9 @@ struct PackOptions {
   uint64_t target_shard_bytes = uint64_t{256} << 20;
   int workers = 0;      // shards packed at once; 0: the number of cores
   bool strict = false;  // an unreadable source image is an error instead of a counted skip
-  // A folder that holds a finished pack of another source is refused (its dataset.json names
-  // the source), unless this is set: the new pack then replaces it.
+  // A folder that holds a finished pack of another source (its dataset.json names the source),
+  // or shard files no unfinished pack of ours left, is refused unless this is set: the new pack
+  // then replaces them. A folder holding folders is refused either way.
   bool overwrite = false;
   // Called on the calling thread about twice a second and once at the end.
   std::function<void(const PackProgress&)> progress;
