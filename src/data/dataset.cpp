@@ -13,10 +13,13 @@ std::string SampleGeometry::str() const {
   return std::to_string(channels) + "x" + dim(height) + "x" + dim(width);
 }
 
-std::vector<int64_t> subset_indices(int64_t size, const SubsetSpec& spec) {
+std::vector<int64_t> subset_indices(int64_t size, const SubsetSpec& spec, const std::string& source) {
   RN_CHECK(size >= 0) << "negative dataset size " << size;
   const int64_t count = spec.all() ? size : spec.count;
-  RN_CHECK(count <= size) << "subset of " << count << " samples requested from a dataset of " << size;
+  RN_CHECK(count <= size) << (spec.setting.empty() ? std::string("a subset")
+                                                   : spec.setting + "=" + std::to_string(count))
+                          << " asks for " << count << " samples but " << (source.empty() ? "the dataset" : source)
+                          << " holds " << size << (spec.setting.empty() ? "" : ": use at most that many, or 0 for all");
   std::vector<int64_t> indices;
   if (!spec.random || count == size) {
     indices.resize(static_cast<size_t>(count));
@@ -46,7 +49,7 @@ SubsetDataset::SubsetDataset(std::shared_ptr<const Dataset> base, std::vector<in
 }
 
 SubsetDataset::SubsetDataset(std::shared_ptr<const Dataset> base, const SubsetSpec& spec)
-    : SubsetDataset(base, subset_indices(base ? base->size() : 0, spec)) {}
+    : SubsetDataset(base, subset_indices(base ? base->size() : 0, spec, base ? base->name() : "")) {}
 
 void SubsetDataset::load(int64_t index, Sample& out) const {
   RN_CHECK(index >= 0 && index < size()) << "index " << index << " outside " << name() << " (size " << size() << ")";

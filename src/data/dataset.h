@@ -73,13 +73,15 @@ struct SubsetSpec {
   int64_t count = -1;
   bool random = false;
   uint64_t seed = 0;
+  std::string setting;  // the config key that asked for it ("data.train_subset"), named in errors
 
   bool all() const { return count < 0; }
 };
 
 // The dataset indices a SubsetSpec selects from a dataset of `size` samples, ascending.
-// A count larger than size is an error (a typo should not silently train on everything).
-std::vector<int64_t> subset_indices(int64_t size, const SubsetSpec& spec);
+// A count larger than size is an error (a typo should not silently train on everything); the
+// message names spec.setting and `source` (the dataset) where given.
+std::vector<int64_t> subset_indices(int64_t size, const SubsetSpec& spec, const std::string& source = "");
 
 // A view of another dataset restricted to some of its indices.
 class SubsetDataset : public Dataset {

@@ -201,7 +201,7 @@ IdxDataset::IdxDataset(const std::string& images_path, const std::string& labels
     labels_ = std::move(labels.data);
     return;
   }
-  const std::vector<int64_t> keep = subset_indices(n, options.subset);
+  const std::vector<int64_t> keep = subset_indices(n, options.subset, images_path);
   const size_t image_bytes = static_cast<size_t>(rows) * cols;
   count_ = static_cast<int64_t>(keep.size());
   pixels_.resize(keep.size() * image_bytes);

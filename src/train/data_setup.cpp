@@ -18,9 +18,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-SubsetSpec subset_of(int64_t n) {
+// The part of a dataset that config key `setting` (N > 0: N samples; 0: all) asks for.
+SubsetSpec subset_of(int64_t n, const char* setting) {
   SubsetSpec s;
   if (n > 0) s.count = n;
+  s.setting = setting;
   return s;
 }
 
@@ -43,7 +45,7 @@ void check_fixed_geometry(const Config& cfg, const Dataset& set) {
 class EncodedSubset : public EncodedDataset {
  public:
   EncodedSubset(std::shared_ptr<const EncodedDataset> base, const SubsetSpec& spec)
-      : base_(std::move(base)), indices_(subset_indices(base_->size(), spec)) {}
+      : base_(std::move(base)), indices_(subset_indices(base_->size(), spec, base_->name())) {}
   int64_t size() const override { return static_cast<int64_t>(indices_.size()); }
   const std::vector<std::string>& classes() const override { return base_->classes(); }
   int read(int64_t index, EncodedImage& out) const override { return base_->read(base(index), out); }
@@ -61,9 +63,10 @@ class EncodedSubset : public EncodedDataset {
 
 // N samples drawn at random with `seed` (fixed for a run): image folders list their files class by
 // class, so the first N would hold one class or a few.
-std::shared_ptr<const EncodedDataset> subset(std::shared_ptr<const EncodedDataset> ds, int64_t n, int64_t seed) {
+std::shared_ptr<const EncodedDataset> subset(std::shared_ptr<const EncodedDataset> ds, int64_t n, int64_t seed,
+                                             const char* setting) {
   if (n <= 0) return ds;
-  SubsetSpec spec = subset_of(n);
+  SubsetSpec spec = subset_of(n, setting);
   spec.random = true;
   spec.seed = static_cast<uint64_t>(seed);
   return std::make_shared<EncodedSubset>(std::move(ds), spec);
@@ -220,8 +223,8 @@ Loaders make_loaders(const Config& cfg, DType dtype, Layout layout, std::shared_
     case DatasetKind::synthetic: {
       std::shared_ptr<const Dataset> train, val;
       if (d.dataset == DatasetKind::fashion_mnist) {
-        train = fashion_mnist(d.root, Split::train, subset_of(d.train_subset));
-        val = fashion_mnist(d.root, Split::test, subset_of(d.val_subset));
+        train = fashion_mnist(d.root, Split::train, subset_of(d.train_subset, "data.train_subset"));
+        val = fashion_mnist(d.root, Split::test, subset_of(d.val_subset, "data.val_subset"));
       } else {
         SyntheticOptions o;
         o.channels = static_cast<int>(cfg.model.in_channels);
@@ -254,8 +257,8 @@ Loaders make_loaders(const Config& cfg, DType dtype, Layout layout, std::shared_
       // Labels by class name: data.classes, or the training folder's (which the trainer records).
       std::shared_ptr<const EncodedDataset> train = open_image_dataset(paths.train);
       loaders.classes = d.classes.empty() ? train->classes() : d.classes;
-      train =
-          subset(labelled_by(std::move(train), loaders.classes, false, "training data"), d.train_subset, cfg.run.seed);
+      train = subset(labelled_by(std::move(train), loaders.classes, false, "training data"), d.train_subset,
+                     cfg.run.seed, "data.train_subset");
       if (paths.val_is_train)
         RN_LOG_WARN(
             "no validation folder ({} has no val/ and data.val_root is empty): evaluating on the training "
@@ -264,7 +267,7 @@ Loaders make_loaders(const Config& cfg, DType dtype, Layout layout, std::shared_
       const bool val_list = !paths.val_is_train && !d.val_list.empty();
       auto val = subset(labelled_by(open_image_dataset(paths.val, val_list ? d.val_list : ""), loaders.classes,
                                     val_list, "the validation data"),
-                        d.val_subset, cfg.run.seed + 1);
+                        d.val_subset, cfg.run.seed + 1, "data.val_subset");
       check_fits(cfg, *train);
       check_fits(cfg, *val);
       if (train->num_classes() < cfg.model.num_classes)
@@ -291,7 +294,7 @@ std::unique_ptr<DataLoader> make_val_loader(const Config& cfg, DType dtype, Layo
   const DataLoaderOptions vo = val_options(loader_options(cfg, dtype, layout, batch_memory));
   switch (d.dataset) {
     case DatasetKind::fashion_mnist: {
-      auto val = fashion_mnist(d.root, Split::test, subset_of(d.val_subset));
+      auto val = fashion_mnist(d.root, Split::test, subset_of(d.val_subset, "data.val_subset"));
       check_fits(cfg, *val);
       return std::make_unique<DataLoader>(val, small_image_eval_transform(vo.mean, vo.std), vo);
     }
@@ -308,7 +311,7 @@ std::unique_ptr<DataLoader> make_val_loader(const Config& cfg, DType dtype, Layo
             "outputs; set data.classes to the names in the model's order if that is not right",
             val->num_classes(), val->name(), val->num_classes() - 1, cfg.model.num_classes);
       val = subset(labelled_by(std::move(val), d.classes, val_list, "the evaluation data"), d.val_subset,
-                   cfg.run.seed + 1);
+                   cfg.run.seed + 1, "data.val_subset");
       check_fits(cfg, *val);
       return std::make_unique<DataLoader>(val, eval_augment(cfg), vo);
     }

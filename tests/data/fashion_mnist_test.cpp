@@ -56,8 +56,8 @@ TEST(FashionMnist, NormalisationConstantsMatchTrainSet) {
 
 TEST(FashionMnist, SeededRandomSubset) {
   RN_REQUIRE_FASHION_MNIST();
-  auto a = fashion_mnist(kFashionMnistDir, Split::test, SubsetSpec{500, true, 3});
-  auto b = fashion_mnist(kFashionMnistDir, Split::test, SubsetSpec{500, true, 3});
+  auto a = fashion_mnist(kFashionMnistDir, Split::test, SubsetSpec{500, true, 3, ""});
+  auto b = fashion_mnist(kFashionMnistDir, Split::test, SubsetSpec{500, true, 3, ""});
   ASSERT_EQ(a->size(), 500);
   for (int64_t i = 0; i < 500; ++i) ASSERT_EQ(0, std::memcmp(a->image(i), b->image(i), 28 * 28));
 }

@@ -98,7 +98,7 @@ TEST_F(IdxTest, SubsetFirstAndRandom) {
   EXPECT_EQ(a.image(1)[0], 16);
 
   IdxOptions random;
-  random.subset = {3, true, 7};
+  random.subset = {3, true, 7, ""};
   IdxDataset b(images_, labels_, random);
   IdxDataset c(images_, labels_, random);
   ASSERT_EQ(b.size(), 3);

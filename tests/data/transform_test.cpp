@@ -131,13 +131,23 @@ TEST(SyntheticDataset, DeterministicPerIndex) {
 
 TEST(Subset, IndicesAndDataset) {
   EXPECT_EQ(subset_indices(5, {}), (std::vector<int64_t>{0, 1, 2, 3, 4}));
-  EXPECT_EQ(subset_indices(5, {2, false, 0}), (std::vector<int64_t>{0, 1}));
-  auto r = subset_indices(1000, {10, true, 9});
-  EXPECT_EQ(r, subset_indices(1000, {10, true, 9}));
-  EXPECT_NE(r, subset_indices(1000, {10, true, 10}));
+  EXPECT_EQ(subset_indices(5, {2, false, 0, ""}), (std::vector<int64_t>{0, 1}));
+  auto r = subset_indices(1000, {10, true, 9, ""});
+  EXPECT_EQ(r, subset_indices(1000, {10, true, 9, ""}));
+  EXPECT_NE(r, subset_indices(1000, {10, true, 10, ""}));
   EXPECT_EQ(std::set<int64_t>(r.begin(), r.end()).size(), 10u);
   EXPECT_TRUE(std::is_sorted(r.begin(), r.end()));
-  EXPECT_THROW(subset_indices(5, {6, false, 0}), Error);
+  EXPECT_THROW(subset_indices(5, {6, false, 0, ""}), Error);
+  // Too many asked for by a config key: the error names the key, the dataset and its size.
+  SubsetSpec too_many{6, true, 0, "data.val_subset"};
+  try {
+    subset_indices(5, too_many, "idx:/data/t10k-images");
+    ADD_FAILURE() << "a subset larger than the dataset was accepted";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("data.val_subset=6"), std::string::npos) << what;
+    EXPECT_NE(what.find("idx:/data/t10k-images holds 5"), std::string::npos) << what;
+  }
 
   auto base = std::make_shared<SyntheticDataset>(SyntheticOptions{1, 4, 4, 3, 50, 1});
   SubsetDataset sub(base, std::vector<int64_t>{7, 3});
