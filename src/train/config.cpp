@@ -385,6 +385,12 @@ void check_text(const Field& f, const std::string& value, const std::string& whe
 
 template <class T>
 void check_value(const Field& f, const T& value, const std::string& where) {
+  // No setting means anything at infinity or NaN (an infinite initial loss scale would skip
+  // every step).
+  for (double x : numbers_in(value)) {
+    RN_CHECK(std::isfinite(x)) << where << "key '" << f.key << "' = " << shown(Codec<T>::encode(value))
+                               << " is not a finite number";
+  }
   if (f.range.bounded()) {
     for (double x : numbers_in(value)) {
       RN_CHECK(f.range.contains(x)) << where << "key '" << f.key << "' = " << shown(Codec<T>::encode(value))
@@ -700,9 +706,43 @@ std::vector<std::string> all_names() {
   return names;
 }
 
+// Keys whose last name holds the wrong key's last name as a word ("batch" in batch_size, "lr"
+// in base_lr, "dtype" in half_dtype), in the wrong key's section when that is one.
+std::vector<std::string> word_matches(const std::string& key) {
+  std::string word(leaf_of(key));
+  if (word == "learning_rate" || word == "lr_base") word = "lr";
+  const size_t dot = key.rfind('.');
+  const std::string section = dot == std::string::npos ? "" : key.substr(0, dot);
+  const bool in_section = !section.empty() && is_section(section);
+  std::vector<std::string> out;
+  for (const Field& f : fields()) {
+    if (in_section && f.key.rfind(section + ".", 0) != 0) continue;
+    const std::string_view leaf = leaf_of(f.key);
+    for (size_t at = 0; at <= leaf.size();) {
+      const size_t end = std::min(leaf.find('_', at), leaf.size());
+      if (leaf.substr(at, end - at) == word) {
+        out.push_back(f.key);
+        break;
+      }
+      at = end + 1;
+    }
+  }
+  return out;
+}
+
 [[noreturn]] void fail_unknown_key(const std::string& key, const std::string& where) {
+  // A section that holds the key ("optimizer" for optimizer.lr) is no suggestion.
+  std::vector<std::string> names = all_names();
+  std::erase_if(names, [&](const std::string& n) { return key.rfind(n + ".", 0) == 0; });
   size_t d;
-  std::string suggestion = closest(key, all_names(), &d);
+  std::string suggestion = closest(key, names, &d);
+  if (d <= 2) RN_FAIL() << where << "unknown key '" << key << "'; did you mean '" << suggestion << "'?";
+  if (const std::vector<std::string> words = word_matches(key); !words.empty() && words.size() <= 3) {
+    std::string list;
+    for (size_t i = 0; i < words.size(); ++i)
+      list += (i == 0 ? "'" : i + 1 == words.size() ? "' or '" : "', '") + words[i];
+    RN_FAIL() << where << "unknown key '" << key << "'; did you mean " << list << "'?";
+  }
   if (d <= std::max<size_t>(2, key.size() / 2))
     RN_FAIL() << where << "unknown key '" << key << "'; did you mean '" << suggestion << "'?";
   // Nothing close: list the keys of the deepest known enclosing section.

@@ -135,6 +135,22 @@ TEST(Config, UnknownKeySuggestsClosest) {
   e = error_of([] { load_config_from_string("precision:\n  loss_scale:\n    inital: 64\n"); });
   EXPECT_TRUE(contains(e, "did you mean 'precision.loss_scale.initial'?")) << e;
 
+  // A word of a key's name, not a near spelling of another key: "batch" is data.batch_size, not
+  // data.std; a section holding the key ("optimizer") is no suggestion.
+  e = error_of([] { load_config("", {"data.batch=8"}); });
+  EXPECT_TRUE(contains(e, "did you mean 'data.batch_size'?")) << e;
+  e = error_of([] { load_config("", {"optimizer.lr=0.1"}); });
+  EXPECT_TRUE(contains(e, "did you mean 'optimizer.base_lr' or 'optimizer.lr_scale_batch'?")) << e;
+  e = error_of([] { load_config("", {"optimizer.learning_rate=0.1"}); });
+  EXPECT_TRUE(contains(e, "did you mean 'optimizer.base_lr' or")) << e;
+  e = error_of([] { load_config("", {"precision.dtype=bf16"}); });
+  EXPECT_TRUE(contains(e, "did you mean 'precision.half_dtype'?")) << e;
+  e = error_of([] { load_config("", {"schedule.warmup=1"}); });
+  EXPECT_TRUE(contains(e,
+                       "did you mean 'schedule.warmup_epochs', 'schedule.warmup_steps' or "
+                       "'schedule.warmup_start_factor'?"))
+      << e;
+
   e = error_of([] { load_config("", {"data.augment.zzzzzzzzzzzzzzzzzz=1"}); });  // nothing close: list the section
   EXPECT_TRUE(contains(e, "valid keys here: data.augment.random_crop_padding, data.augment.flip")) << e;
 
@@ -188,6 +204,13 @@ TEST(Config, OutOfRangeNamesKeyAndValue) {
 
   e = error_of([] { load_config("", {"optimizer.weight_decay=.nan"}); });
   EXPECT_TRUE(contains(e, "optimizer.weight_decay")) << e;
+
+  // Infinity passes a range open above, but means nothing as a setting: an infinite initial
+  // loss scale skipped every step of a run that then "finished".
+  e = error_of([] { load_config("", {"precision.loss_scale.initial=.inf"}); });
+  EXPECT_TRUE(contains(e, "key 'precision.loss_scale.initial' = inf is not a finite number")) << e;
+  e = error_of([] { load_config("", {"data.mean=[-.inf]"}); });
+  EXPECT_TRUE(contains(e, "is not a finite number")) << e;
 }
 
 TEST(Config, CrossFieldChecks) {
