@@ -94,16 +94,16 @@ RankTable parse_rank_table(const std::string& text, const std::string& source) {
     t.hosts.push_back(host);
   }
   std::map<int, RankTableEntry> by_rank;
-  std::map<std::pair<std::string, int>, int> device_owner;
+  std::map<int, size_t> listed_at;  // rank -> its index in "ranks", for messages
+  std::set<int> device_given;
   for (size_t i = 0; i < j["ranks"].size(); ++i) {
     const json& r = j["ranks"][i];
     const std::string rw = where + ": ranks[" + std::to_string(i) + "]";
-    RN_CHECK(r.is_object()) << rw << ": must be an object with \"rank\", \"host\" and \"device\"";
+    RN_CHECK(r.is_object()) << rw << ": must be an object with \"rank\", \"host\" and optionally \"device\"";
     check_keys(r, {"rank", "host", "device"}, rw);
     RankTableEntry e;
     e.rank = get_int(r, "rank", rw);
     e.host = get_string(r, "host", rw, true);
-    e.device = r.contains("device") ? get_int(r, "device", rw) : 0;
     RN_CHECK(names.count(e.host)) << rw << ": rank " << e.rank << " names unknown host '" << e.host
                                   << "' (hosts: " << [&] {
                                        std::string s;
@@ -111,17 +111,37 @@ RankTable parse_rank_table(const std::string& text, const std::string& source) {
                                        return s;
                                      }() << ")";
     RN_CHECK(!by_rank.count(e.rank)) << rw << ": rank " << e.rank << " is listed twice";
-    auto [it, fresh] = device_owner.insert({{e.host, e.device}, e.rank});
-    RN_CHECK(fresh) << rw << ": rank " << e.rank << " and rank " << it->second << " both use device " << e.device
-                    << " of host '" << e.host << "'";
+    if (r.contains("device")) {
+      e.device = get_int(r, "device", rw);
+      device_given.insert(e.rank);
+    }
     by_rank[e.rank] = e;
+    listed_at[e.rank] = i;
   }
   int expect = 0;
   for (const auto& [rank, e] : by_rank) {
     RN_CHECK(rank == expect) << where << ": ranks must be 0.." << by_rank.size() - 1 << " without gaps, but rank "
                              << expect << " is missing";
-    t.ranks.push_back(e);
     ++expect;
+  }
+  // A rank without "device" takes its place among its host's ranks (in rank order): the
+  // local rank, as a launcher without a table would give it.
+  std::map<std::string, int> next_on_host;
+  for (auto& [rank, e] : by_rank) {
+    const int local = next_on_host[e.host]++;
+    if (!device_given.count(rank)) e.device = local;
+  }
+  std::map<std::pair<std::string, int>, int> device_owner;
+  for (const auto& [rank, e] : by_rank) {
+    const std::string rw = where + ": ranks[" + std::to_string(listed_at[rank]) + "]";
+    auto [it, fresh] = device_owner.insert({{e.host, e.device}, e.rank});
+    auto how = [&](int r) {
+      return device_given.count(r) ? "" : " (its place on the host, as no \"device\" is given)";
+    };
+    RN_CHECK(fresh) << rw << ": rank " << e.rank << " and rank " << it->second << " both use device " << e.device
+                    << " of host '" << e.host << "'" << how(e.rank) << how(it->second)
+                    << "; give each rank of a host its own \"device\"";
+    t.ranks.push_back(e);
   }
   return t;
 }

@@ -10,7 +10,8 @@
 //                {"rank": 2, "host": "node2", "device": 0} ]
 //   }
 //
-// A host is matched by its name (the system host name) or its address (one of the
+// "device" is optional: a rank without one takes its place among its host's ranks in rank
+// order (the local rank). A host is matched by its name (the system host name) or its address (one of the
 // machine's interface addresses). Mistakes are errors that say what is wrong: an unknown
 // key, a rank naming an unknown host, two ranks on one device of one host, a duplicate or
 // missing rank (ranks must be 0..N-1), a world size other than the launcher's, a rank
@@ -29,7 +30,7 @@ struct RankTableHost {
 struct RankTableEntry {
   int rank = 0;
   std::string host;  // a RankTableHost name
-  int device = 0;
+  int device = 0;    // as given, else the rank's place among its host's ranks
 };
 
 struct RankTable {

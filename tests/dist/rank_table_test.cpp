@@ -33,6 +33,26 @@ TEST(RankTable, ParsesHostsRanksDevicesAndInterfaces) {
   EXPECT_EQ(t.launch_name(t.host_of(2)), "10.0.0.2");
 }
 
+TEST(RankTable, ARankWithoutADeviceTakesItsPlaceOnItsHost) {
+  const RankTable t = parse_rank_table(R"({"hosts": [{"name": "a"}, {"name": "b"}],
+      "ranks": [{"rank": 0, "host": "a"}, {"rank": 1, "host": "b"}, {"rank": 2, "host": "a"},
+                {"rank": 3, "host": "b", "device": 5}]})",
+                                       "t.json");
+  ASSERT_EQ(t.world_size(), 4);
+  EXPECT_EQ(t.ranks[0].device, 0);
+  EXPECT_EQ(t.ranks[1].device, 0);
+  EXPECT_EQ(t.ranks[2].device, 1);  // the second rank of host a
+  EXPECT_EQ(t.ranks[3].device, 5);  // as given
+  // A gap is named as a gap, not as two ranks on device 0.
+  EXPECT_NE(error_of(R"({"hosts": [{"name": "a"}], "ranks": [{"rank": 0, "host": "a"}, {"rank": 2, "host": "a"}]})")
+                .find("rank 1 is missing"),
+            std::string::npos);
+  // A given device can still meet a defaulted one; the message says which was defaulted.
+  const std::string e = error_of(
+      R"({"hosts": [{"name": "a"}], "ranks": [{"rank": 0, "host": "a"}, {"rank": 1, "host": "a", "device": 0}]})");
+  EXPECT_NE(e.find("rank 1 and rank 0 both use device 0 of host 'a' (its place on the host"), std::string::npos) << e;
+}
+
 TEST(RankTable, MistakesAreErrorsThatSayWhatIsWrong) {
   EXPECT_NE(error_of(R"({"hosts": [{"name": "a"}], "ranks": [{"rank": 0, "host": "a", "device": 0},
             {"rank": 1, "host": "a", "device": 0}]})")
