@@ -130,7 +130,7 @@ BenchResult bench_plan(const BenchSetup& s, int64_t batch, MemoryLevel level) {
     plan.copy_from_host(plan.labels(), labels.data());
   }
 
-  plan.set_profiling(a.profile);
+  plan.set_profiling(a.profile && a.warmup == 0);  // the warmup steps are not timed
   std::vector<double> times;
   if (a.sink > 0) {
     // Graph replays: the host waits once per window of `sink` steps; the step time is the
@@ -148,13 +148,14 @@ BenchResult bench_plan(const BenchSetup& s, int64_t batch, MemoryLevel level) {
     }
   }
   for (int i = 0; i < (a.sink > 0 ? 0 : a.warmup + a.steps); ++i) {
+    if (a.profile && i == a.warmup && i > 0) plan.set_profiling(true);
     const auto t0 = std::chrono::steady_clock::now();
     step.run(0.01);
     s.backend.synchronize();
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (i >= a.warmup) times.push_back(secs);
   }
-  if (a.profile) print_step_profile(plan, a.steps + a.warmup);
+  if (a.profile) print_step_profile(plan, a.steps);
   std::sort(times.begin(), times.end());
   BenchResult r;
   r.batch = batch;
@@ -304,7 +305,7 @@ Runner add_bench_command(CLI::App& app) {
   cmd->add_option("--classes", a->classes, "Number of classes")->capture_default_str();
   cmd->add_option("--batch", a->batch, "Batch size (with --data: 256 unless given)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number());
   cmd->add_option("--precision", a->precision, "Precision level O0, O1, O2, O3")->capture_default_str();
   cmd->add_option("--half", a->half, "Half dtype for O1-O3: bf16 or fp16")->capture_default_str();
   cmd->add_option("--device", a->device, "auto, cpu, ref or cuda")->capture_default_str();
@@ -313,28 +314,28 @@ Runner add_bench_command(CLI::App& app) {
                 "For each memory level, find the largest batch whose planned memory fits --memory-cap and time it");
   cmd->add_option("--memory-cap", a->memory_cap,
                   "Memory budget for --find-max-batch: bytes, or with a binary unit (8G, 1.5GiB, 512MiB)");
-  cmd->add_option("--steps", a->steps, "Timed steps")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--warmup", a->warmup, "Untimed steps first")->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--steps", a->steps, "Timed steps")->capture_default_str()->check(positive_number());
+  cmd->add_option("--warmup", a->warmup, "Untimed steps first")->capture_default_str()->check(non_negative_number());
   cmd->add_option("--threads", a->threads, "Host threads (0: all cores)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number());
   cmd->add_flag("--json", a->json, "Print one JSON line");
   cmd->add_flag("--high-precision", a->high_precision,
                 "run.implementation_mode=high_precision: deterministic algorithms on a GPU, no Winograd on a CPU");
   cmd->add_flag("--profile", a->profile, "Time every plan step and print the slowest");
   cmd->add_option("--sink", a->sink, "GPU: replay the step as a CUDA graph, synchronising every N steps (0: eager)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number());
   // The input pipeline alone.
   auto d = std::make_shared<DataBenchArgs>();
   cmd->add_option("--data", d->path, "Benchmark the loader alone on this image folder (no model)");
   cmd->add_option("--workers", d->workers, "--data: loader threads (0: one per host thread)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number());
   cmd->add_option("--batches", d->batches, "--data: timed batches (0: one epoch)");
   cmd->add_flag("--eval-transform", d->eval, "--data: resize + centre crop instead of RandomResizedCrop + flip");
   cmd->add_flag("--normalize", d->normalize, "--data: f32 NCHW batches (the CPU training path) instead of u8 NHWC");
   cmd->add_flag("!--no-dct-scaling", d->dct_scaling, "--data: decode JPEGs at full size");
-  cmd->add_option("--cache-mb", d->cache_mb, "--data: decoded-image cache (MiB)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--cache-mb", d->cache_mb, "--data: decoded-image cache (MiB)")->check(non_negative_number());
   cmd->add_option("--epochs", d->epochs, "--data: epochs to run; only the last is timed (fills the cache first)");
   cmd->add_option("--trace", d->trace, "--data: write a Chrome trace of the loader here");
   return [cmd, a, d]() -> int {

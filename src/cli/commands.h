@@ -22,4 +22,9 @@ Runner add_summary_command(CLI::App& app);
 Runner add_tune_command(CLI::App& app);
 Runner add_launch_command(CLI::App& app);
 
+// Checks of numeric options whose messages read "must be > 0, got 0": CLI11's PositiveNumber
+// and NonNegativeNumber print their range in full ("0.000000 to 179769313486231570814...").
+CLI::Validator positive_number();
+CLI::Validator non_negative_number();
+
 }  // namespace rn::cli

@@ -115,7 +115,7 @@ Runner add_doctor_command(CLI::App& app) {
       "Exit status 2 when diagnostics.doctor_max_* thresholds are passed");
   cmd->add_option("--config", a->config, "YAML config (default: the built-in resnet20 Fashion-MNIST recipe)");
   cmd->add_option("--set", a->sets, "Override a config key, e.g. --set precision.level=O2 (repeatable)");
-  cmd->add_option("--steps", a->steps, "Training steps compared")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--steps", a->steps, "Training steps compared")->capture_default_str()->check(positive_number());
   cmd->add_option("--json", a->json, "Write the report as JSON here (empty: do not)")->capture_default_str();
   return [cmd, a]() -> int { return cmd->parsed() ? run_doctor_cmd(*a) : -1; };
 }
@@ -129,7 +129,7 @@ Runner add_profile_command(CLI::App& app) {
   cmd->add_option("--model", a->model, "Model name")->capture_default_str();
   cmd->add_option("--input", a->input, "Input shape CxHxW")->capture_default_str();
   cmd->add_option("--classes", a->classes, "Number of classes")->capture_default_str();
-  cmd->add_option("--batch", a->batch, "Batch size")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--batch", a->batch, "Batch size")->capture_default_str()->check(positive_number());
   cmd->add_option("--dtype", a->dtype, "fp32 (precision O0), bf16 or fp16 (precision O2 unless --precision)")
       ->capture_default_str();
   cmd->add_option("--precision", a->precision,
@@ -141,11 +141,11 @@ Runner add_profile_command(CLI::App& app) {
                 "run.implementation_mode=high_precision: deterministic algorithms on a GPU, no Winograd on a CPU");
   cmd->add_option("--steps", a->steps, "Profiled steps (and as many unprofiled)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--warmup", a->warmup, "Untimed steps first")->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->check(positive_number());
+  cmd->add_option("--warmup", a->warmup, "Untimed steps first")->capture_default_str()->check(non_negative_number());
   cmd->add_option("--threads", a->threads, "Host threads (0: all cores)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number());
   cmd->add_option("--top", a->top, "Rows shown (0: all layers)")->capture_default_str();
   cmd->add_option("--trace", a->trace, "Chrome trace of the mean step (empty: none)")->capture_default_str();
   cmd->add_option("--json", a->json, "Write the profile as JSON here");

@@ -5,10 +5,12 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <utility>
 
+#include "cli/commands.h"
 #include "core/check.h"
 
 namespace rn::cli {
@@ -96,5 +98,22 @@ PrecisionLevel precision_level_for(const std::string& precision, DType dtype) {
       << "--precision " << enum_name(level) << " with --dtype fp32: name the half dtype (--dtype bf16 or fp16)";
   return level;
 }
+
+namespace {
+CLI::Validator number_above(double lo, bool strict, const char* name) {
+  return CLI::Validator(
+      [lo, strict](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);
+        if (end == text.c_str() || *end != '\0') return fmt::format("expected a number, got '{}'", text);
+        if (strict ? v > lo : v >= lo) return {};
+        return fmt::format("must be {} {}, got {}", strict ? ">" : ">=", lo, text);
+      },
+      name);
+}
+}  // namespace
+
+CLI::Validator positive_number() { return number_above(0, true, "POSITIVE"); }
+CLI::Validator non_negative_number() { return number_above(0, false, "NON-NEGATIVE"); }
 
 }  // namespace rn::cli

@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -111,7 +112,16 @@ int run_info(const InfoArgs& a) {
     po.memory = level;
     po.allocate = false;  // a plan to report, not to run: any batch, whatever this machine holds
     if (backend) po.layout = backend->preferred_layout();
-    Plan plan(model, backend.get(), po);
+    std::optional<Plan> built;
+    try {
+      built.emplace(model, backend.get(), po);
+    } catch (const Error& e) {
+      if (!backend || std::string_view(e.what()).find("out of") == std::string_view::npos) throw;
+      RN_FAIL() << e.what() << "\n(the kernels of the " << backend->name() << " backend"
+                << " allocate their workspace for this batch; --device none plans any batch without kernels, "
+                   "leaving out the workspace)";
+    }
+    Plan& plan = *built;
     const PlannedPeak p = plan.planned_peak(1);
     const MemoryReport r = plan.memory();
     peaks.push_back(fmt::format("  {}: peak at step {} of {}, '{}'{}", memory_level_name(level), r.peak_step + 1,
@@ -141,7 +151,7 @@ Runner add_info_command(CLI::App& app) {
   cmd->add_option("--input", args->input, "Input shape CxHxW")->capture_default_str();
   cmd->add_option("--batch", args->batch, "Batch size for the memory plan")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number());
   cmd->add_option("--classes", args->classes, "Number of classes")->capture_default_str();
   cmd->add_option("--dtype", args->dtype, "fp32, or the half dtype (bf16, fp16) of a mixed-precision plan")
       ->capture_default_str();

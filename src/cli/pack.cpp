@@ -115,20 +115,20 @@ Runner add_pack_command(CLI::App& app) {
   cmd->add_option("--list", a->list, "List file of 'relative/path label' lines (paths relative to SRC)");
   cmd->add_option("--max-size", a->max_size, "Downscale so that the shorter side is at most this (0: keep)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number());
   cmd->add_option("--quality", a->quality, "JPEG quality of re-encoded images")
       ->capture_default_str()
       ->check(CLI::Range(1, 100));
   cmd->add_flag("--raw", a->raw, "Store decoded RGB pixels (.npy) instead of JPEG");
   cmd->add_option("--records-per-shard", a->records_per_shard, "Records per shard (0: from --shard-mb)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number());
   cmd->add_option("--shard-mb", a->shard_mb, "Target shard size in MiB when --records-per-shard is 0")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number());
   cmd->add_option("--workers", a->workers, "Shards packed at once (0: all cores)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number());
   cmd->add_flag("--strict", a->strict, "Stop at the first unreadable image instead of skipping it");
   cmd->add_flag("--overwrite", a->overwrite, "Pack into a folder that holds a pack of another source, replacing it");
   return [cmd, a]() -> int { return cmd->parsed() ? run_pack(*a) : -1; };

@@ -95,7 +95,8 @@ int run_train(const TrainArgs& a) {
       << "--resume continues a run with the config in its folder; --data and --config cannot change it";
   std::vector<std::string> sets = data_sets(a.data, !a.config.empty());
   sets.insert(sets.end(), a.sets.begin(), a.sets.end());
-  // Resuming, the run's own config wins; --set may change only memory.* (checked by train()).
+  // Resuming, the run's own config wins; --set may change only keys that cannot change results
+  // (checked by train()).
   Config cfg = a.resume.empty() ? load_config(a.config, sets) : load_config("", {});
   install_stop_signal_handlers();
   TrainOptions o;
@@ -407,7 +408,7 @@ Runner add_train_command(CLI::App& app) {
                   "data.dataset=imagefolder, data.root, model.in_channels=3, ImageNet mean/std and (without "
                   "--config) model.num_classes from its class folders; --set wins");
   cmd->add_option("--max-steps", a->max_steps, "Stop with a checkpoint after this many steps in total")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number());
   return [cmd, a]() -> int { return cmd->parsed() ? run_train(*a) : -1; };
 }
 

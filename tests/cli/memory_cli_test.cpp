@@ -123,14 +123,23 @@ TEST(ResnetBench, BadMemoryArgumentsAreClearErrors) {
       {"--find-max-batch --memory-cap 12X", "not a positive byte count"},
       {"--find-max-batch", "needs --memory-cap"},
       {"--memory-level O5", "unknown memory level 'O5' (expected O0, O1 or O2)"},
-      {"--batch 0", "--batch"},
-      {"--threads -3", "--threads"},
+      {"--batch 0", "--batch: must be > 0, got 0"},  // not CLI11's "not in range 0.000000 to 1797..."
+      {"--batch x", "--batch: expected a number, got 'x'"},
+      {"--threads -3", "--threads: must be >= 0, got -3"},
   };
   for (const Case& c : cases) {
     const Output o = run_resnet("bench " + kSmall + " " + c.args);
     EXPECT_NE(o.status, 0) << c.args;
     EXPECT_NE(o.text.find(c.message), std::string::npos) << c.args << ":\n" << o.text;
   }
+}
+
+// --profile averages the timed steps only: the warmup steps (first-touch of the arena, the
+// first call of each kernel) are left out, as they are from the step times.
+TEST(ResnetBench, ProfileLeavesTheWarmupStepsOut) {
+  const Output o = run_resnet("bench " + kSmall + " --batch 4 --steps 2 --warmup 3 --profile");
+  ASSERT_EQ(o.status, 0) << o.text;
+  EXPECT_NE(o.text.find("mean over 2 runs"), std::string::npos) << o.text;
 }
 
 }  // namespace
