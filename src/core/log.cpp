@@ -3,6 +3,7 @@
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_sinks.h>
 
+#include <algorithm>
 #include <mutex>
 
 #include "core/check.h"
@@ -21,15 +22,41 @@ std::shared_ptr<spdlog::logger> logger() {
   return instance;
 }
 
-void log_to_file(const std::string& path) {
+namespace {
+std::mutex& sinks_mutex() {
   static std::mutex mu;
-  std::lock_guard<std::mutex> lock(mu);
+  return mu;
+}
+}  // namespace
+
+LogFile::~LogFile() {
+  if (!sink_) return;
+  std::lock_guard<std::mutex> lock(sinks_mutex());
+  auto& sinks = logger()->sinks();
+  sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
+}
+
+void LogFile::open(const std::string& path) {
+  RN_CHECK(!sink_) << "log file '" << path << "': this LogFile is open already";
+  std::lock_guard<std::mutex> lock(sinks_mutex());
   try {
     auto sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>(path, /*truncate=*/false);
     sink->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%l] %v");
     logger()->sinks().push_back(sink);
+    sink_ = std::move(sink);
   } catch (const spdlog::spdlog_ex& e) {
     RN_FAIL() << "cannot open log file '" << path << "': " << e.what();
+  }
+}
+
+void LogFile::write_error(std::string_view text) {
+  if (!sink_) return;
+  try {
+    sink_->log(spdlog::details::log_msg(logger()->name(), spdlog::level::err, text));
+    sink_->flush();
+  } catch (const spdlog::spdlog_ex&) {
+    // The file is the second copy of the error (a full disk may be what went wrong): the
+    // caller still reports it.
   }
 }
 

@@ -1,18 +1,37 @@
-// Project logging over spdlog. One logger, "resnet"; the CLI adds a file sink for
-// the run folder's train.log. Use RN_LOG_INFO("fmt {}", x) etc.
+// Project logging over spdlog. One logger, "resnet"; a training run adds a file sink for
+// its folder's train.log (LogFile). Use RN_LOG_INFO("fmt {}", x) etc.
 #pragma once
 
 #include <spdlog/spdlog.h>
 
 #include <memory>
 #include <string>
+#include <string_view>
 
 namespace rn {
 
 std::shared_ptr<spdlog::logger> logger();
-// Adds a sink that writes every message to `path` (appending).
-void log_to_file(const std::string& path);
 void set_log_level(const std::string& level);  // "debug", "info", "warn", "error"
+
+// A file that receives every message of the logger while this object lives (a run's
+// train.log): attached by open(), detached by the destructor, so that a process that trains
+// twice does not write its second run into the first run's log.
+class LogFile {
+ public:
+  LogFile() = default;
+  LogFile(const LogFile&) = delete;
+  LogFile& operator=(const LogFile&) = delete;
+  ~LogFile();
+
+  void open(const std::string& path);  // appends; throws rn::Error naming the path
+  bool is_open() const { return sink_ != nullptr; }
+  // The error that ends a run, into the file only: the console shows it from whoever
+  // catches it, and without it the log would stop mid-startup with no reason given.
+  void write_error(std::string_view text);
+
+ private:
+  std::shared_ptr<spdlog::sinks::sink> sink_;
+};
 
 }  // namespace rn
 

@@ -462,6 +462,21 @@ std::string CheckpointManager::step_path(int64_t step) const {
   return (fs::path(dir_) / name).string();
 }
 
+std::vector<std::string> CheckpointManager::set_aside() const {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    for (std::string_view suffix : {kDamagedSuffix, kAbandonedSuffix}) {
+      if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0 &&
+          parse_step_name(name.substr(0, name.size() - suffix.size())))
+        out.push_back(it->path().string());
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 std::vector<std::string> CheckpointManager::checkpoints() const {
   std::vector<std::pair<int64_t, std::string>> found;
   std::error_code ec;
@@ -566,12 +581,12 @@ void CheckpointManager::rotate(int64_t step) const {
       continue;
     }
     std::error_code ec;
-    fs::rename(p, p + ".abandoned", ec);
+    fs::rename(p, p + kAbandonedSuffix, ec);
     if (ec) {
       RN_LOG_WARN("cannot set aside checkpoint '{}' of a later step than {}: {}", p, step, ec.message());
     } else {
       RN_LOG_WARN("checkpoint '{}' is of a later step than {} (the run resumed from an older one): renamed to '{}'", p,
-                  step, p + ".abandoned");
+                  step, p + kAbandonedSuffix);
     }
   }
   if (keep_last_ == 0) return;
@@ -597,22 +612,35 @@ std::optional<std::string> CheckpointManager::latest() const {
   return std::nullopt;
 }
 
-std::optional<LoadedCheckpoint> CheckpointManager::latest_loadable(Model& model, Optimizer* opt) const {
+std::optional<LoadedCheckpoint> CheckpointManager::latest_loadable(Model& model, Optimizer* opt,
+                                                                   bool set_aside_damaged) const {
   remove_temporaries();
   std::vector<std::string> all = checkpoints();
+  // A damaged file left under its name would count in the rotation as if it were a checkpoint:
+  // the next saves would delete the good older ones and keep it.
+  auto skip = [&](const std::string& path, const std::string& problem) {
+    std::string where;
+    if (set_aside_damaged) {
+      std::error_code ec;
+      fs::rename(path, path + kDamagedSuffix, ec);
+      where = ec ? fmt::format(" (cannot rename it: {})", ec.message())
+                 : fmt::format(" (renamed to '{}{}')", path, kDamagedSuffix);
+    }
+    RN_LOG_WARN("skipping damaged checkpoint '{}': {}{}; trying the next older one", path, problem, where);
+  };
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     Probe p = probe_safetensors(*it);
     if (p.problem.empty() && (!p.metadata.count(kKindKey) || p.metadata.at(kKindKey) != kKindCheckpoint))
       p.problem = "not a resnet.cpp checkpoint";
     if (!p.problem.empty()) {
-      RN_LOG_WARN("skipping damaged checkpoint '{}': {}; trying the next older one", *it, p.problem);
+      skip(*it, p.problem);
       continue;
     }
     std::optional<SafetensorsFile> file;
     try {
       file.emplace(SafetensorsFile::load(*it));
     } catch (const Error& e) {
-      RN_LOG_WARN("skipping damaged checkpoint '{}': {}; trying the next older one", *it, e.what());
+      skip(*it, e.what());
       continue;
     }
     // An intact file that does not fit the model is the caller's problem, not damage: thrown.

@@ -88,6 +88,9 @@ struct LoadedCheckpoint {
 // from an older checkpoint) to "<name>.abandoned", so that a later resume cannot pick them.
 class CheckpointManager {
  public:
+  static constexpr const char* kDamagedSuffix = ".damaged";
+  static constexpr const char* kAbandonedSuffix = ".abandoned";
+
   // keep_last: periodic checkpoints to keep, 0 = all; keep_best: maintain best.safetensors.
   CheckpointManager(std::string run_dir, int64_t keep_last, bool keep_best);
 
@@ -108,7 +111,12 @@ class CheckpointManager {
   // is tried; a file that is intact but does not fit `model` (another model or number of
   // classes) is an error, thrown at once: every older file would fail the same way, and
   // quietly starting afresh would overwrite the run. nullopt when there is none.
-  std::optional<LoadedCheckpoint> latest_loadable(Model& model, Optimizer* opt) const;
+  // With set_aside_damaged (the process that writes the run), each damaged file skipped is
+  // renamed "<name>.damaged": out of the rotation, which would otherwise keep it and delete the
+  // good older ones, and kept for inspection.
+  std::optional<LoadedCheckpoint> latest_loadable(Model& model, Optimizer* opt, bool set_aside_damaged = false) const;
+  // Periodic checkpoints set aside (".damaged", ".abandoned"), sorted by name.
+  std::vector<std::string> set_aside() const;
 
   // The periodic checkpoints present (complete names only), oldest first.
   std::vector<std::string> checkpoints() const;

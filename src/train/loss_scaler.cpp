@@ -83,8 +83,9 @@ bool LossScaler::update(bool overflow) {
     if (cfg_.policy == LossScalePolicy::dynamic)
       change_scale(c.scale, fmt::format("overflow, {} skipped in a row", c.consecutive_skips));
     else
-      RN_LOG_WARN("step {} skipped: inf/NaN gradients (loss scale {} is {})", state_.step, state_.scale,
-                  enum_name(cfg_.policy));
+      RN_LOG_WARN("step {} skipped: inf/NaN gradients ({})", state_.step,
+                  cfg_.policy == LossScalePolicy::none ? std::string("no loss scaling")
+                                                       : fmt::format("static loss scale {}", state_.scale));
   } else {
     change_scale(c.scale, fmt::format("{} steps without overflow", clean_before));
   }

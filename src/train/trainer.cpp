@@ -139,7 +139,19 @@ std::string fresh_run_dir(const std::string& out_dir) {
   auto used = [](const fs::path& p) { return fs::exists(p / "train.log") || fs::exists(p / "checkpoints"); };
   fs::path dir = out_dir;
   for (int n = 2; used(dir); ++n) dir = out_dir + "-" + std::to_string(n);
+  // Nor into a folder of other files (".", a project folder): the run's report.html,
+  // config.yaml, ... would replace files of the same names there.
   std::error_code ec;
+  if (fs::is_directory(dir, ec)) {
+    std::string found;
+    int n = 0;
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+      if (++n <= 3) found += (found.empty() ? "" : ", ") + it->path().filename().string();
+    RN_CHECK(n == 0) << "run.out_dir: '" << dir.string() << "' is a folder that holds other files (" << found
+                     << (n > 3 ? fmt::format(" and {} more", n - 3) : std::string())
+                     << "); a run writes config.yaml, train.log, report.html, checkpoints/ and more into its folder: "
+                        "name a new or empty one (e.g. runs/my_run)";
+  }
   fs::create_directories(dir, ec);
   RN_CHECK(!ec && fs::is_directory(dir)) << "run.out_dir: cannot make the run folder '" << dir.string()
                                          << "': " << (ec ? ec.message() : "a file of that name is in the way");
@@ -198,7 +210,7 @@ struct CommTotals {
   double hidden_share() const { return total > 0 ? (total - exposed) / total : 0; }
 };
 
-TrainResult train_impl(const Config& config_in, const TrainOptions& options);
+TrainResult train_impl(const Config& config_in, const TrainOptions& options, LogFile& log_file);
 
 }  // namespace
 
@@ -220,9 +232,11 @@ void install_stop_signal_handlers() {
 void request_stop() { g_stop = true; }
 
 TrainResult train(const Config& config, const TrainOptions& options) {
+  LogFile log_file;  // the run's train.log, from when its folder is known
   try {
-    return train_impl(config, options);
+    return train_impl(config, options, log_file);
   } catch (const std::exception& e) {
+    log_file.write_error(e.what());
     // One rank's error must end every rank, not leave them waiting in a collective.
     if (World* w = current_world(); w && w->size > 1) abort_job(std::string("training stopped: ") + e.what());
     throw;
@@ -231,7 +245,7 @@ TrainResult train(const Config& config, const TrainOptions& options) {
 
 namespace {
 
-TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
+TrainResult train_impl(const Config& config_in, const TrainOptions& options, LogFile& log_file) {
   Config cfg = config_in;
   const bool resuming = !options.resume_dir.empty();
   std::string run_dir;
@@ -244,11 +258,18 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
     RN_CHECK(fs::exists(path)) << "cannot resume from '" << run_dir
                                << "': it has no config.yaml (not a run folder that resnet train wrote)";
     cfg = load_config(path, {});
-    // Only settings that cannot change results may differ from the run's: the memory level.
+    // Only settings that cannot change results may differ from the run's (the same keys an edit
+    // of its config.yaml may change). The folder and the per-rank batch follow from the resume.
     for (const std::string& o : options.resume_overrides) {
-      RN_CHECK(o.rfind("memory.", 0) == 0) << "cannot change '" << o << "' when resuming " << run_dir
-                                           << ": only memory.* settings may change (they do not change results)";
-      apply_config_override(cfg, o);
+      apply_config_override(cfg, o);  // first: a key that does not exist is named as such
+      std::string key = o.substr(0, o.find('='));
+      key.erase(key.find_last_not_of(" \t") + 1);
+      key.erase(0, key.find_first_not_of(" \t"));
+      RN_CHECK(may_differ_on_resume(key) && key != "run.out_dir" && key != "data.batch_size")
+          << "cannot change '" << key << "' when resuming " << run_dir
+          << ": only settings that do not change results may (docs/training.md, \"Checkpoints and exact resume\"); "
+             "start a new run "
+             "from the checkpoint's weights with --set model.pretrained=CHECKPOINT to change it";
     }
     if (!options.resume_overrides.empty()) cfg.validate();
   }
@@ -274,7 +295,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
   }
   cfg.run.out_dir = run_dir;
   if (writer) {
-    log_to_file(run_dir + "/train.log");
+    log_file.open(run_dir + "/train.log");
   } else {
     // Other ranks print warnings and errors only, marked with their rank.
     logger()->set_pattern(fmt::format("[%Y-%m-%d %H:%M:%S.%e] [%l] [rank {}] %v", world.rank));
@@ -345,7 +366,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
   bool from_checkpoint = false;
   if (resuming) {
     set_activity("loading the checkpoint", -1);
-    auto loaded = checkpoints.latest_loadable(model, &optimizer);
+    auto loaded = checkpoints.latest_loadable(model, &optimizer, /*set_aside_damaged=*/writer);
     if (loaded) {
       from_checkpoint = true;
       st = loaded->state;
@@ -354,6 +375,9 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
       rng.set_state(st.rng);
       RN_LOG_INFO("resumed from {}: epoch {}, step {}, batch {} of the epoch", loaded->path, st.epoch, st.step,
                   st.batch_in_epoch);
+      RN_CHECK(options.max_steps <= 0 || st.step < options.max_steps)
+          << "the step limit (--max-steps) is " << options.max_steps << " but " << run_dir << " is at step " << st.step
+          << " already: nothing to train; give a larger limit, or none to train to the end";
       // Exact resume holds for the same build: other code may round differently.
       if (!st.written_by.empty() && st.written_by != build_description())
         RN_LOG_WARN(
@@ -374,6 +398,14 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
         if (writer) write_file_atomic(run_dir + "/config.yaml", cfg.to_yaml());
       }
     } else {
+      // A run whose checkpoints all failed is not one to start again in place: the new run
+      // would rotate out what is left of the old one.
+      std::string set_aside;
+      for (const std::string& p : checkpoints.set_aside()) set_aside += (set_aside.empty() ? "" : ", ") + p;
+      RN_CHECK(set_aside.empty()) << "cannot resume " << run_dir
+                                  << ": none of its checkpoints loads (set aside: " << set_aside
+                                  << "). Starting from the beginning would write over the run: start a new run "
+                                     "without --resume, or rename a set-aside file back if you know it is usable";
       RN_LOG_WARN("no checkpoint in {}: starting from the beginning", run_dir);
     }
   }
@@ -767,6 +799,12 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
       average_bn_state();
       set_activity("evaluating", st.step);
       const EvalResult ev = evaluator->run(val_loader, done_epoch, nullptr, &comm);
+      // Weights that give no finite loss are not a result to save as the best, nor to finish on.
+      if (!std::isfinite(ev.loss)) step->sync_scaler_state();  // for the count of skipped steps
+      RN_CHECK(std::isfinite(ev.loss) || ev.samples == 0)
+          << "the validation loss after epoch " << done_epoch + 1 << " is " << ev.loss << " (" << scaler.skipped_steps()
+          << " of " << st.step << " steps were skipped for inf/NaN gradients): training diverged; lower "
+          << "optimizer.base_lr or lengthen schedule.warmup_epochs";
       result.final_eval = ev;
       top1 = ev.top1;
       EvalMetrics em;
@@ -786,6 +824,8 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options) {
     if (cfg.run.checkpoint.every_epoch || last) save(true, top1);
     if (writer) write_report(run_dir);
   }
+  // A run stopped mid-epoch (--max-steps, a signal) still leaves the trace of its steps.
+  if (trace) trace->write(run_dir + "/trace.json");
   step->sync_host_state();
   result.steps = st.step;
   result.best_top1 = st.best_top1;

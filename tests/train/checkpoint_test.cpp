@@ -480,6 +480,32 @@ TEST(CheckpointManager, LatestSkipsTruncatedFilesAndTemporaries) {
   EXPECT_EQ(opt_back.state(), momentum_10);
 }
 
+TEST(CheckpointManager, DamagedFilesAreSetAsideAndLeaveTheRotation) {
+  TestDir dir;
+  Model model = make_model("resnet20", 1);
+  Optimizer opt(OptimizerConfig{}, model.params());
+  CheckpointManager m(dir.path().string(), 2, false);
+  save_at(m, model, opt, 10, std::nullopt);
+  save_at(m, model, opt, 20, std::nullopt);
+  fs::resize_file(m.step_path(20), 100000);  // torn
+
+  auto loaded = m.latest_loadable(model, &opt, /*set_aside_damaged=*/true);
+  ASSERT_TRUE(loaded.has_value());
+  EXPECT_EQ(loaded->state.step, 10);
+  EXPECT_EQ(m.set_aside(), (std::vector<std::string>{m.step_path(20) + ".damaged"}));
+  // The resumed run saves step 30: it keeps the good step 10 with it, as keep_last 2 says.
+  // Left under its name, the torn step 20 would have been kept and step 10 deleted.
+  save_at(m, model, opt, 30, std::nullopt);
+  EXPECT_EQ(m.checkpoints(), (std::vector<std::string>{m.step_path(10), m.step_path(30)}));
+
+  // Without set_aside_damaged (a rank that does not write the folder) the file stays.
+  fs::resize_file(m.step_path(30), 100);
+  loaded = m.latest_loadable(model, &opt);
+  ASSERT_TRUE(loaded.has_value());
+  EXPECT_EQ(loaded->state.step, 10);
+  EXPECT_TRUE(fs::exists(m.step_path(30)));
+}
+
 TEST(CheckpointManager, LatestLoadableThrowsOnWrongModel) {
   TestDir dir;
   Model r32 = make_model("resnet32", 1);

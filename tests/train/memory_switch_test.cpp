@@ -117,7 +117,7 @@ TEST(MemorySwitch, CheckpointAtO1ResumesAtO2) {
   TrainOptions bad;
   bad.resume_dir = stopped.run_dir;
   bad.resume_overrides = {"data.batch_size=8"};
-  EXPECT_THROW(train(cfg, bad), Error);  // only memory.* may change on resume
+  EXPECT_THROW(train(cfg, bad), Error);  // only keys that cannot change results may change on resume
   TrainOptions resume;
   resume.resume_dir = stopped.run_dir;
   resume.resume_overrides = {"memory.level=O2"};

@@ -100,5 +100,103 @@ TEST(ResumeConfig, AFailedStartLeavesNoRunFolder) {
   EXPECT_EQ(test::train_until(test::small_run_config(dir.file("run")), 1).run_dir, dir.file("run"));
 }
 
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
+std::string error_of_train(const Config& cfg, const TrainOptions& o) {
+  try {
+    train(cfg, o);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "train() did not fail";
+  return {};
+}
+
+// --set on a resume takes the keys an edit of config.yaml may change, and no others; a step
+// limit the run has reached is an error, and the error ends train.log too.
+TEST(ResumeConfig, SetTakesTheKeysThatCannotChangeResults) {
+  TestDir dir;
+  const Config cfg = test::small_run_config(dir.file("run"));
+  const TrainResult a = test::train_until(cfg, 4);
+  TrainOptions resume;
+  resume.resume_dir = a.run_dir;
+  resume.max_steps = 8;
+  resume.resume_overrides = {"optimizer.base_lr=0.3"};
+  std::string e = error_of_train(cfg, resume);
+  EXPECT_NE(e.find("cannot change 'optimizer.base_lr' when resuming"), std::string::npos) << e;
+
+  resume.resume_overrides = {"run.threads=1", "run.log_interval_steps = 2", "data.workers=2"};
+  EXPECT_EQ(train(cfg, resume).steps, 8);
+  EXPECT_NE(read_file(a.run_dir + "/config.yaml").find("log_interval_steps: 2"), std::string::npos);
+
+  resume.resume_overrides = {};
+  resume.max_steps = 6;
+  e = error_of_train(cfg, resume);
+  EXPECT_NE(e.find("the step limit (--max-steps) is 6 but " + a.run_dir + " is at step 8 already"), std::string::npos)
+      << e;
+  const std::string log = read_file(a.run_dir + "/train.log");
+  const size_t last_line = log.rfind('\n', log.size() - 2);
+  EXPECT_NE(log.find("[error] the step limit (--max-steps) is 6", last_line), std::string::npos) << log;
+}
+
+// A run none of whose checkpoints loads is not started again over itself: the new run's
+// rotation would delete what is left of the old one.
+TEST(ResumeConfig, ARunWithOnlyDamagedCheckpointsIsNotStartedAgain) {
+  TestDir dir;
+  const Config cfg = test::small_run_config(dir.file("run"));
+  const TrainResult a = test::train_until(cfg, 2);
+  const std::string ckpt = a.run_dir + "/checkpoints/step-00000002.safetensors";
+  ASSERT_TRUE(std::filesystem::exists(ckpt));
+  std::filesystem::resize_file(ckpt, 100);
+  TrainOptions resume;
+  resume.resume_dir = a.run_dir;
+  for (int attempt = 0; attempt < 2; ++attempt) {  // the second finds the file set aside already
+    const std::string e = error_of_train(cfg, resume);
+    EXPECT_NE(
+        e.find("cannot resume " + a.run_dir + ": none of its checkpoints loads (set aside: " + ckpt + ".damaged)"),
+        std::string::npos)
+        << e;
+  }
+}
+
+// A fresh run does not write into a folder of other files (it would replace their report.html,
+// config.yaml, ...); an empty folder is fine. A run stopped mid-epoch leaves its trace.
+TEST(ResumeConfig, AFreshRunNeedsANewOrEmptyFolder) {
+  TestDir dir;
+  std::filesystem::create_directories(dir.file("proj/src"));
+  std::ofstream(dir.file("proj/report.html")) << "mine";
+  const std::string e = error_of_train(test::small_run_config(dir.file("proj")), {});
+  EXPECT_NE(e.find("run.out_dir: '" + dir.file("proj") + "' is a folder that holds other files"), std::string::npos)
+      << e;
+  EXPECT_EQ(read_file(dir.file("proj/report.html")), "mine");
+  EXPECT_FALSE(std::filesystem::exists(dir.file("proj/train.log")));
+
+  std::filesystem::create_directories(dir.file("empty"));
+  Config traced = test::small_run_config(dir.file("empty"));
+  traced.run.trace = true;
+  const TrainResult r = test::train_until(traced, 1);  // stops in the first epoch
+  EXPECT_EQ(r.run_dir, dir.file("empty"));
+  EXPECT_NE(read_file(r.run_dir + "/trace.json").find("\"step 1\""), std::string::npos);
+}
+
+// Weights that give no finite loss end the run with an error, not with "finished" and a best
+// checkpoint.
+TEST(ResumeConfig, ADivergedRunIsAnError) {
+  TestDir dir;
+  Config cfg = test::small_run_config(dir.file("run"));
+  cfg.optimizer.base_lr = 1e8;
+  cfg.precision.level = PrecisionLevel::O2;  // bf16 activations overflow soon; the steps are skipped
+  cfg.precision.loss_scale.policy = LossScalePolicy::none;
+  cfg.data.train_subset = 64;
+  cfg.schedule.warmup_epochs = 0;
+  cfg.schedule.epochs = 1;
+  cfg.validate();
+  const std::string e = error_of_train(cfg, {});
+  EXPECT_NE(e.find("diverged"), std::string::npos) << e;
+}
+
 }  // namespace
 }  // namespace rn
