@@ -57,7 +57,9 @@ bool LossScaler::check_overflow(const float* grads, int64_t n) const { return an
 
 void LossScaler::change_scale(double next, const std::string& reason) {
   if (next == state_.scale) return;
-  RN_LOG_INFO("loss scale {} -> {} at step {} ({})", state_.scale, next, state_.step, reason);
+  // Called from update() before the step is counted: the step's number is state_.step + 1,
+  // counted from 1 as the progress lines and the device's own line count it.
+  RN_LOG_INFO("loss scale {} -> {} at step {} ({})", state_.scale, next, state_.step + 1, reason);
   state_.scale = next;
 }
 
@@ -83,7 +85,7 @@ bool LossScaler::update(bool overflow) {
     if (cfg_.policy == LossScalePolicy::dynamic)
       change_scale(c.scale, fmt::format("overflow, {} skipped in a row", c.consecutive_skips));
     else
-      RN_LOG_WARN("step {} skipped: inf/NaN gradients ({})", state_.step,
+      RN_LOG_WARN("step {} skipped: inf/NaN gradients ({})", state_.step + 1,
                   cfg_.policy == LossScalePolicy::none ? std::string("no loss scaling")
                                                        : fmt::format("static loss scale {}", state_.scale));
   } else {

@@ -95,12 +95,13 @@ TEST(LossScaler, NoneIsOne) {
 TEST(LossScaler, LogsEveryChangeWithLossScale) {
   LogCapture capture;
   LossScaler s(dynamic_config(2));
-  s.update(true);   // step 0: 128 -> 64
-  s.update(false);  // step 1
-  s.update(false);  // step 2: 64 -> 128
+  s.update(true);   // step 1: 128 -> 64
+  s.update(false);  // step 2
+  s.update(false);  // step 3: 64 -> 128
   const std::string log = capture.text();
-  EXPECT_NE(log.find("loss scale 128 -> 64 at step 0 (overflow"), std::string::npos) << log;
-  EXPECT_NE(log.find("loss scale 64 -> 128 at step 2 (2 steps without overflow)"), std::string::npos) << log;
+  // Steps counted from 1, as the progress lines and the device's line count them.
+  EXPECT_NE(log.find("loss scale 128 -> 64 at step 1 (overflow"), std::string::npos) << log;
+  EXPECT_NE(log.find("loss scale 64 -> 128 at step 3 (2 steps without overflow)"), std::string::npos) << log;
   // One line at start, one per change.
   int lines = 0;
   for (size_t p = 0; (p = log.find("loss scale", p)) != std::string::npos; ++p) ++lines;
