@@ -526,6 +526,12 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
   RN_LOG_INFO("schedule {}: peak lr {:.6g} (base {:.6g} x {} / {}), {} epochs x {} steps, warmup {} steps",
               enum_name(cfg.schedule.name), schedule.peak_lr(), cfg.optimizer.base_lr, global_batch,
               cfg.optimizer.lr_scale_batch, cfg.schedule.epochs, steps_per_epoch, schedule.warmup_steps());
+  // warmup_epochs past the run is a config error; warmup_steps is only known to be now.
+  if (schedule.warmup_steps() > cfg.schedule.epochs * steps_per_epoch)
+    RN_LOG_WARN(
+        "schedule.warmup_steps={} is longer than the run ({} steps): the learning rate never reaches its peak "
+        "{:.6g}",
+        schedule.warmup_steps(), cfg.schedule.epochs * steps_per_epoch, schedule.peak_lr());
 
   st.config_yaml = cfg.to_yaml();
   st.global_batch = global_batch;
