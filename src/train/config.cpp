@@ -461,7 +461,7 @@ std::vector<Field> build_fields() {
                               "network from the zoo; resnet20..110 are the CIFAR-style ResNets for "
                               "small images, resnet50_gdw the hardware-adapted ResNet-50",
                               {}, models));
-  f.push_back(RN_CONFIG_FIELD(model.num_classes, "outputs of the classifier", at_least(1)));
+  f.push_back(RN_CONFIG_FIELD(model.num_classes, "outputs of the classifier", at_least(2)));
   f.push_back(RN_CONFIG_FIELD(model.in_channels, "input image channels (1 for Fashion-MNIST, 3 for RGB)", at_least(1)));
   f.push_back(RN_CONFIG_FIELD(model.image_size, "[h, w] of the images the network sees, after cropping", at_least(1)));
   f.push_back(RN_CONFIG_FIELD(model.zero_init_residual, "start the last BN gamma of every residual branch at 0"));

@@ -202,6 +202,9 @@ TEST(Config, OutOfRangeNamesKeyAndValue) {
   e = error_of([] { load_config("", {"precision.loss_scale.backoff_factor=1"}); });
   EXPECT_TRUE(contains(e, "precision.loss_scale.backoff_factor")) << e;
 
+  e = error_of([] { load_config("", {"model.num_classes=1"}); });  // the zoo's classifier needs two
+  EXPECT_TRUE(contains(e, "key 'model.num_classes' = 1 is out of range: expected value >= 2")) << e;
+
   e = error_of([] { load_config("", {"optimizer.weight_decay=.nan"}); });
   EXPECT_TRUE(contains(e, "optimizer.weight_decay")) << e;
 
