@@ -14,7 +14,14 @@ int cuda_device_count(std::string* why_none) {
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess) {
-    if (why_none) *why_none = std::string("cudaGetDeviceCount: ") + cudaGetErrorName(e) + ": " + cudaGetErrorString(e);
+    int driver = 0;
+    if (why_none && e == cudaErrorInsufficientDriver && (cudaDriverGetVersion(&driver) != cudaSuccess || driver == 0)) {
+      // CUDA's text ("driver version is insufficient") reads as "upgrade the driver" when
+      // there is no driver at all, the usual case on a machine without a GPU.
+      *why_none = "no NVIDIA driver is installed on this machine";
+    } else if (why_none) {
+      *why_none = std::string("cudaGetDeviceCount: ") + cudaGetErrorName(e) + ": " + cudaGetErrorString(e);
+    }
     cudaGetLastError();  // clear the sticky-free error so later calls are not confused
     return 0;
   }
