@@ -468,8 +468,7 @@ std::vector<std::string> CheckpointManager::set_aside() const {
   for (fs::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     for (std::string_view suffix : {kDamagedSuffix, kAbandonedSuffix}) {
-      if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0 &&
-          parse_step_name(name.substr(0, name.size() - suffix.size())))
+      if (ends_with(name, suffix) && parse_step_name(name.substr(0, name.size() - suffix.size())))
         out.push_back(it->path().string());
     }
   }

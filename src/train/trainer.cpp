@@ -830,8 +830,9 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
     if (cfg.run.checkpoint.every_epoch || last) save(true, top1);
     if (writer) write_report(run_dir);
   }
-  // A run stopped mid-epoch (--max-steps, a signal) still leaves the trace of its steps.
-  if (trace) trace->write(run_dir + "/trace.json");
+  // A run stopped mid-epoch (--max-steps, a signal) still leaves the trace of its steps; at an
+  // epoch's end it was written above.
+  if (trace && st.batch_in_epoch > 0) trace->write(run_dir + "/trace.json");
   step->sync_host_state();
   result.steps = st.step;
   result.best_top1 = st.best_top1;
