@@ -7,6 +7,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "core/log.h"
 #include "train/batch_feeder.h"
 
 namespace rn {
@@ -39,6 +40,7 @@ EvalResult Evaluator::run(DataLoader& loader, int64_t epoch, std::vector<Predict
   EvalResult r;
   double loss_sum = 0;
   int64_t top1 = 0, top5 = 0;
+  int64_t nonfinite = 0;  // samples whose outputs hold a NaN or an infinity: misses
   loader.start_epoch(epoch);
   BatchFeeder feeder(loader.options().mean, loader.options().std);
   while (const Batch* b = loader.next()) {
@@ -62,12 +64,20 @@ EvalResult Evaluator::run(DataLoader& loader, int64_t epoch, std::vector<Predict
         ++r.unreadable;
         continue;
       }
+      // A NaN would break the ordering the sort needs (and rank any class first): such a
+      // sample is a miss, and its NaNs sort last so that the predictions file stays readable.
+      const bool finite = std::all_of(p, p + K, [](float v) { return std::isfinite(v); });
+      const auto key = [&](int32_t c) { return std::isnan(p[c]) ? -INFINITY : p[c]; };
       std::iota(order.begin(), order.end(), 0);
       const int k = static_cast<int>(std::min<int64_t>(5, K));
       std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                        [&](int32_t x, int32_t y) { return p[x] > p[y] || (p[x] == p[y] && x < y); });
-      if (order[0] == label) ++top1;
-      if (std::find(order.begin(), order.begin() + k, label) != order.begin() + k) ++top5;
+                        [&](int32_t x, int32_t y) { return key(x) > key(y) || (key(x) == key(y) && x < y); });
+      if (!finite) {
+        ++nonfinite;
+      } else {
+        if (order[0] == label) ++top1;
+        if (std::find(order.begin(), order.begin() + k, label) != order.begin() + k) ++top5;
+      }
       if (predictions) {
         Prediction pr;
         pr.index = b->sample_indices[static_cast<size_t>(n)];
@@ -83,6 +93,11 @@ EvalResult Evaluator::run(DataLoader& loader, int64_t epoch, std::vector<Predict
     }
     loss_sum += batch_loss;
   }
+  if (nonfinite > 0)
+    RN_LOG_WARN(
+        "evaluation: {} of {} samples{} have outputs that are not finite (NaN or infinity) and count as misses: "
+        "the model's weights (or its input) hold non-finite values",
+        nonfinite, r.samples, comm && comm->size() > 1 ? fmt::format(" on rank {}", comm->rank()) : "");
   if (comm && comm->size() > 1) {
     double sums[5] = {loss_sum, static_cast<double>(top1), static_cast<double>(top5), static_cast<double>(r.samples),
                       static_cast<double>(r.unreadable)};

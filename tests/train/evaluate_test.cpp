@@ -7,11 +7,13 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "data/encoded_dataset.h"
 #include "data/image_folder_files.h"
+#include "log_capture.h"
 #include "model/zoo.h"
 #include "ops/backend.h"
 #include "test_dir.h"
@@ -82,6 +84,27 @@ TEST(Evaluator, LeavesUnreadableFilesOut) {
   EXPECT_EQ(bad.result.top1, clean.result.top1);
   EXPECT_EQ(bad.result.top5, clean.result.top5);
   EXPECT_EQ(bad.sources, clean.sources) << "a prediction row for a file that was never read";
+}
+
+// Outputs that are not finite are misses, not a top-5 of 100%: with a NaN the ordering the sort
+// relies on breaks, and with three classes every finite row has its label in the top 5.
+TEST(Evaluator, NonFiniteOutputsAreMisses) {
+  TestDir dir;
+  test::write_image_folder(dir.path() / "data/val", 3, 2);
+  const Config cfg = eval_config(dir.file("data"));
+  Model model(build_model(cfg.model.name, model_options(cfg.model)));
+  model.init(1);
+  EXPECT_EQ(evaluate(cfg, model).result.top5, 1.0);
+  Tensor fc = model.named("fc.weight");
+  static_cast<float*>(fc.data)[0] = std::numeric_limits<float>::quiet_NaN();
+  LogCapture log;
+  const Evaluated nan = evaluate(cfg, model);
+  EXPECT_EQ(nan.result.samples, 6);
+  EXPECT_EQ(nan.result.top1, 0.0);
+  EXPECT_EQ(nan.result.top5, 0.0);
+  EXPECT_EQ(nan.sources.size(), 6u) << "every sample still has its prediction row";
+  EXPECT_NE(log.text().find("evaluation: 6 of 6 samples have outputs that are not finite"), std::string::npos)
+      << log.text();
 }
 
 }  // namespace
