@@ -59,8 +59,11 @@ RunComparison compare_grad_runs(const std::vector<GradRecord>& a_in, const std::
     for (size_t i = 0; i < ra.layers.size(); ++i) {
       const LayerGradStats& x = ra.layers[i];
       const LayerGradStats& y = rb.layers[i];
-      RN_CHECK(x.name == y.name) << "summary: tensor " << i << " is '" << x.name << "' in one run and '" << y.name
-                                 << "' in the other";
+      RN_CHECK(x.name == y.name) << "summary: the runs have different models: tensor " << i << " is '" << x.name
+                                 << "' in one run and '" << y.name << "' in the other";
+      RN_CHECK(x.grad.numel == y.grad.numel)
+          << "summary: the runs have different models: '" << x.name << "' holds " << x.grad.numel
+          << " values in one run and " << y.grad.numel << " in the other (another width, class count or input?)";
       TensorDivergence t{x.name,
                          x.weight_norm,
                          y.weight_norm,

@@ -151,6 +151,17 @@ TEST(Summary, FindsThePerturbedLayerFirst) {
     EXPECT_EQ(c.first_tensor, layer) << c.text();
     EXPECT_NE(c.text().find(std::string("weights of ") + layer), std::string::npos);
   }
+  // Runs of models of other shapes (here another class count) are not compared tensor by tensor.
+  auto other = a;
+  for (GradRecord& r : other) r.layers.front().grad.numel += 64;
+  try {
+    compare_grad_runs(a, other, 1e-3);
+    ADD_FAILURE() << "runs of different shapes were compared";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("different models: '" + a.front().layers.front().name + "' holds"),
+              std::string::npos)
+        << e.what();
+  }
   const std::string one = summarize_grad_run(a);
   EXPECT_NE(one.find("layer3.2.conv2.weight"), std::string::npos);
   EXPECT_NE(one.find("3 monitored steps"), std::string::npos) << one;
