@@ -39,7 +39,14 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    const int rc = app.exit(e);
+    // `launch` passes on what follows `--`; without it CLI11 sees the command's own options
+    // as launch's and names them only as "not expected".
+    if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr && app.got_subcommand("launch"))
+      fmt::print(stderr,
+                 "resnet launch: put the command to run after --, as in: resnet launch --rank-table ranks.json -- "
+                 "train --config run.yaml\n");
+    return rc;
   }
   try {
     for (auto& run : runners) {

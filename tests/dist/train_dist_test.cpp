@@ -339,6 +339,12 @@ TEST(DistTrain, LaunchPlacesRanksAsTheRankTableSays) {
   EXPECT_NE(r.output.find("--mca btl_tcp_if_include eth9 --mca oob_tcp_if_include eth9"), std::string::npos);
   EXPECT_NE(r.output.find("RN_RANK_TABLE=" + (dir / "table.json").string()), std::string::npos);
   EXPECT_NE(r.output.find("train --config x.yaml"), std::string::npos);
+  // Without `--`, the command's options are not launch's: the error says where they go.
+  r = run({resnet_binary(), "launch", "--rank-table", (dir / "table.json").string(), "--dry-run", "train", "--config",
+           "x.yaml"},
+          60, dir / "no-dashes.log");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("put the command to run after --"), std::string::npos) << r.output;
   // A rank table whose hosts are not this machine: each rank refuses its place.
   std::ofstream(dir / "elsewhere.json") << R"({"hosts": [{"name": "no-such-host-xyz"}],
     "ranks": [{"rank": 0, "host": "no-such-host-xyz"}, {"rank": 1, "host": "no-such-host-xyz", "device": 1}]})";
