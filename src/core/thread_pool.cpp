@@ -108,6 +108,15 @@ ThreadPool& ThreadPool::global() {
 
 void set_host_threads(int n) {
   if (n <= 0) return;
+  // More threads than cores only makes them take turns; every kernel waits for its slowest
+  // thread, so the step slows down. Said once per count asked for.
+  static std::atomic<int> warned_for{0};
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  if (cores > 0 && n > cores && warned_for.exchange(n) != n)
+    RN_LOG_WARN(
+        "{} host threads asked for, but this machine has {} cores: the extra threads take turns with the "
+        "others and slow every kernel down (0 uses all cores)",
+        n, cores);
   if (g_global_created && ThreadPool::global().size() != n)
     RN_LOG_WARN("host thread count set to {} after the pool started with {}", n, ThreadPool::global().size());
   g_requested_threads = n;

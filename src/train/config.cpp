@@ -487,7 +487,9 @@ std::vector<Field> build_fields() {
       RN_CONFIG_FIELD(data.batch_size, "batch per rank; the global batch is batch_size x world size", at_least(1)));
   f.push_back(RN_CONFIG_FIELD(data.workers, "threads decoding and augmenting samples", at_least(0)));
   f.push_back(RN_CONFIG_FIELD(data.prefetch, "batches prepared ahead of the training step", at_least(0)));
-  f.push_back(RN_CONFIG_FIELD(data.drop_last, "drop the last incomplete training batch of an epoch"));
+  f.push_back(RN_CONFIG_FIELD(data.drop_last,
+                              "drop the last incomplete training batch of an epoch; false needs a batch size that "
+                              "divides each rank's samples"));
   f.push_back(RN_CONFIG_FIELD(data.val_root, "imagefolder: validation images; empty: <root>/val"));
   f.push_back(RN_CONFIG_FIELD(data.val_list,
                               "imagefolder: a list file of 'relative/path label' lines under val_root, for "

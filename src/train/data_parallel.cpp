@@ -26,7 +26,8 @@ GradientSync make_gradient_sync(Model& model, Backend& backend, Communicator& ho
   std::vector<GradBucket> buckets = make_grad_buckets(ranges, dist.fusion_threshold, boundaries);
   int64_t largest = 0;
   for (const GradBucket& b : buckets) largest = std::max(largest, b.bytes());
-  RN_LOG_INFO("gradient fusion: {} buckets ({}), largest {:.2f} MiB, all-reduced during backward{}", buckets.size(),
+  RN_LOG_INFO("gradient fusion: {} bucket{} ({}), largest {:.2f} MiB, all-reduced during backward{}", buckets.size(),
+              buckets.size() == 1 ? "" : "s",
               boundaries.empty() ? fmt::format("dist.fusion_threshold {} bytes", dist.fusion_threshold)
                                  : "dist.bucket_boundaries",
               largest / 1048576.0,

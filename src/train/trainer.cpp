@@ -304,6 +304,12 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
   int threads = static_cast<int>(cfg.run.threads);
   if (threads == 0 && world.local_size > 1)  // share the cores among the ranks on this host
     threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world.local_size);
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  if (writer && threads > 0 && threads <= cores && world.local_size > 1 && threads * world.local_size > cores)
+    RN_LOG_WARN(
+        "run.threads {} on each of this host's {} ranks asks for {} threads on {} cores: they take turns and "
+        "slow every step down (run.threads 0 shares the cores among the ranks)",
+        threads, world.local_size, threads * world.local_size, cores);
   set_host_threads(threads);
   g_stop = false;
 
@@ -337,7 +343,8 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
   }
   const PrecisionPolicy policy = make_precision_policy(cfg.precision, *backend);
   // The backend's description names its implementation mode (run.implementation_mode).
-  RN_LOG_INFO("device {}; {} host threads; {}", backend->describe(), host_threads(), policy.describe());
+  RN_LOG_INFO("device {}; {} host thread{}; {}", backend->describe(), host_threads(), host_threads() == 1 ? "" : "s",
+              policy.describe());
   const int sink_size = static_cast<int>(cfg.run.sink_size);
   if (sink_size > 0) {
     RN_CHECK(backend->device() != Device::cpu)
@@ -452,6 +459,14 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
   const int64_t steps_per_epoch = train_loader.batches_per_epoch();
   RN_CHECK(steps_per_epoch > 0) << "the training set (" << train_loader.dataset().size()
                                 << " samples) has no full batch of " << cfg.data.batch_size;
+  // Every training step runs a whole batch: the plans (and the sink-mode graph) are built for
+  // one batch size. A last partial batch is refused here, not when the first epoch ends.
+  RN_CHECK(cfg.data.drop_last || train_loader.samples_per_epoch() % cfg.data.batch_size == 0)
+      << "data.drop_last=false: this rank's " << train_loader.samples_per_epoch()
+      << " training samples an epoch leave a last batch of " << train_loader.samples_per_epoch() % cfg.data.batch_size
+      << " of " << cfg.data.batch_size
+      << ", and partial training batches are not supported (every step runs a whole batch); set data.drop_last=true "
+         "(the shuffle puts other samples in the dropped batch each epoch) or a batch size that divides the samples";
 
   // Plans: made once the starting epoch is known (its memory level may come from
   // memory.schedule), and made again at an epoch boundary where the level changes.
@@ -607,8 +622,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
       set_activity("waiting for a batch", st.step);
       const Batch* b = train_loader.next();
       if (!b) break;
-      RN_CHECK(b->size == po.batch) << "partial training batch of " << b->size << " (data.drop_last=false is not "
-                                    << "supported for training yet)";
+      RN_CHECK(b->size == po.batch) << "partial training batch of " << b->size << " (data.drop_last=false)";
       // The gradient monitor reads the host copies of weights, gradients and the loss scale:
       // on a device they are brought back around a monitored step (outside its timing).
       const bool monitor_sync = step->on_device() && diag.grad_monitor_due(st.step + 1);
@@ -763,10 +777,10 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
     RN_LOG_INFO("epoch {} {}", st.epoch + 1, format_pipeline(pipeline, verdict));
     if (reducer && !comm_epoch.timed) {
       RN_LOG_INFO(
-          "epoch {} communication: {} buckets, {:.2f} MiB per step, all-reduced by {} during backward; times not "
+          "epoch {} communication: {} bucket{}, {:.2f} MiB per step, all-reduced by {} during backward; times not "
           "measured ({})",
-          st.epoch + 1, reducer->buckets().size(), static_cast<double>(model.params().total) * 4 / 1048576.0,
-          grad_sync.comm->name(),
+          st.epoch + 1, reducer->buckets().size(), reducer->buckets().size() == 1 ? "" : "s",
+          static_cast<double>(model.params().total) * 4 / 1048576.0, grad_sync.comm->name(),
           sink_size > 0 ? "sink mode: the all-reduces run inside the replayed step graph"
                         : "the communicator did not time every bucket of every step on the device");
       metrics.append(MetricsRecord("comm", st.epoch + 1, st.step)
@@ -776,11 +790,11 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
                          .add("timed", false));
     } else if (reducer) {
       RN_LOG_INFO(
-          "epoch {} communication: {} buckets, {:.2f} MiB per step, {:.2f} ms/step all-reducing, {:.0f}% of it hidden "
-          "behind backward ({:.2f} ms/step exposed)",
-          st.epoch + 1, reducer->buckets().size(), static_cast<double>(model.params().total) * 4 / 1048576.0,
-          comm_epoch.ms_per_step(comm_epoch.total), 100 * comm_epoch.hidden_share(),
-          comm_epoch.ms_per_step(comm_epoch.exposed));
+          "epoch {} communication: {} bucket{}, {:.2f} MiB per step, {:.2f} ms/step all-reducing, {:.0f}% of it "
+          "hidden behind backward ({:.2f} ms/step exposed)",
+          st.epoch + 1, reducer->buckets().size(), reducer->buckets().size() == 1 ? "" : "s",
+          static_cast<double>(model.params().total) * 4 / 1048576.0, comm_epoch.ms_per_step(comm_epoch.total),
+          100 * comm_epoch.hidden_share(), comm_epoch.ms_per_step(comm_epoch.exposed));
       metrics.append(MetricsRecord("comm", st.epoch + 1, st.step)
                          .add("ranks", static_cast<int64_t>(world.size))
                          .add("buckets", static_cast<int64_t>(reducer->buckets().size()))
