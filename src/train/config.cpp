@@ -502,8 +502,8 @@ std::vector<Field> build_fields() {
                               "a corrupt, truncated or non-image file: skip it (replaced by the next readable "
                               "image, counted, logged once) or stop with an error naming it"));
   f.push_back(RN_CONFIG_FIELD(data.cache_mb,
-                              "imagefolder: keep decoded, downscaled images in memory up to this many MiB per "
-                              "loader, so later epochs skip reading and decoding; 0: off",
+                              "imagefolder: keep decoded, downscaled training images in memory up to this many MiB, "
+                              "so later epochs skip reading and decoding (validation reads past it); 0: off",
                               at_least(0)));
   f.push_back(
       RN_CONFIG_FIELD(data.cache_short_side, "imagefolder: cached images keep at most this shorter side", at_least(1)));

@@ -150,6 +150,9 @@ DataLoaderOptions val_options(DataLoaderOptions o) {
   o.shuffle = false;
   o.drop_last = false;
   o.shard.equal = false;
+  // Validation and `resnet eval` score the images as they are: a cached copy is downscaled to
+  // data.cache_short_side first, which would make the figures depend on the cache.
+  o.cache_bytes = 0;
   return o;
 }
 
@@ -278,6 +281,12 @@ Loaders make_loaders(const Config& cfg, DType dtype, Layout layout, std::shared_
             train->num_classes());
       RN_LOG_INFO("data: {} ({} images, {} classes), validation {} ({} images)", train->name(), train->size(),
                   train->num_classes(), val->name(), val->size());
+      const int64_t input_side = std::max(cfg.model.image_size[0], cfg.model.image_size[1]);
+      if (d.cache_mb > 0 && d.cache_short_side < input_side)
+        RN_LOG_WARN(
+            "data.cache_short_side {} is below the model's input of {}x{}: cached training images are smaller than a "
+            "crop and get upsampled (set data.cache_short_side={} or more)",
+            d.cache_short_side, cfg.model.image_size[0], cfg.model.image_size[1], input_side);
       loaders.train = std::make_unique<DataLoader>(train, train_augment(cfg), lo);
       DataLoaderOptions vo = val_options(lo);
       vo.trace = nullptr;

@@ -162,5 +162,24 @@ TEST(ImageFolderClasses, RunsRecordTheirClassesForEval) {
   EXPECT_NE(capture.text().find("class names are not recorded"), std::string::npos) << capture.text();
 }
 
+// The cache serves training only: validation (and eval) figures must not depend on it, and a
+// cache whose images are smaller than the model's input is said.
+TEST(ImageFolderCache, ValidationReadsPastTheCache) {
+  TestDir dir;
+  test::write_image_folder(dir.path() / "data/train", 3, 2);
+  test::write_image_folder(dir.path() / "data/val", 3, 1);
+  Config cfg = folder_config(dir.file("data"), dir.file("run"));
+  cfg.data.cache_mb = 4;
+  cfg.data.cache_short_side = 8;  // below the 16x16 input
+  cfg.validate();
+  LogCapture log;
+  const Loaders l = make_loaders(cfg, DType::f32, Layout::nhwc);
+  EXPECT_EQ(l.train->options().cache_bytes, size_t{4} << 20);
+  EXPECT_EQ(l.val->options().cache_bytes, 0u);
+  EXPECT_EQ(make_val_loader(cfg, DType::f32, Layout::nhwc)->options().cache_bytes, 0u);
+  EXPECT_NE(log.text().find("data.cache_short_side 8 is below the model's input of 16x16"), std::string::npos)
+      << log.text();
+}
+
 }  // namespace
 }  // namespace rn
