@@ -38,10 +38,28 @@ PipelineVerdict analyse_pipeline(const PipelineSpan& s, double threshold) {
   v.input_bound = v.wait_share > threshold;
   if (v.input_bound) {
     v.factor = v.loader_rate > 0 ? v.step_rate / v.loader_rate : 0;
-    v.text = fmt::format(
-        "input-bound: {:.1f}% of the time waiting for data; the loader makes at most {:.0f} img/s with {} workers, "
-        "the step takes {:.0f} img/s, so input must get {:.2f}x faster (more workers, packed shards, the cache)",
-        100 * v.wait_share, v.loader_rate, s.workers, v.step_rate, std::max(v.factor, 1.0));
+    const std::string waiting = fmt::format("input-bound: {:.1f}% of the time waiting for data; ", 100 * v.wait_share);
+    if (s.workers == 0) {
+      // The training thread loads every batch itself: the wait is the loading, whatever its speed.
+      v.text = waiting + fmt::format(
+                             "with data.workers=0 the training thread loads every batch itself ({:.0f} img/s, the "
+                             "step takes {:.0f} img/s): set data.workers to load while the step runs",
+                             v.loader_rate, v.step_rate);
+    } else if (v.factor <= 1) {
+      // Fast enough on paper, yet waited for: the rate counts busy time only, so the workers
+      // were waiting for a core, or the queue was too short to cover the start or a slow batch.
+      v.text = waiting + fmt::format(
+                             "the loader's {} workers could make {:.0f} img/s, {:.2f}x what the step takes ({:.0f} "
+                             "img/s), so their speed is not the cause: they are short of cores (data.workers plus "
+                             "run.threads above the cores), data.prefetch is too small to cover a slow batch, or the "
+                             "span is too short to hide filling the queue",
+                             s.workers, v.loader_rate, v.step_rate > 0 ? v.loader_rate / v.step_rate : 0, v.step_rate);
+    } else {
+      v.text = waiting + fmt::format(
+                             "the loader makes at most {:.0f} img/s with {} workers, the step takes {:.0f} img/s, so "
+                             "input must get {:.2f}x faster (more workers, packed shards, the cache)",
+                             v.loader_rate, s.workers, v.step_rate, v.factor);
+    }
   } else {
     v.factor = v.step_rate > 0 ? v.loader_rate / v.step_rate : 0;
     v.text = fmt::format(

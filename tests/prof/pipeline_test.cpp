@@ -1,0 +1,57 @@
+// The pipeline verdict names the cause it can see: a loader slower than the step, the training
+// thread loading by itself (data.workers=0), or workers fast enough yet waited for.
+#include "prof/pipeline.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace rn {
+namespace {
+
+// 100 images; the workers busy `busy` seconds in all; the step 1 s of compute; `wait` s waited.
+PipelineSpan span(int workers, double busy, double wait) {
+  PipelineSpan s;
+  s.workers = workers;
+  s.loader.samples = 100;
+  s.loader.batches = 10;
+  s.loader.decode = busy;
+  s.compute = 1.0;
+  s.wait = wait;
+  s.wall = s.compute + s.wait;
+  return s;
+}
+
+bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+TEST(PipelineVerdict, ASlowLoaderMustGetFaster) {
+  const PipelineVerdict v = analyse_pipeline(span(2, 8.0, 3.0));  // 25 img/s against 100
+  EXPECT_TRUE(v.input_bound);
+  EXPECT_DOUBLE_EQ(v.factor, 4.0);
+  EXPECT_TRUE(has(v.text, "input must get 4.00x faster")) << v.text;
+}
+
+TEST(PipelineVerdict, NoWorkersIsNamedAsTheCause) {
+  const PipelineVerdict v = analyse_pipeline(span(0, 0.1, 0.1));  // 1000 img/s, loaded in line
+  EXPECT_TRUE(v.input_bound);
+  EXPECT_TRUE(has(v.text, "with data.workers=0 the training thread loads every batch itself")) << v.text;
+  EXPECT_FALSE(has(v.text, "faster")) << v.text;
+}
+
+TEST(PipelineVerdict, FastWorkersThatAreWaitedForAreNotToldToGetFaster) {
+  const PipelineVerdict v = analyse_pipeline(span(4, 0.4, 0.2));  // 1000 img/s against 100
+  EXPECT_TRUE(v.input_bound);
+  EXPECT_TRUE(has(v.text, "10.00x what the step takes")) << v.text;
+  EXPECT_TRUE(has(v.text, "short of cores")) << v.text;
+  EXPECT_FALSE(has(v.text, "must get")) << v.text;
+}
+
+TEST(PipelineVerdict, LittleWaitingIsComputeBound) {
+  const PipelineVerdict v = analyse_pipeline(span(2, 0.5, 0.01));
+  EXPECT_FALSE(v.input_bound);
+  EXPECT_TRUE(has(v.text, "compute-bound")) << v.text;
+  EXPECT_DOUBLE_EQ(v.factor, 4.0);  // 400 img/s against 100
+}
+
+}  // namespace
+}  // namespace rn
