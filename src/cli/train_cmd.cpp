@@ -85,8 +85,12 @@ std::vector<std::string> data_sets(const std::string& path, bool has_config) {
   if (path.empty()) return {};
   std::vector<std::string> sets = imagenet_input_sets();
   sets.push_back("data.root=" + path);
-  if (const int64_t classes = count_classes(path); !has_config && classes > 0)
-    sets.push_back("model.num_classes=" + std::to_string(classes));
+  const int64_t classes = count_classes(path);
+  // Said here, not as a model.num_classes=1 the user never wrote.
+  RN_CHECK(classes != 1) << "--data " << path
+                         << ": the training images are all of one class (one class folder), and a classifier needs "
+                            "at least 2; give the folder above the class folders";
+  if (!has_config && classes > 0) sets.push_back("model.num_classes=" + std::to_string(classes));
   return sets;
 }
 
@@ -139,7 +143,9 @@ void check_weights_exist(const std::string& path, const char* what) {
 
 // torchvision's setting for one of its ImageNet ResNets: 224x224 RGB photos (resized to 256
 // for evaluation) with ImageNet's mean and std, from an image folder.
-std::vector<std::string> torchvision_sets(const std::string& model, int64_t num_classes) {
+std::vector<std::string> torchvision_sets(const std::string& model, int64_t num_classes, const std::string& source) {
+  RN_CHECK(num_classes >= 2) << source << " holds a " << model << " whose classifier has " << num_classes
+                             << " output; resnet.cpp's classifiers have at least 2 classes";
   std::vector<std::string> sets = {"model.name=" + model, "model.num_classes=" + std::to_string(num_classes),
                                    "model.image_size=224", "data.augment.eval_resize=256"};
   const std::vector<std::string> imagenet = imagenet_input_sets();
@@ -176,7 +182,13 @@ Config config_for_weights(const EvalArgs& a, bool* recorded = nullptr) {
           "{} records no config; its tensors are torchvision's {} with {} classes: using torchvision's "
           "224x224 RGB input and ImageNet's mean and std (--set changes any of it)",
           a.weights, tv->name, tv->num_classes);
-      sets = torchvision_sets(tv->name, tv->num_classes);
+      sets = torchvision_sets(tv->name, tv->num_classes, a.weights);
+    } else {
+      // Not the built-in Fashion-MNIST recipe's resnet20, which the user never named.
+      RN_FAIL() << a.weights
+                << " records no config and its tensors are not one of torchvision's ResNets: say which model they "
+                   "are for with --config, or --set model.name=... (and model.num_classes, model.in_channels, "
+                   "model.image_size as the weights need)";
     }
   }
   sets.insert(sets.end(), a.sets.begin(), a.sets.end());
@@ -199,6 +211,15 @@ int run_eval(const EvalArgs& a) {
   Config cfg = config_for_weights(a, &recorded);
   set_host_threads(static_cast<int>(cfg.run.threads));
   if (!a.data.empty()) {
+    // A model trained on IDX files (Fashion-MNIST) reads IDX files: an image folder does not fit it.
+    const std::string idx =
+        cfg.data.dataset == DatasetKind::fashion_mnist ? fashion_mnist_images_path(a.data, Split::test) : "";
+    std::error_code ec;
+    RN_CHECK(idx.empty() || std::filesystem::exists(idx, ec))
+        << "resnet eval: " << a.weights << " is a model of Fashion-MNIST's " << cfg.model.in_channels << "-channel "
+        << cfg.model.image_size[0] << "x" << cfg.model.image_size[1] << " images, read from IDX files, and --data "
+        << a.data << " has none (" << idx
+        << "): give the folder of the IDX files, or weights trained on images like those in " << a.data;
     cfg.data.root = a.data;
   } else if (!recorded && a.config.empty() && cfg.data.dataset == DatasetKind::imagefolder) {
     RN_FAIL() << "resnet eval: " << a.weights
@@ -358,6 +379,22 @@ int run_import(const ImportArgs& a) {
   check_weights_exist(a.source, "resnet import:");
   std::string model_name = a.model;
   std::optional<TorchvisionResnet> tv;
+  // A resnet.cpp weights file or checkpoint carries its config: that is the model, unless told
+  // otherwise.
+  std::string embedded;
+  if (model_name.empty() && a.config.empty() && !sets_key(a.sets, "model.name") && !is_pytorch_file(a.source)) {
+    const SafetensorsFile f = SafetensorsFile::load(a.source);
+    if (auto it = f.metadata().find("config_yaml"); it != f.metadata().end()) embedded = it->second;
+  }
+  if (!embedded.empty()) {
+    const Config cfg = load_config_from_string(embedded, a.sets, a.source + " (embedded config)");
+    Model model(build_model(cfg.model.name, model_options(cfg.model)));
+    const PretrainedLoad r = load_pretrained(a.source, model);
+    save_weights(a.out, model, cfg.to_yaml());
+    fmt::print("imported {} into {}: {} as its embedded config describes it, {}\n", a.source, a.out, cfg.model.name,
+               r.summary());
+    return 0;
+  }
   if (model_name.empty() && a.config.empty() && !sets_key(a.sets, "model.name")) {
     tv = torchvision_resnet_in(a.source);
     RN_CHECK(tv) << "resnet import: " << a.source
@@ -374,7 +411,7 @@ int run_import(const ImportArgs& a) {
                                                     "resnet101", "resnet152", "resnet50_gdw"};
     if (kImageNet.count(model_name)) {
       if (!tv && model_name != "resnet50_gdw") tv = torchvision_resnet_in(a.source);
-      sets = torchvision_sets(model_name, tv && tv->name == model_name ? tv->num_classes : 1000);
+      sets = torchvision_sets(model_name, tv && tv->name == model_name ? tv->num_classes : 1000, a.source);
     } else {
       sets.push_back("model.name=" + model_name);
     }

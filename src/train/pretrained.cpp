@@ -235,8 +235,16 @@ PretrainedLoad load_pretrained(const std::string& path, Model& model, const std:
     const bool only_fc =
         missing.empty() && unknown.empty() &&
         std::all_of(wrong.begin(), wrong.end(), [](const std::string& w) { return w.starts_with("'fc."); });
-    if (fc_mismatch && only_fc)
-      msg += ". To start from these weights with a new classifier, leave it out: model.pretrained_exclude=[fc]";
+    if (fc_mismatch && only_fc) {
+      // Both ways out: a new classifier for training, or the file's own class count.
+      const auto fc = src.find("fc.weight");
+      msg +=
+          ". To train from these weights with a new classifier, leave it out: model.pretrained_exclude=[fc] "
+          "(beside model.pretrained, in resnet train)";
+      if (fc != src.end() && !fc->second.shape.empty())
+        msg += fmt::format("; to use the file as it is, give the model its {} classes: model.num_classes={}",
+                           fc->second.shape[0], fc->second.shape[0]);
+    }
     RN_FAIL() << msg;
   }
 

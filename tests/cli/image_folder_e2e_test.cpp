@@ -163,5 +163,37 @@ TEST(ImageFolderE2E, TrainEvalAndBenchOnAGeneratedFolder) {
       << out;
 }
 
+// Data that cannot fit the model is named for what it is: one class folder is not a
+// model.num_classes=1 the user never wrote, and a Fashion-MNIST model is not sent to an image
+// folder to look for IDX files there.
+TEST(ImageFolderE2E, OneClassAndIdxModelsAreNamed) {
+  const fs::path root = fs::path(RN_BINARY_DIR) / "test_runs" / "imagefolder_misfits";
+  fs::remove_all(root);
+  make_dataset(root / "data", 2, 1);
+  fs::create_directories(root / "one");
+  fs::rename(root / "data" / "train" / "class1", root / "one" / "only");
+  std::string out;
+  EXPECT_NE(run("train --data " + (root / "one").string() + " --set run.out_dir=" + (root / "x").string(), &out), 0);
+  EXPECT_NE(out.find("are all of one class (one class folder), and a classifier needs at least 2"), std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("--set model.num_classes"), std::string::npos) << out;
+
+  // A Fashion-MNIST model (the built-in recipe), one step, then evaluated on an image folder.
+  ASSERT_EQ(run("train --max-steps 1 --set data.train_subset=64 --set data.val_subset=64 --set data.batch_size=32"
+                " --set run.threads=2 --set run.out_dir=" +
+                    (root / "fm").string(),
+                &out),
+            0)
+      << out;
+  fs::path weights;
+  for (const auto& e : fs::recursive_directory_iterator(root / "fm"))
+    if (e.path().extension() == ".safetensors") weights = e.path();
+  ASSERT_FALSE(weights.empty()) << out;
+  EXPECT_NE(run("eval --weights " + weights.string() + " --data " + (root / "data" / "val").string(), &out), 0);
+  EXPECT_NE(out.find("is a model of Fashion-MNIST's 1-channel 28x28 images, read from IDX files"), std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("install Debian's"), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace rn

@@ -36,6 +36,7 @@ class ImportCli : public ::testing::Test {
         "torch.save(m.state_dict(), 'r18.pth')\n"
         "torch.save(m, 'module.pth')\n"
         "torch.save(torchvision.models.resnet18(num_classes=5).state_dict(), 'r18_5.pth')\n"
+        "torch.save(torchvision.models.resnet18(num_classes=1).state_dict(), 'r18_1.pth')\n"
         "torch.save({'w': torch.zeros(2)}, 'other.pth')\n";
     const std::string cmd = "cd " + dir_.string() + " && " + python() + " -c \"" + script + "\" > make.log 2>&1";
     if (std::system(cmd.c_str()) != 0) GTEST_SKIP() << "torch/torchvision not usable by " << python();
@@ -91,6 +92,17 @@ TEST_F(ImportCli, TorchvisionResnetsAreRecognisedWithTheirClasses) {
     EXPECT_NE(yaml.find("num_classes: 5"), std::string::npos) << yaml;
     EXPECT_NE(yaml.find("image_size: [224, 224]"), std::string::npos) << yaml;
   }
+  // Our own weights file imports as its embedded config describes it (5 classes), not as
+  // torchvision's 1000-class setting or the built-in resnet20 recipe.
+  const fs::path again = dir_ / "again.safetensors";
+  ASSERT_EQ(resnet({"import", (dir_ / "r18_5.safetensors").string(), "--out", again.string()}), 0) << log();
+  EXPECT_NE(log().find("resnet18 as its embedded config describes it"), std::string::npos) << log();
+  EXPECT_NE(SafetensorsFile::load(again.string()).metadata().at("config_yaml").find("num_classes: 5"),
+            std::string::npos);
+  // A one-output classifier is named as such, not as a model.num_classes=1 the user never set.
+  EXPECT_EQ(resnet({"import", (dir_ / "r18_1.pth").string(), "--out", (dir_ / "one.safetensors").string()}), 1);
+  EXPECT_NE(log().find("r18_1.pth holds a resnet18 whose classifier has 1 output"), std::string::npos) << log();
+  EXPECT_EQ(log().find("--set model.num_classes"), std::string::npos) << log();
 }
 
 TEST_F(ImportCli, PickledModuleAndMisfitAreRefusedWithNothingWritten) {
@@ -125,6 +137,12 @@ TEST_F(ImportCli, PickledModuleAndMisfitAreRefusedWithNothingWritten) {
                        "--model resnet50"),
             std::string::npos)
       << log();
+  // Export of weights that are neither ours nor torchvision's: no built-in recipe stands in.
+  EXPECT_EQ(resnet({"export", "--weights", (dir_ / "other.pth").string(), "--out", out.string()}), 1);
+  EXPECT_NE(log().find("records no config and its tensors are not one of torchvision's ResNets: say which model"),
+            std::string::npos)
+      << log();
+  EXPECT_EQ(log().find("resnet20"), std::string::npos) << log();
   // Training from a file that does not fit stops before the first step, naming the way out.
   EXPECT_EQ(
       resnet({"train", "--set", "model.name=resnet18", "--set", "model.num_classes=10", "--set",
@@ -133,6 +151,7 @@ TEST_F(ImportCli, PickledModuleAndMisfitAreRefusedWithNothingWritten) {
               "--set", "data.mean=[0.5, 0.5, 0.5]", "--set", "data.std=[0.5, 0.5, 0.5]"}),
       1);
   EXPECT_NE(log().find("model.pretrained_exclude=[fc]"), std::string::npos) << log();
+  EXPECT_NE(log().find("give the model its 1000 classes: model.num_classes=1000"), std::string::npos) << log();
 }
 
 }  // namespace
