@@ -11,6 +11,8 @@
 #include <sstream>
 
 #include "core/check.h"
+#include "core/log.h"
+#include "data/shard_format.h"
 
 namespace rn {
 
@@ -88,6 +90,46 @@ void check_not_split_layout(const std::string& root, const std::vector<std::stri
 
 }  // namespace
 
+namespace {
+
+// The image files below `dir`, following links to folders as torchvision's ImageFolder does,
+// each as `prefix`/its path below `dir` as found: a link keeps its own name, not its target's.
+// `open` holds the real paths of the folders being walked, so that a link back to one of them
+// (a loop) is an error naming the link rather than a walk without end.
+void collect_images(const fs::path& dir, const fs::path& prefix, std::vector<fs::path>& open,
+                    std::vector<std::string>& files, const std::vector<std::pair<fs::path, std::string>>& class_dirs,
+                    const std::string& own_class) {
+  std::error_code ec;
+  fs::directory_iterator it(dir, ec);
+  RN_CHECK(!ec) << "cannot read the folder " << dir.string() << ": " << ec.message();
+  for (const fs::directory_iterator end; it != end; it.increment(ec)) {
+    RN_CHECK(!ec) << "cannot read the folder " << dir.string() << ": " << ec.message();
+    const fs::path path = it->path();
+    const fs::path rel = prefix / path.filename();
+    std::error_code sec;
+    const fs::file_status st = fs::status(path, sec);  // follows links; a dangling one is not found
+    if (fs::is_directory(st)) {
+      const fs::path real = fs::canonical(path, sec);
+      RN_CHECK(!sec) << "cannot follow " << path.string() << ": " << sec.message();
+      for (const fs::path& o : open)
+        RN_CHECK(o != real) << "the link " << path.string() << " leads back to " << real.string()
+                            << ", a folder it is in: the image folder would never end; remove the link";
+      if (fs::is_symlink(fs::symlink_status(path, sec)))
+        for (const auto& [class_dir, name] : class_dirs)
+          if (name != own_class && (real == class_dir || real.native().starts_with(class_dir.native() + "/")))
+            RN_LOG_WARN("the link {} leads into the class folder '{}': its images are labelled '{}' here as well",
+                        path.string(), name, own_class);
+      open.push_back(real);
+      collect_images(path, rel, open, files, class_dirs, own_class);
+      open.pop_back();
+    } else if (fs::is_regular_file(st) && is_image_file_name(path.filename().string())) {
+      files.push_back(rel.generic_string());
+    }
+  }
+}
+
+}  // namespace
+
 ImageFolderDataset::ImageFolderDataset(const std::string& root) : root_(root) {
   std::error_code ec;
   RN_CHECK(fs::exists(root, ec)) << "image folder " << root << " does not exist";
@@ -100,14 +142,29 @@ ImageFolderDataset::ImageFolderDataset(const std::string& root) : root_(root) {
                               << " has no class folders (expected root/<class>/<image files>, as torchvision's "
                                  "ImageFolder)";
   check_not_split_layout(root, classes_);
+  std::vector<std::pair<fs::path, std::string>> class_dirs;
+  for (const std::string& c : classes_) {
+    // torchvision's ImageFolder makes a class of a hidden folder too; it shifts every label
+    // after it, which is seldom what was meant.
+    if (c.starts_with("."))
+      RN_LOG_WARN(
+          "image folder {}: the hidden folder '{}' is a class (as in torchvision's ImageFolder), which moves the "
+          "labels of the classes after it; remove it unless it is one",
+          root, c);
+    const fs::path real = fs::canonical(fs::path(root) / c, ec);
+    if (!ec) class_dirs.emplace_back(real, c);
+  }
   for (size_t c = 0; c < classes_.size(); ++c) {
     std::vector<std::string> files;
     const fs::path dir = fs::path(root) / classes_[c];
-    for (const auto& entry : fs::recursive_directory_iterator(dir, fs::directory_options::follow_directory_symlink)) {
-      if (!entry.is_regular_file()) continue;
-      const std::string name = entry.path().filename().string();
-      if (is_image_file_name(name)) files.push_back(fs::relative(entry.path(), root).generic_string());
-    }
+    std::vector<fs::path> open = {fs::canonical(root, ec)};
+    const fs::path real = fs::canonical(dir, ec);
+    if (!ec) open.push_back(real);
+    collect_images(dir, fs::path(classes_[c]), open, files, class_dirs, classes_[c]);
+    // A packed split (resnet pack's output) beside others: the root holds packed splits.
+    RN_CHECK(!files.empty() || !fs::exists(dir / std::string(kShardManifestName), ec))
+        << "image folder " << root << " holds packed folders (" << dir.string() << " has " << kShardManifestName
+        << ", written by resnet pack), not class folders: give one of them, such as " << dir.string();
     RN_CHECK(!files.empty()) << "class folder " << dir.string()
                              << " has no image files (.jpg, .jpeg or .png in any case); remove it or add images";
     std::sort(files.begin(), files.end());

@@ -169,20 +169,28 @@ ImageFolderPaths image_folder_paths(const DataConfig& data) {
   ImageFolderPaths p;
   std::error_code ec;
   RN_CHECK(fs::is_directory(data.root, ec)) << "data.root '" << data.root << "' is not a folder";
+  // The validation split under its usual names; test/ is a test set, used only when named.
+  const auto val_under = [&](const fs::path& root) -> std::string {
+    for (const char* name : {"val", "validation", "valid"})
+      if (fs::is_directory(root / name, ec)) return (root / name).string();
+    return {};
+  };
   if (fs::is_directory(fs::path(data.root) / "train", ec)) {
     p.train = (fs::path(data.root) / "train").string();
-    p.val = (fs::path(data.root) / "val").string();
+    p.val = val_under(data.root);
   } else {
     p.train = data.root;
     // A root of splits without train/ (val/, perhaps test/: a test set kept in the dataset's
     // layout): evaluation reads val/; training from it stops on the image folder's split error.
     // A class that happens to be called "val" beside other classes stays a class.
-    bool only_splits = fs::is_directory(fs::path(data.root) / "val", ec);
+    const std::string val = val_under(data.root);
+    bool only_splits = !val.empty();
     for (fs::directory_iterator it(data.root, ec), end; only_splits && !ec && it != end; it.increment(ec)) {
       const std::string name = it->path().filename().string();
-      if (it->is_directory(ec) && name != "val" && name != "test") only_splits = false;
+      if (it->is_directory(ec) && name != "val" && name != "validation" && name != "valid" && name != "test")
+        only_splits = false;
     }
-    if (only_splits && !ec) p.val = (fs::path(data.root) / "val").string();
+    if (only_splits && !ec) p.val = val;
   }
   if (!data.val_root.empty()) p.val = data.val_root;
   if (p.val.empty() || !fs::exists(p.val, ec)) {
@@ -262,11 +270,17 @@ Loaders make_loaders(const Config& cfg, DType dtype, Layout layout, std::shared_
       loaders.classes = d.classes.empty() ? train->classes() : d.classes;
       train = subset(labelled_by(std::move(train), loaders.classes, false, "training data"), d.train_subset,
                      cfg.run.seed, "data.train_subset");
-      if (paths.val_is_train)
+      if (paths.val_is_train) {
+        std::error_code ec;
+        const fs::path test = fs::path(d.root) / "test";
         RN_LOG_WARN(
-            "no validation folder ({} has no val/ and data.val_root is empty): evaluating on the training "
-            "images",
-            d.root);
+            "no validation folder ({} has no val/, validation/ or valid/ and data.val_root is empty): evaluating on "
+            "the training images{}",
+            d.root,
+            paths.train != d.root && fs::is_directory(test, ec)
+                ? fmt::format(" (to evaluate on its test set: data.val_root={})", test.string())
+                : std::string());
+      }
       const bool val_list = !paths.val_is_train && !d.val_list.empty();
       auto val = subset(labelled_by(open_image_dataset(paths.val, val_list ? d.val_list : ""), loaders.classes,
                                     val_list, "the validation data"),

@@ -24,8 +24,8 @@ namespace rn {
 std::shared_ptr<const EncodedDataset> open_image_dataset(const std::string& path, const std::string& list_file = "");
 
 // The training and validation folders of an imagefolder config: root/train and root/val
-// when root has a train/ folder; else root itself for training, and data.val_root (or the
-// training folder, with a warning) for validation.
+// (or root/validation, root/valid) when root has a train/ folder; else root itself for training, and data.val_root (or
+// the training folder, with a warning) for validation.
 struct ImageFolderPaths {
   std::string train, val;
   bool val_is_train = false;

@@ -151,6 +151,62 @@ TEST(ImageFolder, ARootOfSplitsIsNotAnImageFolder) {
   EXPECT_EQ(ImageFolderDataset((dir.path() / "named").string()).classes(), (std::vector<std::string>{"test"}));
 }
 
+// Links are followed as torchvision's ImageFolder follows them, but a file keeps the name it is
+// found under (the link's, in the folder that gives its label); a link back up is a loop named
+// as such, not a filesystem error 40 levels deep; a link into another class folder and a hidden
+// class folder are said.
+TEST(ImageFolder, LinksKeepTheirNamesAndLoopsAreNamed) {
+  TestDir dir;
+  make_folder(dir.path() / "root", 2, 1);
+  const fs::path root = dir.path() / "root";
+  fs::create_symlink(root / "class_0" / "img_0.JPEG", root / "class_1" / "link.jpg");
+  {
+    LogCapture log;
+    ImageFolderDataset ds(root.string());
+    std::vector<std::string> paths;
+    for (int64_t i = 0; i < ds.size(); ++i) paths.push_back(ds.relative_path(i));
+    EXPECT_EQ(paths, (std::vector<std::string>{"class_0/img_0.JPEG", "class_1/img_0.JPEG", "class_1/link.jpg"}));
+    EXPECT_EQ(ds.source(2), (root / "class_1" / "link.jpg").string());
+    EXPECT_EQ(log.text().find("warning"), std::string::npos) << log.text();
+  }
+  // A folder link into another class: its images are labelled twice, and that is said.
+  fs::create_directory_symlink(root / "class_0", root / "class_1" / "more");
+  {
+    LogCapture log;
+    ImageFolderDataset ds(root.string());
+    EXPECT_EQ(ds.relative_path(ds.size() - 1), "class_1/more/img_0.JPEG");
+    EXPECT_NE(log.text().find("leads into the class folder 'class_0': its images are labelled 'class_1' here as well"),
+              std::string::npos)
+        << log.text();
+  }
+  fs::remove(root / "class_1" / "more");
+  fs::create_directory_symlink("..", root / "class_0" / "up");
+  const std::string e = error_of([&] { ImageFolderDataset(root.string()); });
+  EXPECT_NE(e.find("the link " + (root / "class_0" / "up").string() + " leads back to"), std::string::npos) << e;
+  EXPECT_NE(e.find("remove the link"), std::string::npos) << e;
+  fs::remove(root / "class_0" / "up");
+  // A hidden folder is a class, as in torchvision, and that is said.
+  make_folder(dir.path() / "hidden", 2, 1);
+  fs::rename(dir.path() / "hidden" / "class_1", dir.path() / "hidden" / ".ipynb_checkpoints");
+  LogCapture log;
+  EXPECT_EQ(ImageFolderDataset((dir.path() / "hidden").string()).classes(),
+            (std::vector<std::string>{".ipynb_checkpoints", "class_0"}));
+  EXPECT_NE(log.text().find("the hidden folder '.ipynb_checkpoints' is a class"), std::string::npos) << log.text();
+}
+
+// A root of packed splits (resnet pack's output for train/ and val/) is named as such, not told
+// to remove a class folder without images.
+TEST(ImageFolder, ARootOfPackedSplitsIsNamed) {
+  TestDir dir;
+  for (const char* split : {"train", "val"}) {
+    fs::create_directories(dir.path() / "packs" / split);
+    write_bytes(dir.path() / "packs" / split / "dataset.json", {'{', '}'});
+  }
+  const std::string e = error_of([&] { ImageFolderDataset((dir.path() / "packs").string()); });
+  EXPECT_NE(e.find("holds packed folders"), std::string::npos) << e;
+  EXPECT_EQ(e.find("remove it"), std::string::npos) << e;
+}
+
 TEST(ImageFolder, ListFileWithErrorsNamingTheLine) {
   TestDir dir;
   make_folder(dir.path() / "root", 2, 2);

@@ -181,5 +181,25 @@ TEST(ImageFolderCache, ValidationReadsPastTheCache) {
       << log.text();
 }
 
+// validation/ and valid/ are the validation split as val/ is; a test/ beside train/ is only
+// named in the warning (a test set is not for choosing checkpoints).
+TEST(ImageFolderPaths, ValidationFolderNamesAndTheTestSetHint) {
+  TestDir dir;
+  test::write_image_folder(dir.path() / "data/train", 3, 2);
+  test::write_image_folder(dir.path() / "data/validation", 3, 1);
+  Config cfg = folder_config(dir.file("data"), dir.file("run"));
+  EXPECT_EQ(image_folder_paths(cfg.data).val, (dir.path() / "data/validation").string());
+  fs::rename(dir.path() / "data/validation", dir.path() / "data/valid");
+  EXPECT_EQ(image_folder_paths(cfg.data).val, (dir.path() / "data/valid").string());
+  fs::rename(dir.path() / "data/valid", dir.path() / "data/test");
+  EXPECT_TRUE(image_folder_paths(cfg.data).val_is_train);
+  LogCapture log;
+  make_loaders(cfg, DType::f32, Layout::nhwc);
+  EXPECT_NE(log.text().find("evaluating on the training images (to evaluate on its test set: data.val_root=" +
+                            (dir.path() / "data/test").string() + ")"),
+            std::string::npos)
+      << log.text();
+}
+
 }  // namespace
 }  // namespace rn
