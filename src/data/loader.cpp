@@ -284,7 +284,9 @@ int DataLoader::load_encoded(int64_t index, Rng& rng, uint8_t* out, int32_t* cro
     times.augment += seconds_since(t);
     return label;
   } catch (const Error& e) {
-    throw Error(encoded_->source(index) + ": " + e.what());
+    // Named once: the dataset's own read errors already start with the sample's source.
+    const std::string source = encoded_->source(index), what = e.what();
+    throw Error(what.starts_with(source + ":") ? what : source + ": " + what);
   }
 }
 

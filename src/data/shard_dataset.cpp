@@ -100,7 +100,8 @@ void ShardDataset::open_shard(size_t s) {
 
 std::string ShardDataset::source(int64_t index) const {
   const Record& r = records_[static_cast<size_t>(index)];
-  return manifest_.shards[r.shard].tar + ":" + std::string(key_of(r));
+  // The folder too: train/ and val/ of one pack each have a shard-00000.tar, with the same keys.
+  return (std::filesystem::path(dir_) / manifest_.shards[r.shard].tar).string() + ":" + std::string(key_of(r));
 }
 
 int ShardDataset::read(int64_t index, EncodedImage& out) const {

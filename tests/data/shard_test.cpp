@@ -13,8 +13,10 @@
 #include <vector>
 
 #include "core/check.h"
+#include "data/augment.h"
 #include "data/image_folder.h"
 #include "data/image_folder_files.h"
+#include "data/loader.h"
 #include "data/shard_dataset.h"
 #include "data/shard_format.h"
 #include "data/shard_index.h"
@@ -89,7 +91,7 @@ TEST_F(ShardTest, PackThenReadKeepsBytesLabelsClassesAndChecksums) {
         << "record " << i << " must hold the source file's bytes unchanged";
     EXPECT_EQ(shards.key(i), "class_" + std::to_string(i / 4) + "/img_" + std::to_string(i % 4));
   }
-  EXPECT_EQ(shards.source(6), "shard-00001.tar:class_1/img_2");
+  EXPECT_EQ(shards.source(6), dir_.file("out/shard-00001.tar") + ":class_1/img_2");
 }
 
 TEST_F(ShardTest, AFlippedByteIsAChecksumErrorNamingShardAndKey) {
@@ -111,6 +113,26 @@ TEST_F(ShardTest, AFlippedByteIsAChecksumErrorNamingShardAndKey) {
   expect_error([&] { shards.read(7, image); }, {"shard-00001.tar:" + rec.key, "checksum mismatch"});
   const ShardDataset unchecked(dir_.file("out"), ShardDatasetOptions{.verify_checksums = false});
   EXPECT_NO_THROW(unchecked.read(7, image));
+  // Through a loader the record is named once, with its folder (train/ and val/ of one pack
+  // each have a shard-00001.tar).
+  DataLoaderOptions lo;
+  lo.batch_size = 12;
+  lo.workers = 0;
+  lo.dtype = DType::u8;
+  lo.layout = Layout::nhwc;
+  lo.bad_files = BadFilePolicy::error;
+  RandomResizedCropOptions ro;
+  ro.height = ro.width = 8;
+  DataLoader loader(std::make_shared<ShardDataset>(dir_.file("out")), std::make_shared<RandomResizedCrop>(ro), lo);
+  loader.start_epoch(0);
+  try {
+    loader.next();
+    ADD_FAILURE() << "the corrupt record was read";
+  } catch (const Error& e) {
+    const std::string what = e.what(), source = dir_.file("out/shard-00001.tar") + ":" + rec.key;
+    EXPECT_NE(what.find(source + ": checksum mismatch"), std::string::npos) << what;
+    EXPECT_EQ(what.find(source), what.rfind(source)) << "named twice: " << what;
+  }
 }
 
 TEST_F(ShardTest, RawRecordsAreNpyAndDecodeToTheSamePixels) {
