@@ -153,6 +153,10 @@ ShardManifest parse_shard_manifest(std::string_view text, const std::string& fil
       m.raw = p.value("raw", false);
       m.records_per_shard = integer(p, "records_per_shard", 0, INT64_MAX, 0);  // as given to `resnet pack`
       m.skipped = integer(p, "skipped", 0, kJsonMaxCount, 0);
+      const std::string labels = p.value("labels", "names");
+      RN_CHECK(labels == "names" || labels == "positions")
+          << file << ": 'pack.labels' is '" << labels << "', expected 'names' or 'positions'";
+      m.labels_are_positions = labels == "positions";
     }
   } catch (const nlohmann::json::exception& e) {
     RN_FAIL() << file << ": malformed manifest: " << e.what();
@@ -174,7 +178,8 @@ std::string format_shard_manifest(const ShardManifest& m) {
                {"quality", m.quality},
                {"raw", m.raw},
                {"records_per_shard", m.records_per_shard},
-               {"skipped", m.skipped}};
+               {"skipped", m.skipped},
+               {"labels", m.labels_are_positions ? "positions" : "names"}};
   return j.dump(1) + "\n";
 }
 

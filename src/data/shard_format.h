@@ -58,6 +58,9 @@ struct ShardManifest {
   bool raw = false;
   int64_t records_per_shard = 0;
   int64_t skipped = 0;
+  // Packed from a list file ("relative/path label"): the classes are the label numbers, and a
+  // reader matches them to a model's classes by position, as it does the list's labels.
+  bool labels_are_positions = false;
 };
 
 // Parses dataset.json's text; errors name `file` (and the JSON line and column).

@@ -102,6 +102,10 @@ std::shared_ptr<const EncodedDataset> labelled_by(std::shared_ptr<const EncodedD
                                                   const std::vector<std::string>& classes, bool is_list,
                                                   const std::string& what) {
   if (classes.empty() || ds->classes() == classes) return ds;
+  // A pack of a list file keeps the list's labels: positions, not names.
+  if (const auto* shards = dynamic_cast<const ShardDataset*>(ds.get());
+      shards && shards->manifest().labels_are_positions)
+    is_list = true;
   if (is_list) {
     RN_CHECK(ds->classes().size() <= classes.size())
         << what << " " << ds->name() << " has labels up to " << ds->classes().size() - 1 << " but data.classes names "
