@@ -595,8 +595,15 @@ class ZipReader {
     if (src != nullptr) za_.z = zip_open_from_source(src, ZIP_RDONLY, &err);
     if (za_.z == nullptr) {
       const std::string msg = zip_error_strerror(&err);
+      const int code = zip_error_code_zip(&err);
       if (src != nullptr) zip_source_free(src);
       zip_error_fini(&err);
+      // It begins as a zip (a local file header) but has no end record: the tail is missing.
+      const bool begins_as_zip = bytes.size() >= 4 && std::memcmp(bytes.data(), "PK\x03\x04", 4) == 0;
+      RN_CHECK(!(begins_as_zip && (code == ZIP_ER_NOZIP || code == ZIP_ER_INCONS)))
+          << "PyTorch file '" << what_ << "': truncated or damaged: it begins as a zip archive but its end (the "
+          << "central directory) is missing or wrong after " << bytes.size()
+          << " bytes: was the download or copy cut short? (" << msg << ")";
       RN_FAIL() << "PyTorch file '" << what_ << "': not a readable zip archive: " << msg;
     }
     zip_error_fini(&err);

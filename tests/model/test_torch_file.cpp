@@ -153,6 +153,9 @@ TEST_F(TorchFile, EveryTruncationIsAnErrorNotACrash) {
       SCOPED_TRACE(std::string(name) + " cut to " + std::to_string(n));
       const std::string e = error_of([&] { parse_torch_state_dict(std::span(b.data(), n), "cut.pth"); });
       EXPECT_NE(e.find("PyTorch file 'cut.pth'"), std::string::npos) << e;
+      // A zip whose end is cut off is named as truncated, not as "not a zip archive".
+      if (std::string(name) == "zip.pth" && n >= b.size() / 2)
+        EXPECT_NE(e.find("truncated or damaged: it begins as a zip archive but its end"), std::string::npos) << e;
     }
   }
 }
