@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -195,15 +196,37 @@ Config config_for_weights(const EvalArgs& a, bool* recorded = nullptr) {
   return load_config("", sets);
 }
 
+// Weights holding a NaN or an infinity give a model whose every output is NaN: said when such
+// weights are loaded, converted or exported, naming the first few tensors.
+void warn_non_finite(const Model& model, const std::string& source) {
+  std::vector<std::string> bad;
+  for (const std::string& name : model.names()) {
+    Tensor t = model.named(name);
+    const float* p = t.ptr<float>();
+    int64_t n = 0;
+    for (int64_t i = 0; i < t.numel(); ++i) n += std::isfinite(p[i]) ? 0 : 1;
+    if (n > 0) bad.push_back(fmt::format("'{}' ({} of {} values)", name, n, t.numel()));
+  }
+  if (bad.empty()) return;
+  const size_t shown = std::min<size_t>(bad.size(), 4);
+  RN_LOG_WARN(
+      "{}: {} tensor{} hold{} values that are not finite (NaN or infinity): {}{}; the model's outputs will be "
+      "NaN",
+      source, bad.size(), bad.size() == 1 ? "" : "s", bad.size() == 1 ? "s" : "",
+      fmt::join(bad.begin(), bad.begin() + static_cast<std::ptrdiff_t>(shown), ", "),
+      bad.size() > shown ? ", ..." : "");
+}
+
 // Our checkpoints and weights files; a PyTorch state dict through the same strict load as
 // model.pretrained.
 void load_model_weights(const std::string& path, Model& model) {
   if (is_pytorch_file(path)) {
     const PretrainedLoad r = load_pretrained(path, model);
     RN_LOG_INFO("{}: {}", path, r.summary());
-    return;
+  } else {
+    load_weights(path, model);
   }
-  load_weights(path, model);
+  warn_non_finite(model, path);
 }
 
 int run_eval(const EvalArgs& a) {
@@ -390,6 +413,7 @@ int run_import(const ImportArgs& a) {
     const Config cfg = load_config_from_string(embedded, a.sets, a.source + " (embedded config)");
     Model model(build_model(cfg.model.name, model_options(cfg.model)));
     const PretrainedLoad r = load_pretrained(a.source, model);
+    warn_non_finite(model, a.source);
     save_weights(a.out, model, cfg.to_yaml());
     fmt::print("imported {} into {}: {} as its embedded config describes it, {}\n", a.source, a.out, cfg.model.name,
                r.summary());
@@ -420,6 +444,7 @@ int run_import(const ImportArgs& a) {
   const Config cfg = load_config(a.config, sets);
   Model model(build_model(cfg.model.name, model_options(cfg.model)));
   const PretrainedLoad r = load_pretrained(a.source, model);
+  warn_non_finite(model, a.source);
   save_weights(a.out, model, cfg.to_yaml());
   fmt::print("imported {} into {}: {}, {}", a.source, a.out, cfg.model.name, r.summary());
   if (r.ignored > 0) fmt::print("; {} tensor(s) not needed (BN counters, optimizer state)", r.ignored);

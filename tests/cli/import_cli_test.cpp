@@ -37,6 +37,9 @@ class ImportCli : public ::testing::Test {
         "torch.save(m, 'module.pth')\n"
         "torch.save(torchvision.models.resnet18(num_classes=5).state_dict(), 'r18_5.pth')\n"
         "torch.save(torchvision.models.resnet18(num_classes=1).state_dict(), 'r18_1.pth')\n"
+        "sd = torchvision.models.resnet18(num_classes=5).state_dict()\n"
+        "sd['fc.weight'][0, 0] = float('nan')\n"
+        "torch.save(sd, 'r18_nan.pth')\n"
         "torch.save({'w': torch.zeros(2)}, 'other.pth')\n";
     const std::string cmd = "cd " + dir_.string() + " && " + python() + " -c \"" + script + "\" > make.log 2>&1";
     if (std::system(cmd.c_str()) != 0) GTEST_SKIP() << "torch/torchvision not usable by " << python();
@@ -103,6 +106,12 @@ TEST_F(ImportCli, TorchvisionResnetsAreRecognisedWithTheirClasses) {
   EXPECT_EQ(resnet({"import", (dir_ / "r18_1.pth").string(), "--out", (dir_ / "one.safetensors").string()}), 1);
   EXPECT_NE(log().find("r18_1.pth holds a resnet18 whose classifier has 1 output"), std::string::npos) << log();
   EXPECT_EQ(log().find("--set model.num_classes"), std::string::npos) << log();
+  // Weights holding a NaN import (they are what the file holds), with a warning naming them.
+  ASSERT_EQ(resnet({"import", (dir_ / "r18_nan.pth").string(), "--out", (dir_ / "nan.safetensors").string()}), 0)
+      << log();
+  EXPECT_NE(log().find("1 tensor holds values that are not finite (NaN or infinity): 'fc.weight' (1 of 2560 values)"),
+            std::string::npos)
+      << log();
 }
 
 TEST_F(ImportCli, PickledModuleAndMisfitAreRefusedWithNothingWritten) {
