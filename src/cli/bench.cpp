@@ -331,12 +331,13 @@ Runner add_bench_command(CLI::App& app) {
   cmd->add_option("--data", d->path, "Benchmark the loader alone on this image folder (no model)");
   cmd->add_option("--workers", d->workers, "--data: loader threads (0: one per host thread)")
       ->check(non_negative_number());
-  cmd->add_option("--batches", d->batches, "--data: timed batches (0: one epoch)");
+  cmd->add_option("--batches", d->batches, "--data: timed batches (0: one epoch)")->check(non_negative_number());
   cmd->add_flag("--eval-transform", d->eval, "--data: resize + centre crop instead of RandomResizedCrop + flip");
   cmd->add_flag("--normalize", d->normalize, "--data: f32 NCHW batches (the CPU training path) instead of u8 NHWC");
   cmd->add_flag("!--no-dct-scaling", d->dct_scaling, "--data: decode JPEGs at full size");
   cmd->add_option("--cache-mb", d->cache_mb, "--data: decoded-image cache (MiB)")->check(non_negative_number());
-  cmd->add_option("--epochs", d->epochs, "--data: epochs to run; only the last is timed (fills the cache first)");
+  cmd->add_option("--epochs", d->epochs, "--data: epochs to run; only the last is timed (fills the cache first)")
+      ->check(positive_number());
   cmd->add_option("--trace", d->trace, "--data: write a Chrome trace of the loader here");
   return [cmd, a, d]() -> int {
     if (!cmd->parsed()) return -1;

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <memory>
 
+#include "cli/format.h"
 #include "core/check.h"
 #include "core/thread_pool.h"
 #include "data/augment.h"
@@ -17,6 +18,8 @@
 namespace rn::cli {
 
 int run_data_bench(const DataBenchArgs& a) {
+  // Checked before the work: a trace path that cannot be written fails now.
+  if (!a.trace.empty()) check_output_path(a.trace, "--trace");
   const int workers = a.workers > 0 ? a.workers : host_threads();
   auto dataset = open_image_dataset(a.path);
   std::shared_ptr<ImageAugment> augment;
@@ -89,9 +92,9 @@ int run_data_bench(const DataBenchArgs& a) {
         times.decode, times.augment, times.collate);
     return 0;
   }
-  fmt::print("{} | {} | {} workers | batch {} | {} | {} images in {:.2f} s | {:.1f} img/s | {:.1f} img/s per core\n",
-             dataset->name(), augment->name(), workers, a.batch, a.normalize ? "f32 NCHW" : "u8 NHWC", images, seconds,
-             rate, rate / workers);
+  fmt::print("{} | {} | {} worker{} | batch {} | {} | {} images in {:.2f} s | {:.1f} img/s | {:.1f} img/s per worker\n",
+             dataset->name(), augment->name(), workers, workers == 1 ? "" : "s", a.batch,
+             a.normalize ? "f32 NCHW" : "u8 NHWC", images, seconds, rate, rate / workers);
   PipelineSpan span;
   span.loader = times;
   span.workers = workers;

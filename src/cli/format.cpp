@@ -74,6 +74,9 @@ size_t parse_bytes(const std::string& text, const std::string& what) {
     if (unit == name) scale = s;
   RN_CHECK(used > 0 && scale > 0 && std::isfinite(v) && v > 0)
       << what << ": '" << text << "' is not a positive byte count (examples: 1073741824, 8G, 1.5GiB, 512MiB)";
+  // "1.5" without a unit is a byte and a half, surely meant as 1.5 GiB or so.
+  RN_CHECK(scale > 1 || v == std::floor(v))
+      << what << ": '" << text << "' is a fraction of a byte; give a unit (examples: 1.5GiB, 512MiB)";
   return static_cast<size_t>(v * scale);
 }
 

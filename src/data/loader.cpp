@@ -58,10 +58,12 @@ void DataLoader::init(const SampleGeometry&) {
   samples_per_epoch_ = end - begin;
   const int64_t bs = options.batch_size;
   batches_per_epoch_ = options.drop_last ? samples_per_epoch_ / bs : (samples_per_epoch_ + bs - 1) / bs;
-  RN_CHECK(batches_per_epoch_ >= 1) << dataset_->name() << " gives rank " << options.shard.rank << " of "
-                                    << options.shard.world_size << " " << samples_per_epoch_
-                                    << " samples per epoch, not one batch of " << bs
-                                    << (options.drop_last ? " (drop_last is on)" : "");
+  RN_CHECK(batches_per_epoch_ >= 1) << dataset_->name() << " has "
+                                    << (options.shard.world_size > 1
+                                            ? fmt::format("{} samples per epoch for rank {} of {}", samples_per_epoch_,
+                                                          options.shard.rank, options.shard.world_size)
+                                            : fmt::format("{} samples", samples_per_epoch_))
+                                    << ", fewer than one batch of " << bs << ": lower the batch size";
 
   // One slot more than the prefetch depth: the consumer holds one batch while the workers
   // fill `prefetch` others.

@@ -177,6 +177,15 @@ TEST(ImageFolderE2E, OneClassAndIdxModelsAreNamed) {
   EXPECT_NE(out.find("are all of one class (one class folder), and a classifier needs at least 2"), std::string::npos)
       << out;
   EXPECT_EQ(out.find("--set model.num_classes"), std::string::npos) << out;
+  // bench --data: a trace path that cannot be written fails before the work; --epochs 0 is refused.
+  EXPECT_NE(run("bench --data " + (root / "data" / "train").string() + " --batch 2 --trace " +
+                    (root / "nope" / "t.json").string(),
+                &out),
+            0);
+  EXPECT_NE(out.find("--trace '" + (root / "nope" / "t.json").string() + "': the folder"), std::string::npos) << out;
+  EXPECT_EQ(out.find("img/s"), std::string::npos) << out;
+  EXPECT_NE(run("bench --data " + (root / "data" / "train").string() + " --batch 2 --epochs 0", &out), 0);
+  EXPECT_NE(out.find("--epochs"), std::string::npos) << out;
 
   // A Fashion-MNIST model (the built-in recipe), one step, then evaluated on an image folder.
   ASSERT_EQ(run("train --max-steps 1 --set data.train_subset=64 --set data.val_subset=64 --set data.batch_size=32"

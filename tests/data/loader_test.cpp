@@ -187,7 +187,24 @@ TEST(DataLoader, DropLastOrKeepPartialBatch) {
 
   o.batch_size = 101;
   o.drop_last = true;
-  EXPECT_THROW(DataLoader(ds, train_transform(), o), Error);
+  try {
+    DataLoader(ds, train_transform(), o);
+    ADD_FAILURE() << "a loader without one whole batch";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("has 100 samples, fewer than one batch of 101: lower the batch size"),
+              std::string::npos)
+        << e.what();
+  }
+  o.shard = {1, 2, true};  // a rank's part of a data-parallel job
+  o.batch_size = 51;
+  try {
+    DataLoader(ds, train_transform(), o);
+    ADD_FAILURE() << "a loader without one whole batch";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("has 50 samples per epoch for rank 1 of 2, fewer than one batch of 51"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(DataLoader, ResumeMidEpochGivesTheSameBatches) {
