@@ -25,7 +25,8 @@ double GradRecord::total_weight_norm() const {
 
 double GradRecord::max_update_ratio() const {
   double m = 0;
-  for (const LayerGradStats& l : layers) m = std::max(m, l.update_ratio);
+  for (const LayerGradStats& l : layers)
+    if (std::isfinite(l.update_ratio)) m = std::max(m, l.update_ratio);
   return m;
 }
 
@@ -110,7 +111,11 @@ GradRecord collect_grad_stats(const Model& model, const float* before, double lo
     if (before) {
       const DistanceNorm d = distance_norm(before + v.offset, w + v.offset, v.numel);
       s.weight_norm = d.norm_a;
-      s.update_ratio = d.norm_a > 0 ? d.distance / d.norm_a : 0;
+      // Weights that were 0 (BN biases at the start) and moved have no finite ratio: infinity
+      // (null in grad_summary.jsonl, "n/a" in tables), not a 0 that reads as "not updated".
+      s.update_ratio = d.norm_a > 0     ? d.distance / d.norm_a
+                       : d.distance > 0 ? std::numeric_limits<double>::infinity()
+                                        : 0;
     } else {
       s.weight_norm = tensor_stats(w + v.offset, v.numel).norm();
     }

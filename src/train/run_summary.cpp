@@ -141,12 +141,19 @@ std::string summarize_grad_run(const std::vector<GradRecord>& all) {
   s += fmt::format("\n{:<36} {:>10} {:>11} {:>11} {:>11} {:>12} {:>7} {:>7}\n", "tensor", "numel", "|g| first",
                    "|g| last", "|w| last", "upd/w mean", "zero %", "inf/NaN");
   for (size_t i = a.layers.size(); i-- > 0;) {  // forward order: stem first
+    // The mean over the steps with a ratio: none where the weights were 0 before each step.
     double upd = 0;
-    for (const GradRecord* r : first_epoch) upd += r->layers[i].update_ratio;
+    int64_t steps = 0;
+    for (const GradRecord* r : first_epoch)
+      if (std::isfinite(r->layers[i].update_ratio)) {
+        upd += r->layers[i].update_ratio;
+        ++steps;
+      }
     const LayerGradStats& la = a.layers[i];
     const LayerGradStats& lz = z.layers[i];
-    s += fmt::format("{:<36} {:>10} {:>11.4e} {:>11.4e} {:>11.4e} {:>12.3e} {:>7.2f} {:>7}\n", la.name, la.grad.numel,
-                     la.grad.norm(), lz.grad.norm(), lz.weight_norm, upd / static_cast<double>(first_epoch.size()),
+    s += fmt::format("{:<36} {:>10} {:>11.4e} {:>11.4e} {:>11.4e} {:>12} {:>7.2f} {:>7}\n", la.name, la.grad.numel,
+                     la.grad.norm(), lz.grad.norm(), lz.weight_norm,
+                     steps > 0 ? fmt::format("{:.3e}", upd / static_cast<double>(steps)) : std::string("n/a"),
                      100 * lz.grad.fraction(lz.grad.zeros), lz.grad.infs + lz.grad.nans);
   }
   return s;

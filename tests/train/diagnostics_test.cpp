@@ -97,6 +97,22 @@ TEST(GradMonitor, StatisticsMatchHandComputedValues) {
   ASSERT_EQ(back.layers.size(), r->layers.size());
   EXPECT_DOUBLE_EQ(back.layers[0].grad.norm(), r->layers[0].grad.norm());
   EXPECT_EQ(back.layers[0].grad.hist, r->layers[0].grad.hist);
+  // Weights that were all 0 and moved have no ratio: infinity (null in the JSON, n/a in the
+  // summary), not a 0 that reads as "not updated"; the largest ratio leaves it out.
+  p[b->offset] = 0, p[b->offset + 1] = 0;
+  mon.before_step(10);
+  p[b->offset] = 0.5f;
+  const auto z = mon.after_step(0, 10, 2.0, true);
+  ASSERT_TRUE(z);
+  const nlohmann::json zj = nlohmann::json::parse(z->to_json().dump());  // as grad_summary.jsonl holds it
+  for (size_t i = 0; i < z->layers.size(); ++i) {
+    if (z->layers[i].name != "fc.bias") continue;
+    EXPECT_TRUE(std::isinf(z->layers[i].update_ratio));
+    EXPECT_TRUE(zj["layers"][i]["update_ratio"].is_null()) << zj.dump();
+  }
+  EXPECT_DOUBLE_EQ(z->max_update_ratio(), 0.0);  // fc.weight did not move this time
+  const std::string text = summarize_grad_run({*z});
+  EXPECT_NE(text.find("n/a"), std::string::npos) << text;
 }
 
 // K monitored steps of resnet20 on fixed synthetic batches; `perturb` scales one tensor's
