@@ -16,6 +16,7 @@
 #include "cli/commands.h"
 #include "cli/format.h"
 #include "core/build_info.h"
+#include "core/plural.h"
 #include "core/rng.h"
 #include "core/thread_pool.h"
 #include "model/memory_usage.h"
@@ -185,11 +186,11 @@ void print_result(const BenchSetup& s, MemoryLevel level, const BenchResult& r) 
         r.peak_resident, r.resident_growth, r.device_peak, a.sink, mode, nlohmann::json(build_description()).dump());
   } else {
     fmt::print(
-        "{} | {} | batch {} | {} ({}) | {} threads | memory {} | planned arena {}, total {} | measured arena "
+        "{} | {} | batch {} | {} ({}) | {} | memory {} | planned arena {}, total {} | measured arena "
         "high-water {}, peak RSS {} (+{}) | median step {:.3f} s | {:.2f} img/s ({} steps)\n",
-        a.model, s.policy.describe(), r.batch, s.backend.name(), mode, host_threads(), memory_level_name(level),
-        hb(r.planned.arena), hb(r.planned.total()), hb(r.arena.high_water), hb(r.peak_resident), hb(r.resident_growth),
-        r.median_step_s, r.batch / r.median_step_s, a.steps);
+        a.model, s.policy.describe(), r.batch, s.backend.name(), mode, counted(host_threads(), "thread"),
+        memory_level_name(level), hb(r.planned.arena), hb(r.planned.total()), hb(r.arena.high_water),
+        hb(r.peak_resident), hb(r.resident_growth), r.median_step_s, r.batch / r.median_step_s, a.steps);
   }
 }
 
@@ -334,7 +335,8 @@ Runner add_bench_command(CLI::App& app) {
   cmd->add_option("--batches", d->batches, "--data: timed batches (0: one epoch)")->check(non_negative_number());
   cmd->add_flag("--eval-transform", d->eval, "--data: resize + centre crop instead of RandomResizedCrop + flip");
   cmd->add_flag("--normalize", d->normalize, "--data: f32 NCHW batches (the CPU training path) instead of u8 NHWC");
-  cmd->add_flag("!--no-dct-scaling", d->dct_scaling, "--data: decode JPEGs at full size");
+  cmd->add_flag_callback(
+      "--no-dct-scaling", [d] { d->dct_scaling = false; }, "--data: decode JPEGs at full size");
   cmd->add_option("--cache-mb", d->cache_mb, "--data: decoded-image cache (MiB)")->check(non_negative_number());
   cmd->add_option("--epochs", d->epochs, "--data: epochs to run; only the last is timed (fills the cache first)")
       ->check(positive_number());

@@ -162,7 +162,8 @@ Runner add_summary_command(CLI::App& app) {
       ->required()
       ->expected(1, 2);
   cmd->add_option("--tolerance", a->tolerance, "Relative difference of norms that counts as divergence")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(positive_number());
   return [cmd, a]() -> int { return cmd->parsed() ? run_summary_cmd(*a) : -1; };
 }
 

@@ -64,6 +64,15 @@ void print_params(const Model& model, int64_t fusion_threshold) {
 }
 
 int run_info(const InfoArgs& a) {
+  // The device is checked before anything is printed; info also takes none (a dry plan).
+  std::optional<DeviceChoice> device;
+  if (a.device != "none") {
+    try {
+      device = device_from_name(a.device);
+    } catch (const Error&) {
+      RN_FAIL() << "--device '" << a.device << "': expected auto, cpu, ref, cuda or none (a dry plan)";
+    }
+  }
   ModelOptions o;
   parse_input_shape(a.input, &o.in_channels, &o.height, &o.width);
   o.num_classes = a.classes;
@@ -86,10 +95,10 @@ int run_info(const InfoArgs& a) {
   // A backend makes the kernels, so that the shared workspace is known; the plans allocate no
   // arena (PlanOptions::allocate), so planning costs no memory and any batch can be planned.
   std::unique_ptr<Backend> backend;
-  if (a.device != "none") {
+  if (device) {
     BackendOptions bo;
     bo.high_precision = a.high_precision;
-    backend = make_backend_for(device_from_name(a.device), bo);
+    backend = make_backend_for(*device, bo);
   }
   // Checked against the backend where there is one (fp16 on a CPU is refused with why).
   const PrecisionPolicy policy = backend ? make_precision_policy(pc, *backend) : intended_precision_policy(pc);

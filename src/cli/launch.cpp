@@ -81,7 +81,7 @@ std::vector<std::string> mpirun_command(const RankTable& t, const std::string& t
 
 Runner add_launch_command(CLI::App& app) {
   auto a = std::make_shared<LaunchArgs>();
-  CLI::App* cmd = app.add_subcommand("launch", "start a data-parallel job with mpirun as a rank table places it");
+  CLI::App* cmd = app.add_subcommand("launch", "Start a data-parallel job with mpirun as a rank table places it");
   cmd->add_option("--rank-table", a->rank_table, "JSON rank table (docs/distributed.md)")->required();
   cmd->add_option("--mpirun", a->mpirun, "the mpirun program");
   cmd->add_option("--mpirun-arg", a->mpirun_args, "one more argument for mpirun (repeatable)")->allow_extra_args(false);

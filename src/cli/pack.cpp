@@ -8,6 +8,7 @@
 
 #include "cli/commands.h"
 #include "cli/format.h"
+#include "core/plural.h"
 #include "data/image_folder.h"
 #include "data/shard_dataset.h"
 #include "data/shard_format.h"
@@ -91,13 +92,11 @@ int run_pack(const PackArgs& a) {
   o.progress = ProgressPrinter();
   const PackResult r = pack_shards(*src, o);
 
-  fmt::print(
-      "packed {} records into {} shard{} ({} records per shard, {} kept from an earlier run) in {:.1f} s, "
-      "{:.0f} records/s\n",
-      r.records, r.shards, r.shards == 1 ? "" : "s", r.records_per_shard, r.shards_reused, r.seconds,
-      r.records / std::max(r.seconds, 1e-9));
-  fmt::print("read {}, wrote {}; skipped {} unreadable images\n", human_bytes(static_cast<double>(r.bytes_in)),
-             human_bytes(static_cast<double>(r.bytes_out)), r.skipped);
+  fmt::print("packed {} into {} ({} per shard, {} kept from an earlier run) in {:.1f} s, {:.0f} records/s\n",
+             counted(r.records, "record"), counted(r.shards, "shard"), counted(r.records_per_shard, "record"),
+             r.shards_reused, r.seconds, r.records / std::max(r.seconds, 1e-9));
+  fmt::print("read {}, wrote {}; skipped {}\n", human_bytes(static_cast<double>(r.bytes_in)),
+             human_bytes(static_cast<double>(r.bytes_out)), counted(r.skipped, "unreadable image"));
   for (const auto& s : r.skipped_sources) fmt::print("  skipped {}\n", s);
   return 0;
 }

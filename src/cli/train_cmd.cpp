@@ -17,6 +17,7 @@
 #include "cli/format.h"
 #include "core/atomic_file.h"
 #include "core/log.h"
+#include "core/plural.h"
 #include "core/thread_pool.h"
 #include "data/encoded_dataset.h"
 #include "data/idx_dataset.h"
@@ -113,17 +114,17 @@ int run_train(const TrainArgs& a) {
   shutdown_world();  // every rank leaves MPI together
   if (!writer) return r.interrupted ? 130 : 0;
   if (r.final_eval.samples > 0)
-    fmt::print("final: top-1 {:.2f}%, top-5 {:.2f}%, loss {:.4f}; best top-1 {:.2f}%; {} steps in {:.1f} s; run {}\n",
-               100 * r.final_eval.top1, 100 * r.final_eval.top5, r.final_eval.loss, 100 * r.best_top1, r.steps,
-               r.seconds, r.run_dir);
+    fmt::print("final: top-1 {:.2f}%, top-5 {:.2f}%, loss {:.4f}; best top-1 {:.2f}%; {} in {:.1f} s; run {}\n",
+               100 * r.final_eval.top1, 100 * r.final_eval.top5, r.final_eval.loss, 100 * r.best_top1,
+               counted(r.steps, "step"), r.seconds, r.run_dir);
   else if (r.complete)  // a resume of a finished run: nothing was left to do
     fmt::print(
-        "the run in {} is complete ({} steps): nothing left to train; its last checkpoint and report are "
+        "the run in {} is complete ({}): nothing left to train; its last checkpoint and report are "
         "there\n",
-        r.run_dir, r.steps);
+        r.run_dir, counted(r.steps, "step"));
   else
-    fmt::print("{} after {} steps in {:.1f} s; resume with: resnet train --resume {}\n",
-               r.interrupted ? "interrupted" : "stopped", r.steps, r.seconds, r.run_dir);
+    fmt::print("{} after {} in {:.1f} s; resume with: resnet train --resume {}\n",
+               r.interrupted ? "interrupted" : "stopped", counted(r.steps, "step"), r.seconds, r.run_dir);
   return r.interrupted ? 130 : 0;
 }
 
@@ -180,9 +181,9 @@ Config config_for_weights(const EvalArgs& a, bool* recorded = nullptr) {
   if (!sets_key(a.sets, "model.name")) {
     if (const auto tv = torchvision_resnet_in(a.weights)) {
       RN_LOG_INFO(
-          "{} records no config; its tensors are torchvision's {} with {} classes: using torchvision's "
+          "{} records no config; its tensors are torchvision's {} with {}: using torchvision's "
           "224x224 RGB input and ImageNet's mean and std (--set changes any of it)",
-          a.weights, tv->name, tv->num_classes);
+          a.weights, tv->name, counted(tv->num_classes, "class", "classes"));
       sets = torchvision_sets(tv->name, tv->num_classes, a.weights);
     } else {
       // Not the built-in Fashion-MNIST recipe's resnet20, which the user never named.
@@ -276,7 +277,8 @@ int run_eval(const EvalArgs& a) {
   std::vector<Prediction> preds;
   const EvalResult r = ev.run(loader, 0, a.predictions.empty() ? nullptr : &preds);
   fmt::print("{} on {} ({} images{}): loss {:.4f}, top-1 {:.2f}%, top-5 {:.2f}%\n", a.weights, loader.dataset().name(),
-             r.samples, r.unreadable > 0 ? fmt::format("; {} unreadable files left out", r.unreadable) : std::string(),
+             r.samples,
+             r.unreadable > 0 ? fmt::format("; {} left out", counted(r.unreadable, "unreadable file")) : std::string(),
              r.loss, 100 * r.top1, 100 * r.top5);
   if (!a.predictions.empty()) {
     // The image each row is about, for image folders and shards (quoted: paths may hold commas).
@@ -425,7 +427,8 @@ int run_import(const ImportArgs& a) {
                  << " is not one of torchvision's ResNets by its tensors; name the model the weights are for: "
                     "--model resnet50 (or --config, or --set model.name=...)";
     model_name = tv->name;
-    fmt::print("{}: torchvision's {} with {} classes, by its tensors\n", a.source, tv->name, tv->num_classes);
+    fmt::print("{}: torchvision's {} with {}, by its tensors\n", a.source, tv->name,
+               counted(tv->num_classes, "class", "classes"));
   }
   std::vector<std::string> sets;
   if (!model_name.empty()) {
@@ -452,8 +455,10 @@ int run_import(const ImportArgs& a) {
   return 0;
 }
 
-void add_config_options(CLI::App* cmd, std::string& config, std::vector<std::string>& sets) {
-  cmd->add_option("--config", config, "YAML config (default: the built-in resnet20 Fashion-MNIST recipe)");
+// `config_default`: what stands in for --config when it is not given.
+void add_config_options(CLI::App* cmd, std::string& config, std::vector<std::string>& sets,
+                        const char* config_default = "the built-in resnet20 Fashion-MNIST recipe") {
+  cmd->add_option("--config", config, fmt::format("YAML config (default: {})", config_default));
   cmd->add_option("--set", sets, "Override a config key: --set optimizer.base_lr=0.1 (repeatable)");
 }
 
@@ -477,10 +482,12 @@ Runner add_train_command(CLI::App& app) {
 Runner add_eval_command(CLI::App& app) {
   auto a = std::make_shared<EvalArgs>();
   CLI::App* cmd = app.add_subcommand("eval", "Evaluate weights on a test set: loss, top-1, top-5, predictions");
-  add_config_options(cmd, a->config, a->sets);
+  add_config_options(cmd, a->config, a->sets,
+                     "the config the weights record, else torchvision's setting for the ResNet its tensors are");
   cmd->add_option("--weights", a->weights,
-                  "A checkpoint or weights file (.safetensors), or a PyTorch state dict (.pth; --config/--set "
-                  "describe its model)")
+                  "A checkpoint or weights file (.safetensors), or a PyTorch state dict (.pth); a torchvision "
+                  "ResNet is recognised by its tensors, other weights without a recorded config need --config or "
+                  "--set model.name=...")
       ->required();
   cmd->add_option("--data", a->data, "Data folder (overrides data.root)");
   cmd->add_option("--predictions", a->predictions, "Write per-image top-5 classes and probabilities to this CSV");
@@ -493,7 +500,8 @@ Runner add_export_command(CLI::App& app) {
       "export",
       "Write a checkpoint's weights as a torchvision-named safetensors file, or (--out X.onnx) the inference "
       "graph with its weights as ONNX");
-  add_config_options(cmd, a->config, a->sets);
+  add_config_options(cmd, a->config, a->sets,
+                     "the config the weights record, else torchvision's setting for the ResNet its tensors are");
   cmd->add_option("--weights", a->weights, "A checkpoint or weights file, or a PyTorch state dict (.pth)")->required();
   cmd->add_option("--out", a->out, "Output: .onnx writes ONNX (opset 13), any other name safetensors")->required();
   cmd->add_option("--sample", a->sample,
@@ -508,7 +516,9 @@ Runner add_import_command(CLI::App& app) {
       "import",
       "Check a PyTorch .pth state dict (torchvision's weights, a training script's checkpoint; read without Python) "
       "or a safetensors file against a model, and write it as a resnet.cpp weights file");
-  add_config_options(cmd, a->config, a->sets);
+  add_config_options(cmd, a->config, a->sets,
+                     "a resnet.cpp file's own recorded config, else torchvision's setting for the ResNet its tensors "
+                     "are");
   cmd->add_option("source", a->source, "torch.save file (.pth, .pt, .tar) or safetensors file")->required();
   cmd->add_option("--model", a->model,
                   "Model of the weights (model.name); an ImageNet model also sets 224x224 RGB input, ImageNet's "

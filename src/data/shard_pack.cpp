@@ -425,6 +425,8 @@ PackResult pack_shards(const EncodedDataset& src, const PackOptions& o) {
   RN_CHECK(src.size() > 0) << "pack: " << src.name() << " is empty";
   check_output_folder(src, o);
   std::error_code ec;
+  RN_CHECK(!fs::exists(o.out_dir, ec) || fs::is_directory(o.out_dir, ec))
+      << "pack: the output '" << o.out_dir << "' is a file, not a folder: give a folder for the shards";
   fs::create_directories(o.out_dir, ec);
   RN_CHECK(!ec && fs::is_directory(o.out_dir)) << "pack: cannot create the output folder '" << o.out_dir
                                                << "': " << (ec ? ec.message() : "a file of that name exists");

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "core/plural.h"
+
 namespace rn {
 
 void PipelineTimes::add(const PipelineTimes& o) {
@@ -49,23 +51,24 @@ PipelineVerdict analyse_pipeline(const PipelineSpan& s, double threshold) {
       // Fast enough on paper, yet waited for: the rate counts busy time only, so the workers
       // were waiting for a core, or the queue was too short to cover the start or a slow batch.
       v.text = waiting + fmt::format(
-                             "the loader's {} workers could make {:.0f} img/s, {:.2f}x what the step takes ({:.0f} "
+                             "the loader's {} could make {:.0f} img/s, {:.2f}x what the step takes ({:.0f} "
                              "img/s), so their speed is not the cause: they are short of cores (data.workers plus "
                              "run.threads above the cores), data.prefetch is too small to cover a slow batch, or the "
                              "span is too short to hide filling the queue",
-                             s.workers, v.loader_rate, v.step_rate > 0 ? v.loader_rate / v.step_rate : 0, v.step_rate);
+                             counted(s.workers, "worker"), v.loader_rate,
+                             v.step_rate > 0 ? v.loader_rate / v.step_rate : 0, v.step_rate);
     } else {
       v.text = waiting + fmt::format(
-                             "the loader makes at most {:.0f} img/s with {} workers, the step takes {:.0f} img/s, so "
+                             "the loader makes at most {:.0f} img/s with {}, the step takes {:.0f} img/s, so "
                              "input must get {:.2f}x faster (more workers, packed shards, the cache)",
-                             v.loader_rate, s.workers, v.step_rate, v.factor);
+                             v.loader_rate, counted(s.workers, "worker"), v.step_rate, v.factor);
     }
   } else {
     v.factor = v.step_rate > 0 ? v.loader_rate / v.step_rate : 0;
     v.text = fmt::format(
-        "compute-bound: {:.1f}% of the time waiting for data; the loader could make {:.0f} img/s with {} workers, "
+        "compute-bound: {:.1f}% of the time waiting for data; the loader could make {:.0f} img/s with {}, "
         "{:.2f}x what the step takes ({:.0f} img/s)",
-        100 * v.wait_share, v.loader_rate, s.workers, v.factor, v.step_rate);
+        100 * v.wait_share, v.loader_rate, counted(s.workers, "worker"), v.factor, v.step_rate);
   }
   return v;
 }
@@ -73,8 +76,9 @@ PipelineVerdict analyse_pipeline(const PipelineSpan& s, double threshold) {
 std::string format_pipeline(const PipelineSpan& s, const PipelineVerdict& v) {
   const double batches = std::max<double>(1, static_cast<double>(s.loader.batches));
   const double busy = std::max(s.loader.busy(), 1e-12);
-  std::string out = fmt::format("input pipeline over {} batches ({} images, {} cache hits, {} bad files skipped):\n",
-                                s.loader.batches, s.loader.samples, s.loader.cache_hits, s.loader.skipped);
+  std::string out = fmt::format("input pipeline over {} ({}, {}, {} skipped):\n",
+                                counted(s.loader.batches, "batch", "batches"), counted(s.loader.samples, "image"),
+                                counted(s.loader.cache_hits, "cache hit"), counted(s.loader.skipped, "bad file"));
   auto worker_row = [&](const char* name, double sec) {
     out += fmt::format("  {:<10} {:>9.2f} ms/batch  {:>5.1f}% of loader work\n", name, 1e3 * sec / batches,
                        100 * sec / busy);

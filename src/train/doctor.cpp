@@ -10,6 +10,7 @@
 
 #include "core/build_info.h"
 #include "core/log.h"
+#include "core/plural.h"
 #include "core/thread_pool.h"
 #include "data/loader.h"
 #include "model/model.h"
@@ -353,8 +354,8 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& options) {
 
 std::string DoctorReport::table() const {
   std::string s;
-  s += fmt::format("precision doctor: {}, {} steps, same initial weights and batches in fp32 (O0) and {}\n", model,
-                   steps, level);
+  s += fmt::format("precision doctor: {}, {}, same initial weights and batches in fp32 (O0) and {}\n", model,
+                   counted(steps, "step"), level);
   s += fmt::format("  {}\n", precision);
   s += fmt::format("  backend: {}\n", backend);
   s += fmt::format("  activations {}; BN {}; loss {}; master weights {}; parameter gradients fp32\n", activation_dtype,

@@ -12,6 +12,7 @@
 
 #include "core/check.h"
 #include "core/dtype.h"
+#include "core/plural.h"
 #include "model/safetensors.h"
 #include "model/torch_file.h"
 
@@ -229,7 +230,8 @@ PretrainedLoad load_pretrained(const std::string& path, Model& model, const std:
     TensorShapes shapes;
     for (const std::string& n : order) shapes.emplace_back(n, src.at(n).shape);
     if (const auto tv = torchvision_resnet_of(shapes); tv && tv->name != model_name)
-      parts.push_back(fmt::format("its tensors are torchvision's {} with {} classes", tv->name, tv->num_classes));
+      parts.push_back(fmt::format("its tensors are torchvision's {} with {}", tv->name,
+                                  counted(tv->num_classes, "class", "classes")));
     for (size_t i = 0; i < parts.size(); ++i) msg += (i ? "; " : "") + parts[i];
     // The way out of a classifier of another size, when that is all that differs.
     const bool only_fc =

@@ -8,6 +8,7 @@
 #include <map>
 
 #include "core/check.h"
+#include "core/plural.h"
 
 namespace rn {
 
@@ -97,13 +98,11 @@ std::string RunComparison::text() const {
   if (common_steps == 0)
     return "no step was monitored in both runs: nothing to compare (same grad_monitor_interval?)\n";
   if (first_step < 0)
-    return fmt::format(
-        "the runs agree: weight and gradient norms of every tensor within {:g} at all {} common "
-        "monitored steps\n",
-        tolerance, common_steps);
-  std::string s =
-      fmt::format("first divergence at step {} (tolerance {:g}, {} common monitored steps): {} of {} differ first\n\n",
-                  first_step, tolerance, common_steps, first_reason, first_tensor);
+    return fmt::format("the runs agree: weight and gradient norms of every tensor within {:g} at {}\n", tolerance,
+                       common_steps == 1 ? std::string("the one common monitored step")
+                                         : fmt::format("all {} common monitored steps", common_steps));
+  std::string s = fmt::format("first divergence at step {} (tolerance {:g}, {}): {} of {} differ first\n\n", first_step,
+                              tolerance, counted(common_steps, "common monitored step"), first_reason, first_tensor);
   s += fmt::format("{:<36} {:>11} {:>11} {:>9} {:>11} {:>11} {:>9}\n", "tensor", "|w| run A", "|w| run B", "rel",
                    "|g| run A", "|g| run B", "rel");
   for (const TensorDivergence& t : worst)
@@ -124,8 +123,9 @@ std::string summarize_grad_run(const std::vector<GradRecord>& all) {
     RN_CHECK(r->layers.size() == a.layers.size())
         << "summary: the record of step " << r->step << " has " << r->layers.size() << " tensors, the one of step "
         << a.step << " has " << a.layers.size() << " (two runs' summaries in one file?)";
-  std::string s = fmt::format("first epoch ({}): {} monitored steps, {} .. {}; loss scale {:g} .. {:g}\n", a.epoch + 1,
-                              first_epoch.size(), a.step, z.step, a.loss_scale, z.loss_scale);
+  std::string s = fmt::format("first epoch ({}): {}, {} .. {}; loss scale {:g} .. {:g}\n", a.epoch + 1,
+                              counted(static_cast<int64_t>(first_epoch.size()), "monitored step"), a.step, z.step,
+                              a.loss_scale, z.loss_scale);
   const TensorStats ta = a.total(), tz = z.total();
   s += fmt::format("all gradients: norm {:.4e} -> {:.4e}; zero {:.3f}% -> {:.3f}%; inf {} NaN {} at step {}\n",
                    ta.norm(), tz.norm(), 100 * ta.fraction(ta.zeros), 100 * tz.fraction(tz.zeros), tz.infs, tz.nans,

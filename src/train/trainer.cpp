@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "core/log.h"
+#include "core/plural.h"
 #include "core/rng.h"
 #include "core/thread_pool.h"
 #include "data/loader.h"
@@ -522,7 +523,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
                   memory_level_name(old_level), memory_level_name(level), old_arena / 1048576.0, p.arena / 1048576.0);
     RN_LOG_INFO(
         "training plan: batch {}, memory level {}, arena {:.1f} MiB; planned peak {:.1f} MiB "
-        "(+ parameters, gradients, optimizer state {:.1f} MiB, workspace {:.1f} MiB)",
+        "(of which parameters, gradients, optimizer state {:.1f} MiB, workspace {:.1f} MiB)",
         po.batch, memory_level_name(level), p.arena / 1048576.0, p.total() / 1048576.0,
         (p.parameters + p.parameter_grads + p.optimizer_state + p.half_weights) / 1048576.0, p.workspace / 1048576.0);
     // The arena is allocated lazily by the system: a plan that cannot fit would only fail
@@ -538,9 +539,14 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
 
   const int64_t global_batch = cfg.data.batch_size * world.size;
   const LrSchedule schedule(cfg.schedule, scaled_peak_lr(cfg.optimizer, global_batch), steps_per_epoch);
-  RN_LOG_INFO("schedule {}: peak lr {:.6g} (base {:.6g} x {} / {}), {} epochs x {} steps, warmup {} steps",
-              enum_name(cfg.schedule.name), schedule.peak_lr(), cfg.optimizer.base_lr, global_batch,
-              cfg.optimizer.lr_scale_batch, cfg.schedule.epochs, steps_per_epoch, schedule.warmup_steps());
+  // lr_scale_batch 0 means "not scaled", not a division by zero.
+  RN_LOG_INFO(
+      "schedule {}: peak lr {:.6g} ({}), {} x {}, warmup {}", enum_name(cfg.schedule.name), schedule.peak_lr(),
+      cfg.optimizer.lr_scale_batch > 0
+          ? fmt::format("base {:.6g} x {} / {}", cfg.optimizer.base_lr, global_batch, cfg.optimizer.lr_scale_batch)
+          : fmt::format("base {:.6g}, not scaled with the batch", cfg.optimizer.base_lr),
+      counted(cfg.schedule.epochs, "epoch"), counted(steps_per_epoch, "step"),
+      counted(schedule.warmup_steps(), "step"));
   // warmup_epochs past the run is a config error; warmup_steps is only known to be now.
   if (schedule.warmup_steps() > cfg.schedule.epochs * steps_per_epoch)
     RN_LOG_WARN(
@@ -808,7 +814,8 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
     // 1-based completed epochs, as eval records.
     metrics.append(MetricsRecord("pipeline", st.epoch + 1, st.step).add_fields(pipeline_json(pipeline, verdict)));
     if (train_loader.bad_file_count() > 0)
-      RN_LOG_WARN("{} bad image files skipped so far (each logged once above)", train_loader.bad_file_count());
+      RN_LOG_WARN("{} skipped so far (each logged once above)",
+                  counted(train_loader.bad_file_count(), "bad image file"));
     if (trace) trace->write(run_dir + "/trace.json");
     const int64_t done_epoch = st.epoch;
     ++st.epoch;
@@ -836,9 +843,10 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
       em.extra["images"] = static_cast<double>(ev.samples);
       if (ev.unreadable > 0) em.extra["unreadable"] = static_cast<double>(ev.unreadable);
       metrics.log_eval(em);
-      RN_LOG_INFO("epoch {} evaluation: loss {:.4f}, top-1 {:.2f}%, top-5 {:.2f}% ({} images{})", done_epoch + 1,
-                  ev.loss, 100 * ev.top1, 100 * ev.top5, ev.samples,
-                  ev.unreadable > 0 ? fmt::format("; {} unreadable files left out", ev.unreadable) : std::string());
+      RN_LOG_INFO(
+          "epoch {} evaluation: loss {:.4f}, top-1 {:.2f}%, top-5 {:.2f}% ({} images{})", done_epoch + 1, ev.loss,
+          100 * ev.top1, 100 * ev.top5, ev.samples,
+          ev.unreadable > 0 ? fmt::format("; {} left out", counted(ev.unreadable, "unreadable file")) : std::string());
       st.best_top1 = std::max(st.best_top1, ev.top1);
     }
     if (cfg.run.checkpoint.every_epoch || last) save(true, top1);
@@ -853,11 +861,12 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
   result.complete = st.epoch >= epochs;
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   diag.finish(st.epoch, st.step);
-  if (scaler.skipped_steps() > 0) RN_LOG_INFO("{} steps were skipped for inf/NaN gradients", scaler.skipped_steps());
+  if (scaler.skipped_steps() > 0)
+    RN_LOG_INFO("{} skipped for inf/NaN gradients", counted(scaler.skipped_steps(), "step was", "steps were"));
   if (writer) write_report(run_dir);
   set_activity("finished", st.step);
-  RN_LOG_INFO("{} after {} steps in {:.1f} s; report: {}/report.html", stop ? "stopped" : "finished", st.step,
-              result.seconds, run_dir);
+  RN_LOG_INFO("{} after {} in {:.1f} s; report: {}/report.html", stop ? "stopped" : "finished",
+              counted(st.step, "step"), result.seconds, run_dir);
   return result;
 }
 
