@@ -2,12 +2,14 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -20,6 +22,62 @@
 namespace rn {
 
 static_assert(kMaxShardKeySize <= 255, "Record::key_size is one byte");
+
+namespace {
+
+// A tar truncated under a running job turns a read of its mapping into SIGBUS. The handler
+// finds the mapping the fault is in and says which shard changed, instead of a bare "Bus
+// error"; it can only write and exit (async-signal-safe), so train.log does not get the line.
+struct MappedShard {
+  std::atomic<const uint8_t*> base{nullptr};
+  size_t size = 0;
+  char message[768] = {};
+  size_t message_size = 0;
+};
+constexpr int kMaxMappedShards = 8192;
+MappedShard g_mapped[kMaxMappedShards];
+std::atomic<int> g_mapped_count{0};
+struct sigaction g_previous_sigbus {};
+
+void on_sigbus(int, siginfo_t* info, void*) {
+  const auto* at = static_cast<const uint8_t*>(info->si_addr);
+  const int n = std::min(g_mapped_count.load(), kMaxMappedShards);
+  for (int i = 0; i < n; ++i) {
+    const uint8_t* base = g_mapped[i].base.load();
+    if (base != nullptr && at >= base && at < base + g_mapped[i].size) {
+      [[maybe_unused]] const ssize_t w = ::write(STDERR_FILENO, g_mapped[i].message, g_mapped[i].message_size);
+      ::_exit(1);
+    }
+  }
+  // Not a shard: the handler that was there before (the default dumps core) takes the fault
+  // when the instruction runs again.
+  ::sigaction(SIGBUS, &g_previous_sigbus, nullptr);
+}
+
+int register_mapping(const uint8_t* base, size_t size, const std::string& path) {
+  static const bool installed = [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    return ::sigaction(SIGBUS, &sa, &g_previous_sigbus) == 0;
+  }();
+  const int slot = g_mapped_count.fetch_add(1);
+  if (!installed || slot >= kMaxMappedShards) return -1;
+  MappedShard& m = g_mapped[slot];
+  m.size = size;
+  const std::string text = fmt::format(
+      "\nresnet: error: shard '{}' shrank or was rewritten while in use (a read fell past its end): a packed folder "
+      "must not change under a running job (resnet pack renames finished shards into place, which is safe); the "
+      "run's last checkpoint is intact\n",
+      path);
+  m.message_size = std::min(text.size(), sizeof(m.message));
+  std::memcpy(m.message, text.data(), m.message_size);
+  m.base.store(base);
+  return slot;
+}
+
+}  // namespace
 
 // A whole file mapped read-only.
 struct ShardDataset::Mapping {
@@ -46,10 +104,13 @@ struct ShardDataset::Mapping {
     RN_CHECK(size > 0 && p != MAP_FAILED) << "cannot map shard '" << path << "' (" << size
                                           << " bytes): " << (size == 0 ? "empty file" : std::strerror(err));
     data = static_cast<const uint8_t*>(p);
+    slot = register_mapping(data, size, path);
   }
   ~Mapping() {
+    if (slot >= 0) g_mapped[slot].base.store(nullptr);
     if (data) ::munmap(const_cast<uint8_t*>(data), size);
   }
+  int slot = -1;  // in g_mapped, or -1
 };
 
 ShardDataset::ShardDataset(const std::string& dir, ShardDatasetOptions options) : dir_(dir), options_(options) {

@@ -183,6 +183,10 @@ ShardIndex parse_shard_index(std::string_view text, const std::string& file) {
   std::unordered_set<std::string_view> keys;
   std::string_view line;
   while (lines.next(line)) {
+    if (line.starts_with("#sources ")) {
+      index.sources = std::string(line.substr(9));
+      continue;
+    }
     if (!line.empty() && line.front() == '#') continue;  // a header line this version does not know
     index.records.push_back(parse_record(line, lines, index));
     RN_CHECK(keys.insert(line.substr(0, index.records.back().key.size())).second)
@@ -201,6 +205,7 @@ std::string format_shard_index(const ShardIndex& index) {
   out += kShardIndexMagic;
   out += fmt::format("\n#tar {} {}\n#range {} {} {}\n#options {}\n", index.tar, index.tar_bytes, index.first,
                      index.count, index.skipped, index.options);
+  if (!index.sources.empty()) out += fmt::format("#sources {}\n", index.sources);
   for (const auto& r : index.records)
     out += fmt::format("{} {} {} {:08x} {} {} {} {}\n", r.key, r.offset, r.size, r.crc32, r.label, r.width, r.height,
                        codec_names(r.codec).index_name);

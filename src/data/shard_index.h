@@ -34,6 +34,9 @@ struct ShardIndex {
   int64_t first = 0;       // the source records assigned to this shard: [first, first + count)
   int64_t count = 0;
   int64_t skipped = 0;  // of those, unreadable sources left out (count = records + skipped)
+  // The source files' sizes and modification times, hashed (16 hex digits): a rerun repacks a
+  // shard whose files changed though their names did not. Empty in indexes without the line.
+  std::string sources;
   std::vector<ShardIndexRecord> records;
 };
 

@@ -1,6 +1,7 @@
 #include "data/shard_pack.h"
 
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -193,6 +194,30 @@ struct ShardOutcome {
 
 // The index of a complete shard from an earlier run that this run would write the same
 // way, or nothing (the shard is then packed again).
+// The sizes and modification times of a shard's source files, hashed (FNV-1a): a rerun
+// repacks a shard whose files were edited in place. A source that is not a file (a record of a
+// pack being packed again) counts as unchanged.
+std::string source_fingerprint(const EncodedDataset& src, int64_t first, int64_t count) {
+  uint64_t h = 14695981039346656037ull;
+  const auto mix = [&h](uint64_t v) {
+    for (int b = 0; b < 8; ++b) {
+      h ^= (v >> (8 * b)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  };
+  for (int64_t i = first; i < first + count; ++i) {
+    struct stat st {};
+    if (::stat(src.source(i).c_str(), &st) != 0) {
+      mix(0);
+      continue;
+    }
+    mix(static_cast<uint64_t>(st.st_size));
+    mix(static_cast<uint64_t>(st.st_mtim.tv_sec));
+    mix(static_cast<uint64_t>(st.st_mtim.tv_nsec));
+  }
+  return fmt::format("{:016x}", h);
+}
+
 std::optional<ShardIndex> reusable_shard(const Plan& plan, int64_t shard) {
   const std::string index_path = plan.path(shard_index_name(shard));
   std::error_code missing;
@@ -204,7 +229,8 @@ std::optional<ShardIndex> reusable_shard(const Plan& plan, int64_t shard) {
     const uint64_t tar_size = fs::file_size(tar_path, ec);
     const bool same = !ec && index.tar == shard_tar_name(shard) && tar_size == index.tar_bytes &&
                       index.options == plan.fingerprint && index.first == plan.first(shard) &&
-                      index.count == plan.count(shard);
+                      index.count == plan.count(shard) &&
+                      index.sources == source_fingerprint(plan.src, plan.first(shard), plan.count(shard));
     // Its keys are the shard's expected keys, in order, less the skipped ones; where labels
     // are known without reading (image folders, list files), they match too.
     const auto* folder = dynamic_cast<const ImageFolderDataset*>(&plan.src);
@@ -216,8 +242,10 @@ std::optional<ShardIndex> reusable_shard(const Plan& plan, int64_t shard) {
       keys_match = k < end && (!folder || folder->label(static_cast<int64_t>(k)) == index.records[r].label);
     }
     if (same && keys_match) return index;
-    RN_LOG_INFO("pack: {} is from a different pack (options, files, labels or size differ); packing it again",
-                index_path);
+    RN_LOG_INFO(
+        "pack: {} is from a different pack (options, files, labels, sizes or the files' modification times "
+        "differ); packing it again",
+        index_path);
   } catch (const Error& e) {
     RN_LOG_INFO("pack: {} is not a complete shard ({}); packing it again", index_path, e.what());
   }
@@ -231,6 +259,8 @@ ShardOutcome write_shard(const Plan& plan, int64_t shard, RecordPacker& packer, 
   index.options = plan.fingerprint;
   index.first = plan.first(shard);
   index.count = plan.count(shard);
+  // Taken before the files are read: one edited while it is packed is packed again next time.
+  index.sources = source_fingerprint(plan.src, index.first, index.count);
   const std::string tar_path = plan.path(index.tar), index_path = plan.path(shard_index_name(shard));
   TempOutput tar(tar_path + ".tmp");
   for (int64_t i = index.first; i < index.first + index.count; ++i) {

@@ -94,6 +94,20 @@ TEST_F(ShardTest, PackThenReadKeepsBytesLabelsClassesAndChecksums) {
   EXPECT_EQ(shards.source(6), dir_.file("out/shard-00001.tar") + ":class_1/img_2");
 }
 
+// A tar truncated under a running job: reading its mapping would be a bare "Bus error"; the
+// process says which shard changed and exits with an error instead.
+TEST_F(ShardTest, AShardTruncatedWhileInUseIsNamed) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  pack_shards(src_, options("out"));
+  const ShardDataset shards(dir_.file("out"));
+  fs::resize_file(dir_.file("out/shard-00001.tar"), 4096);
+  EncodedImage image;
+  EXPECT_NO_THROW(shards.read(0, image));  // another shard
+  // (The death test's child process has its own test folder: the regex names the shard only.)
+  EXPECT_EXIT(shards.read(9, image), ::testing::ExitedWithCode(1),
+              "out/shard-00001.tar' shrank or was rewritten while in use");
+}
+
 TEST_F(ShardTest, AFlippedByteIsAChecksumErrorNamingShardAndKey) {
   pack_shards(src_, options("out"));
   const ShardIndex index = parse_shard_index(read_text(dir_.file("out/shard-00001.idx")), "shard-00001.idx");
@@ -232,6 +246,21 @@ TEST_F(ShardTest, AnInterruptedPackIsCompletedByARerunWithTheSameBytes) {
   EXPECT_NE(folder_contents(dir_.file("out")), folder_contents(dir_.file("clean")));
 }
 
+// A source image replaced under the same name (same key, same label) is packed anew by a
+// rerun; the shards whose files did not change are kept.
+TEST_F(ShardTest, ARerunRepacksAShardWhoseSourceFileChanged) {
+  pack_shards(src_, options("out"));
+  test::write_bytes(src_paths_[6], test::synthetic_jpeg(50, 40, 999));  // record 6 is in shard 1 of 3
+  const PackResult r = pack_shards(src_, options("out"));
+  EXPECT_EQ(r.shards_reused, 2);
+  const ShardDataset shards(dir_.file("out"));
+  EncodedImage image;
+  shards.read(6, image);
+  const auto now = file_bytes(src_paths_[6]);
+  EXPECT_TRUE(std::equal(image.bytes.begin(), image.bytes.end(), now.begin(), now.end())) << "the old image was kept";
+  EXPECT_THAT(read_text(dir_.file("out/shard-00001.idx")), HasSubstr("\n#sources "));
+}
+
 TEST_F(ShardTest, UnreadableImagesAreSkippedAndCountedOrStopAStrictPack) {
   test::write_bytes(dir_.path() / "src/class_1/zz_garbage.jpg", std::vector<uint8_t>(300, 0x5a));
   auto truncated = file_bytes(src_paths_[5]);
@@ -271,12 +300,13 @@ TEST_F(ShardTest, OpeningABrokenFolderNamesTheFileAndWhatIsWrong) {
   expect_error(open, {"dataset.json", "version 7"});
   restore();
 
-  // Line 6 is the second record of shard 1 (four header lines first).
+  // Line 7 is the second record of shard 1 (five header lines first: #rn-shard-index, #tar,
+  // #range, #options, #sources).
   write_text(out / "shard-00001.idx",
              std::regex_replace(index1, std::regex("class_1/img_2 (\\d+)"), "class_1/img_2 x$1"));
-  expect_error(open, {"shard-00001.idx:6:", "bad offset"});
+  expect_error(open, {"shard-00001.idx:7:", "bad offset"});
   write_text(out / "shard-00001.idx", std::regex_replace(index1, std::regex(" jpeg\n"), " jpeg 9\n"));
-  expect_error(open, {"shard-00001.idx:5:", "expected 8 fields"});
+  expect_error(open, {"shard-00001.idx:6:", "expected 8 fields"});
   write_text(out / "shard-00001.idx", index1.substr(0, index1.size() - 10));
   expect_error(open, {"shard-00001.idx", "truncated"});
   write_text(out / "shard-00001.idx",
