@@ -7,25 +7,11 @@
 #include <limits>
 
 #include "core/log.h"
+#include "prof/run_delay.h"
 
 namespace rn {
 
 namespace {
-
-// Seconds all threads of this process have spent runnable but waiting for a core (the second
-// field of /proc/self/task/<tid>/schedstat, in ns); NaN where the kernel does not say. Threads
-// that ended since the last reading take their share with them, which only understates.
-double cpu_wait_seconds() {
-  std::error_code ec;
-  double total_ns = 0;
-  bool any = false;
-  for (std::filesystem::directory_iterator it("/proc/self/task", ec), end; !ec && it != end; it.increment(ec)) {
-    std::ifstream f(it->path() / "schedstat");
-    unsigned long long run_ns = 0, wait_ns = 0;
-    if (f >> run_ns >> wait_ns) total_ns += static_cast<double>(wait_ns), any = true;
-  }
-  return any ? 1e-9 * total_ns : std::numeric_limits<double>::quiet_NaN();
-}
 
 std::unique_ptr<DeviceProbe> make_probe(Device device, const std::string& pci_bus_id) {
   if (device == Device::cuda) {

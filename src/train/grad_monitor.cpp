@@ -161,7 +161,8 @@ std::vector<GradRecord> read_grad_summary(const std::string& path) {
     try {
       out.push_back(GradRecord::from_json(nlohmann::json::parse(line)));
     } catch (const std::exception& e) {  // nlohmann's parse errors and from_json's rn::Error
-      if (f.peek() == EOF) break;  // a torn last line from a killed run
+      // A torn last line from a killed run; a file whose only line is not a record is no summary.
+      if (f.peek() == EOF && !out.empty()) break;
       RN_FAIL() << path << ":" << no << ": not a gradient summary record (" << e.what() << ")";
     }
   }

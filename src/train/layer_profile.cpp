@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <map>
 
 #include "core/rng.h"
@@ -11,6 +12,7 @@
 #include "model/model.h"
 #include "model/plan.h"
 #include "model/zoo.h"
+#include "prof/run_delay.h"
 #include "prof/trace.h"
 #include "train/device.h"
 #include "train/loss_scaler.h"
@@ -278,6 +280,8 @@ ProfileReport run_profile(const ProfileOptions& o) {
   // per_step[k][i]: plan step k in profiled iteration i.
   std::vector<std::vector<double>> per_step(static_cast<size_t>(plan.num_steps()));
   std::vector<double> plain, profiled, outside;
+  const double wait0 = cpu_wait_seconds();
+  const auto measure_t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < o.steps; ++i) {
     auto t0 = std::chrono::steady_clock::now();
     step.run(0.01);
@@ -297,6 +301,7 @@ ProfileReport run_profile(const ProfileOptions& o) {
     profiled.push_back(wall);
     outside.push_back(wall - in_plan);
   }
+  r.cpu_wait_share = (cpu_wait_seconds() - wait0) / (seconds_since(measure_t0) * std::max(1, host_threads()));
   // Means, not medians: under interference a sum of per-step medians drops the preemptions
   // that a whole step's time keeps, and the two would not add up.
   std::vector<double> acc;
@@ -400,6 +405,12 @@ std::string ProfileReport::table(int top) const {
       "{:.3f} ms (mean of {}); difference {:+.1f}% ({} the stated {:.0f}% margin)\n",
       1e3 * layers_s, 1e3 * optimizer_s, 1e3 * profiled_step_s, 1e3 * measured_step_s, steps, 100 * discrepancy,
       consistent ? "within" : "OUTSIDE", 100 * kProfileMargin);
+  // Under contention the sums still agree (both sides slow down alike); the times do not hold.
+  if (cpu_wait_share > kProfileContention)
+    s += fmt::format(
+        "WARNING: the profile's threads waited for a core {:.0f}% of the time (other programs, or more threads "
+        "than cores): every time above is inflated; profile again on a quiet machine\n",
+        100 * cpu_wait_share);
   return s;
 }
 
@@ -441,6 +452,7 @@ nlohmann::json ProfileReport::to_json() const {
           {"discrepancy", discrepancy},
           {"margin", kProfileMargin},
           {"consistent", consistent},
+          {"cpu_wait_share", std::isfinite(cpu_wait_share) ? nlohmann::json(cpu_wait_share) : nlohmann::json()},
           {"layers", lj}};
 }
 

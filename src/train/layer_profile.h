@@ -14,6 +14,7 @@
 // within kProfileMargin.
 #pragma once
 
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -26,6 +27,7 @@
 namespace rn {
 
 inline constexpr double kProfileMargin = 0.10;  // |sum - measured| / measured stated as consistent
+inline constexpr double kProfileContention = 0.10;  // run-delay share above which the profile is flagged
 
 struct ProfileOptions {
   std::string model = "resnet50";
@@ -75,6 +77,10 @@ struct ProfileReport {
   double timing_overhead_s = 0;  // per plan step, measured and taken off each
   double discrepancy = 0;        // (profiled_step_s - measured_step_s) / measured_step_s
   bool consistent = false;       // |discrepancy| <= kProfileMargin
+  // The share of the measured steps' thread time spent waiting for a core (run delay over
+  // wall time x host threads): other programs on the machine inflate every time above. NaN
+  // where the kernel does not say.
+  double cpu_wait_share = std::numeric_limits<double>::quiet_NaN();
 
   std::string table(int top = 0) const;  // top 0: every layer
   nlohmann::json to_json() const;

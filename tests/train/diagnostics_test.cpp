@@ -229,6 +229,15 @@ TEST(Summary, SummaryFileRoundTripAndErrors) {
       EXPECT_NE(std::string(e.what()).find(phrase), std::string::npos) << e.what();
     }
   }
+  // One line, and not a record: that is said, not taken for the torn last line of a killed run.
+  std::ofstream(dir.file("grad_summary.jsonl")) << "this is not json\n";
+  try {
+    read_grad_summary(dir.file("grad_summary.jsonl"));
+    ADD_FAILURE() << "a file of no records was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("grad_summary.jsonl:1: not a gradient summary record"), std::string::npos)
+        << e.what();
+  }
 }
 
 // Every first-epoch record must list the same tensors (two runs appended into one file do
@@ -429,6 +438,15 @@ TEST(Profile, LayersAddUpAndWorkIsCounted) {
   EXPECT_GT(r.peaks.bytes_per_s, 0);
   // Sorted by time.
   for (size_t i = 1; i < r.layers.size(); ++i) EXPECT_GE(r.layers[i - 1].seconds(), r.layers[i].seconds());
+  // The run delay is read (Linux says it), and a profile taken under contention says so.
+  ASSERT_TRUE(std::isfinite(r.cpu_wait_share));
+  EXPECT_GE(r.cpu_wait_share, 0);
+  ProfileReport busy = r;
+  busy.cpu_wait_share = 0.0;
+  EXPECT_EQ(busy.table().find("waited for a core"), std::string::npos);
+  busy.cpu_wait_share = 0.6;
+  EXPECT_NE(busy.table().find("WARNING: the profile's threads waited for a core 60% of the time"), std::string::npos)
+      << busy.table();
   // The stem conv (1 -> 16 channels, 3x3, 8x8 output): forward and weight gradient, no data
   // gradient (the input's is never computed).
   const double stem = 16.0 * 8 * 8 * 1 * 9 * o.batch;
