@@ -39,7 +39,10 @@ class ProgressPrinter {
  public:
   void operator()(const PackProgress& p) {
     const int64_t pct = p.records_total > 0 ? 100 * p.records_done / p.records_total : 100;
-    if (pct < next_pct_ && p.seconds < last_seconds_ + 5) return;
+    // The line with every shard done is always shown (100% of the records may come before it).
+    const bool all_done = p.shards_done == p.shards_total;
+    if (all_done ? done_shown_ : pct < next_pct_ && p.seconds < last_seconds_ + 5) return;
+    done_shown_ = all_done;
     next_pct_ = (pct / 5 + 1) * 5;
     last_seconds_ = p.seconds;
     fmt::print(stderr, "pack: {:3d}%  {}/{} records  {}/{} shards  {:.0f} records/s  {} written  {:.1f} s\n", pct,
@@ -51,6 +54,7 @@ class ProgressPrinter {
  private:
   int64_t next_pct_ = 0;
   double last_seconds_ = 0;
+  bool done_shown_ = false;
 };
 
 // Shards written into an image folder would be read as part of it (a class folder of no

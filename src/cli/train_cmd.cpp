@@ -139,6 +139,10 @@ struct EvalArgs {
 // A weights file that is not there is named as missing, not as a file of the wrong kind.
 void check_weights_exist(const std::string& path, const char* what) {
   std::error_code ec;
+  // A run folder: name the file it keeps its best weights in.
+  const std::filesystem::path best = std::filesystem::path(path) / "checkpoints" / "best.safetensors";
+  RN_CHECK(!std::filesystem::is_directory(path, ec) || !std::filesystem::exists(best, ec))
+      << what << " '" << path << "' is a run folder; give one of its weights files, such as " << best.string();
   RN_CHECK(std::filesystem::is_regular_file(path, ec))
       << what << " '" << path << "' " << (std::filesystem::exists(path, ec) ? "is not a file" : "does not exist");
 }

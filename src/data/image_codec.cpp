@@ -1,5 +1,7 @@
 #include "data/image_codec.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <csetjmp>
 #include <cstdio>
@@ -246,7 +248,10 @@ constexpr int64_t kMaxPixels = 1ll << 28;  // 268 Mpixel: more is an attack or a
 
 void check_size(ImageCodec codec, int w, int h) {
   RN_CHECK(w > 0 && h > 0 && w <= kMaxSide && h <= kMaxSide && int64_t{w} * h <= kMaxPixels)
-      << codec_name(codec) << " image of " << w << "x" << h << " pixels is empty or too large";
+      << codec_name(codec) << " image of " << w << "x" << h << " pixels is "
+      << (w <= 0 || h <= 0
+              ? "empty"
+              : fmt::format("too large (the limits: {} pixels a side, {} pixels in all)", kMaxSide, kMaxPixels));
 }
 
 ImageInfo jpeg_info(std::span<const uint8_t> bytes) {

@@ -194,9 +194,10 @@ void DataLoader::fill(Slot& slot, WorkerState& state) {
       }
     } catch (const std::exception& e) {
       const int64_t index = slot.indices[static_cast<size_t>(i)];
+      // Epochs and batches counted from 1, as the trainer's log counts them.
       slot.error = std::make_exception_ptr(Error("loading sample " + std::to_string(index) + " of " + dataset_->name() +
-                                                 " (epoch " + std::to_string(slot.epoch) + ", batch " +
-                                                 std::to_string(slot.batch) + "): " + e.what()));
+                                                 " (epoch " + std::to_string(slot.epoch + 1) + ", batch " +
+                                                 std::to_string(slot.batch + 1) + "): " + e.what()));
     }
   }
   slot.times.samples = slot.count;
@@ -343,8 +344,8 @@ void DataLoader::fill_encoded(Slot& slot, WorkerState& state, const Tensor& imag
     }
   } catch (const std::exception& e) {
     slot.error =
-        std::make_exception_ptr(Error("loading batch " + std::to_string(slot.batch) + " of epoch " +
-                                      std::to_string(slot.epoch) + " from " + encoded_->name() + ": " + e.what()));
+        std::make_exception_ptr(Error("loading batch " + std::to_string(slot.batch + 1) + " of epoch " +
+                                      std::to_string(slot.epoch + 1) + " from " + encoded_->name() + ": " + e.what()));
   }
 }
 

@@ -271,6 +271,14 @@ Loaders make_loaders(const Config& cfg, DType dtype, Layout layout, std::shared_
       const ImageFolderPaths paths = image_folder_paths(d);
       // Labels by class name: data.classes, or the training folder's (which the trainer records).
       std::shared_ptr<const EncodedDataset> train = open_image_dataset(paths.train);
+      // A pack whose images were downscaled below the model's input: every crop is upsampled.
+      if (const auto* packed = dynamic_cast<const ShardDataset*>(train.get());
+          packed && packed->manifest().max_size > 0 &&
+          packed->manifest().max_size < std::max(cfg.model.image_size[0], cfg.model.image_size[1]))
+        RN_LOG_WARN(
+            "{} was packed with --max-size {}, below the model's input of {}x{}: every image is upsampled to fill a "
+            "crop (pack it again with a larger --max-size, or none)",
+            paths.train, packed->manifest().max_size, cfg.model.image_size[0], cfg.model.image_size[1]);
       loaders.classes = d.classes.empty() ? train->classes() : d.classes;
       train = subset(labelled_by(std::move(train), loaders.classes, false, "training data"), d.train_subset,
                      cfg.run.seed, "data.train_subset");

@@ -155,6 +155,12 @@ TEST(ImageFolderE2E, TrainEvalAndBenchOnAGeneratedFolder) {
   // A missing folder is an error at start.
   EXPECT_NE(run("train --data " + (root / "nope").string() + " --set run.out_dir=" + (root / "x").string(), &out), 0);
   EXPECT_NE(out.find("is not a folder"), std::string::npos) << out;
+  // A run folder given as the weights: its best weights file is named.
+  EXPECT_NE(run("eval --weights " + run_dir.string(), &out), 0);
+  EXPECT_NE(out.find("is a run folder; give one of its weights files, such as " +
+                     (run_dir / "checkpoints" / "best.safetensors").string()),
+            std::string::npos)
+      << out;
   // Evaluating a checkpoint whose recorded data has moved says where the folder came from.
   fs::rename(root / "data", root / "moved");
   EXPECT_NE(run("eval --weights " + (run_dir / "checkpoints" / "best.safetensors").string(), &out), 0);

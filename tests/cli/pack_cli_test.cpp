@@ -201,7 +201,8 @@ TEST(PackCli, AMissingSourceIsOneClearError) {
   test::write_image_folder(dir.path() / "src", 1, 1);
   std::ofstream(dir.file("a_file")) << "x";
   EXPECT_EQ(run_resnet("pack " + dir.file("src") + " " + dir.file("a_file"), dir), 1);
-  EXPECT_THAT(read_all(dir.file("stderr")), HasSubstr("cannot create the output folder"));
+  EXPECT_THAT(read_all(dir.file("stderr")),
+              HasSubstr("pack: the output '" + dir.file("a_file") + "' is a file, not a folder"));
 }
 
 }  // namespace

@@ -287,7 +287,7 @@ TEST(DataLoader, WorkerErrorsReachTheConsumer) {
       loader.next();  // 32..47 holds sample 37
       ADD_FAILURE() << "no error from the failing sample";
     } catch (const Error& e) {
-      EXPECT_THAT(e.what(), HasSubstr("loading sample 37 of test-dataset (epoch 0, batch 2)"));
+      EXPECT_THAT(e.what(), HasSubstr("loading sample 37 of test-dataset (epoch 1, batch 3)"));
       EXPECT_THAT(e.what(), HasSubstr("corrupt sample in /data/bad.bin"));
     }
     const Batch* last = loader.next();  // that batch is lost; the epoch goes on

@@ -10,6 +10,7 @@
 #include "data/shard_dataset.h"
 #include "data/shard_pack.h"
 #include "train/data_setup.h"
+#include "train/log_capture.h"
 #include "train/test_dir.h"
 
 namespace rn {
@@ -75,6 +76,33 @@ TEST(DataSetupShards, APackOfAListFileIsLabelledByPosition) {
   o.out_dir = dir.file("again");
   pack_shards(ShardDataset(dir.file("packed")), o);
   EXPECT_TRUE(ShardDataset(dir.file("again")).manifest().labels_are_positions);
+}
+
+// Training on a pack downscaled below the model's input is said: every crop is upsampled.
+TEST(DataSetupShards, APackSmallerThanTheInputIsSaid) {
+  TestDir dir;
+  test::write_image_folder(dir.path() / "src", 2, 3);
+  PackOptions o;
+  o.out_dir = dir.file("packed");
+  o.workers = 1;
+  o.max_short_side = 8;
+  pack_shards(ImageFolderDataset(dir.file("src")), o);
+  Config cfg;
+  cfg.model.num_classes = 2;
+  cfg.model.in_channels = 3;
+  cfg.model.image_size = {16, 16};
+  cfg.data.dataset = DatasetKind::imagefolder;
+  cfg.data.root = dir.file("packed");
+  cfg.data.mean = {0.5, 0.5, 0.5};
+  cfg.data.std = {0.25, 0.25, 0.25};
+  cfg.data.augment.eval_resize = 16;
+  cfg.data.batch_size = 2;
+  cfg.data.workers = 0;
+  cfg.validate();
+  LogCapture log;
+  make_loaders(cfg, DType::f32, Layout::nhwc);
+  EXPECT_NE(log.text().find("was packed with --max-size 8, below the model's input of 16x16"), std::string::npos)
+      << log.text();
 }
 
 }  // namespace
