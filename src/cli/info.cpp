@@ -101,7 +101,15 @@ int run_info(const InfoArgs& a) {
     backend = make_backend_for(*device, bo);
   }
   // Checked against the backend where there is one (fp16 on a CPU is refused with why).
-  const PrecisionPolicy policy = backend ? make_precision_policy(pc, *backend) : intended_precision_policy(pc);
+  // The backend's refusal speaks in config keys; here the same choice is an option of info's.
+  const PrecisionPolicy policy = [&] {
+    if (!backend) return intended_precision_policy(pc);
+    try {
+      return make_precision_policy(pc, *backend);
+    } catch (const Error& e) {
+      RN_FAIL() << e.what() << " (with resnet info: another --dtype, or --device none to plan without kernels)";
+    }
+  }();
   const std::string dtypes = pc.level == PrecisionLevel::O0
                                  ? "fp32"
                                  : fmt::format("{} convolutions, {} activations", dtype_name(policy.conv_dtype),

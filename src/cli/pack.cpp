@@ -82,6 +82,12 @@ int run_pack(const PackArgs& a) {
     src = std::make_unique<ImageFolderDataset>(a.src);
   fmt::print(stderr, "pack: {} images, {} classes from {} into {}\n", src->size(), src->num_classes(), src->name(),
              a.out);
+  // One class folder is seldom a dataset: more often the class folder given for its parent.
+  if (src->num_classes() == 1 && a.list.empty())
+    fmt::print(stderr,
+               "pack: warning: {} has one class ('{}'); a classifier needs at least 2 (was a class folder given "
+               "instead of the folder above it?)\n",
+               a.src, src->classes().front());
 
   PackOptions o;
   o.out_dir = a.out;

@@ -203,6 +203,9 @@ TEST(PackCli, AMissingSourceIsOneClearError) {
   EXPECT_EQ(run_resnet("pack " + dir.file("src") + " " + dir.file("a_file"), dir), 1);
   EXPECT_THAT(read_all(dir.file("stderr")),
               HasSubstr("pack: the output '" + dir.file("a_file") + "' is a file, not a folder"));
+  // One class folder packs, with a warning: it is more often a class folder given by mistake.
+  EXPECT_EQ(run_resnet("pack " + dir.file("src") + " " + dir.file("one"), dir), 0);
+  EXPECT_THAT(read_all(dir.file("stderr")), HasSubstr("has one class ('class_0'); a classifier needs at least 2"));
 }
 
 }  // namespace
