@@ -18,6 +18,22 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// An image-folder config of 16x16 RGB images with `classes` classes read from `root`.
+Config folder_config(const std::string& root, int64_t classes, int64_t batch) {
+  Config cfg;
+  cfg.model.num_classes = classes;
+  cfg.model.in_channels = 3;
+  cfg.model.image_size = {16, 16};
+  cfg.data.dataset = DatasetKind::imagefolder;
+  cfg.data.root = root;
+  cfg.data.mean = {0.5, 0.5, 0.5};
+  cfg.data.std = {0.25, 0.25, 0.25};
+  cfg.data.augment.eval_resize = 16;
+  cfg.data.batch_size = batch;
+  cfg.data.workers = 0;
+  return cfg;
+}
+
 TEST(DataSetupShards, APackedFolderOpensAsShards) {
   TestDir dir;
   test::write_image_folder(dir.path() / "src", 2, 3);
@@ -51,19 +67,9 @@ TEST(DataSetupShards, APackOfAListFileIsLabelledByPosition) {
   o.workers = 1;
   pack_shards(src, o);
 
-  Config cfg;
-  cfg.model.num_classes = 3;
-  cfg.model.in_channels = 3;
-  cfg.model.image_size = {16, 16};
-  cfg.data.dataset = DatasetKind::imagefolder;
-  cfg.data.root = dir.file("src");
+  Config cfg = folder_config(dir.file("src"), 3, 6);
   cfg.data.val_root = dir.file("packed");
   cfg.data.classes = {"a", "b", "c"};  // the names of a model trained on class folders
-  cfg.data.mean = {0.5, 0.5, 0.5};
-  cfg.data.std = {0.25, 0.25, 0.25};
-  cfg.data.augment.eval_resize = 16;
-  cfg.data.batch_size = 6;
-  cfg.data.workers = 0;
   cfg.validate();
   const auto loader = make_val_loader(cfg, DType::f32, Layout::nhwc);
   EXPECT_EQ(loader->dataset().num_classes(), 3);
@@ -87,17 +93,7 @@ TEST(DataSetupShards, APackSmallerThanTheInputIsSaid) {
   o.workers = 1;
   o.max_short_side = 8;
   pack_shards(ImageFolderDataset(dir.file("src")), o);
-  Config cfg;
-  cfg.model.num_classes = 2;
-  cfg.model.in_channels = 3;
-  cfg.model.image_size = {16, 16};
-  cfg.data.dataset = DatasetKind::imagefolder;
-  cfg.data.root = dir.file("packed");
-  cfg.data.mean = {0.5, 0.5, 0.5};
-  cfg.data.std = {0.25, 0.25, 0.25};
-  cfg.data.augment.eval_resize = 16;
-  cfg.data.batch_size = 2;
-  cfg.data.workers = 0;
+  Config cfg = folder_config(dir.file("packed"), 2, 2);
   cfg.validate();
   LogCapture log;
   make_loaders(cfg, DType::f32, Layout::nhwc);
