@@ -109,6 +109,7 @@ TEST(Report, InputPipelineTablePerEpoch) {
       MetricsRecord r("pipeline", epoch, epoch * 100);
       r.add("batches", int64_t{100}).add("read_s", 0.5).add("decode_s", 2.0).add("augment_s", 1.0);
       r.add("collate_s", 0.25).add("copy_s", 0.1).add("step_s", 30.0).add("wait_share", 0.012);
+      r.add("cache_hits", int64_t{70}).add("skipped", int64_t{3});
       r.add("verdict", std::string_view("compute-bound: <1.2%> waiting"));
       log.append(r);
     }
@@ -119,7 +120,7 @@ TEST(Report, InputPipelineTablePerEpoch) {
   EXPECT_NE(html.find("<h2>Input pipeline</h2>"), std::string::npos);
   EXPECT_EQ(count_of(html, "compute-bound: &lt;1.2%&gt; waiting"), 2);  // one row per epoch, escaped
   EXPECT_NE(html.find("<td>20.00</td>"), std::string::npos);            // decode: 2 s over 100 batches
-  EXPECT_NE(html.find("<td>1.2%</td>"), std::string::npos);
+  EXPECT_NE(html.find("<td>1.2%</td><td>70</td><td>3</td>"), std::string::npos);  // wait, cache hits, bad files
 }
 
 TEST(Report, CommunicationTableOnlyForDataParallelRuns) {
