@@ -102,13 +102,14 @@ void collect_images(const fs::path& dir, const fs::path& prefix, std::vector<fs:
   std::error_code ec;
   fs::directory_iterator it(dir, ec);
   RN_CHECK(!ec) << "cannot read the folder " << dir.string() << ": " << ec.message();
+  // A failed increment leaves `it` at the end: the error is checked after the loop.
   for (const fs::directory_iterator end; it != end; it.increment(ec)) {
-    RN_CHECK(!ec) << "cannot read the folder " << dir.string() << ": " << ec.message();
     const fs::path path = it->path();
     const fs::path rel = prefix / path.filename();
     std::error_code sec;
-    const fs::file_status st = fs::status(path, sec);  // follows links; a dangling one is not found
-    if (fs::is_directory(st)) {
+    // The entry's type comes from the directory listing; only links are followed with a stat
+    // (a dangling one is neither a folder nor a file).
+    if (it->is_directory(sec)) {
       const fs::path real = fs::canonical(path, sec);
       RN_CHECK(!sec) << "cannot follow " << path.string() << ": " << sec.message();
       for (const fs::path& o : open)
@@ -122,10 +123,11 @@ void collect_images(const fs::path& dir, const fs::path& prefix, std::vector<fs:
       open.push_back(real);
       collect_images(path, rel, open, files, class_dirs, own_class);
       open.pop_back();
-    } else if (fs::is_regular_file(st) && is_image_file_name(path.filename().string())) {
+    } else if (is_image_file_name(path.filename().string()) && it->is_regular_file(sec)) {
       files.push_back(rel.generic_string());
     }
   }
+  RN_CHECK(!ec) << "cannot read the folder " << dir.string() << ": " << ec.message();
 }
 
 }  // namespace
