@@ -298,7 +298,9 @@ void decode_jpeg(std::span<const uint8_t> bytes, const DecodeRequest& request, D
 // ---------------------------------------------------------------------------------------
 // PNG through libpng's simplified API (no setjmp on our side; errors come back as a
 // message). 8-bit images are read as they are; 16-bit ones as 16-bit values reduced to
-// their high byte, as PIL does, rather than through libpng's linear-to-sRGB conversion.
+// their high byte rather than through libpng's linear-to-sRGB conversion. That is PIL's
+// result for 16-bit RGB; PIL clips 16-bit grayscale to 255 instead (docs/images.md lists
+// this and the other PNGs whose pixels differ from PIL's).
 
 ImageInfo png_begin(std::span<const uint8_t> bytes, png_image& image) {
   std::memset(&image, 0, sizeof(image));
