@@ -524,7 +524,17 @@ PackResult pack_shards(const EncodedDataset& src, const PackOptions& o) {
     result.bytes_out += out.index.tar_bytes;
     for (auto& s2 : out.skipped) result.skipped_sources.push_back(std::move(s2));
   }
-  RN_CHECK(result.records > 0) << "pack: every image of " << src.name() << " was unreadable";
+  if (result.records == 0) {
+    // Nothing to keep: the empty shards and the marker go, and the folder if that empties it.
+    for (int64_t s = 0; s < plan.shards; ++s) {
+      fs::remove(plan.path(shard_tar_name(s)), ec);
+      fs::remove(plan.path(shard_index_name(s)), ec);
+    }
+    fs::remove(fs::path(o.out_dir) / kPackMarker, ec);
+    fs::remove(o.out_dir, ec);  // only when empty
+    RN_FAIL() << "pack: every image of " << src.name() << " was unreadable (" << result.skipped
+              << " skipped, each logged above); nothing was packed";
+  }
   manifest.records = result.records;
   manifest.skipped = result.skipped;
   write_file_atomic((fs::path(o.out_dir) / kShardManifestName).string(), format_shard_manifest(manifest));

@@ -261,6 +261,15 @@ TEST_F(ShardTest, ARerunRepacksAShardWhoseSourceFileChanged) {
   EXPECT_THAT(read_text(dir_.file("out/shard-00001.idx")), HasSubstr("\n#sources "));
 }
 
+// Every image unreadable: an error, and no empty shards or marker left behind.
+TEST_F(ShardTest, APackOfNothingReadableLeavesNothing) {
+  test::write_bytes(dir_.path() / "bad/c/a.jpg", std::vector<uint8_t>(300, 0x5a));
+  test::write_bytes(dir_.path() / "bad/c/b.jpg", {});
+  const ImageFolderDataset src((dir_.path() / "bad").string());
+  expect_error([&] { pack_shards(src, options("out")); }, {"was unreadable (2 skipped", "nothing was packed"});
+  EXPECT_FALSE(fs::exists(dir_.file("out")));
+}
+
 TEST_F(ShardTest, UnreadableImagesAreSkippedAndCountedOrStopAStrictPack) {
   test::write_bytes(dir_.path() / "src/class_1/zz_garbage.jpg", std::vector<uint8_t>(300, 0x5a));
   auto truncated = file_bytes(src_paths_[5]);
