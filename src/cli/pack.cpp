@@ -105,8 +105,14 @@ int run_pack(const PackArgs& a) {
   fmt::print("packed {} into {} ({} per shard, {} kept from an earlier run) in {:.1f} s, {:.0f} records/s\n",
              counted(r.records, "record"), counted(r.shards, "shard"), counted(r.records_per_shard, "record"),
              r.shards_reused, r.seconds, r.records / std::max(r.seconds, 1e-9));
-  fmt::print("read {}, wrote {}; skipped {}\n", human_bytes(static_cast<double>(r.bytes_in)),
-             human_bytes(static_cast<double>(r.bytes_out)), counted(r.skipped, "unreadable image"));
+  // Kept shards count their skips, which the run that packed them named.
+  const int64_t skipped_before = r.skipped - static_cast<int64_t>(r.skipped_sources.size());
+  fmt::print(
+      "read {}, wrote {}; skipped {}{}\n", human_bytes(static_cast<double>(r.bytes_in)),
+      human_bytes(static_cast<double>(r.bytes_out)), counted(r.skipped, "unreadable image"),
+      skipped_before > 0
+          ? fmt::format(" ({} in shards kept from an earlier run, named by the run that packed them)", skipped_before)
+          : std::string());
   for (const auto& s : r.skipped_sources) fmt::print("  skipped {}\n", s);
   return 0;
 }
