@@ -1,6 +1,6 @@
 // The troubleshooting commands (docs/troubleshooting.md):
-//   resnet doctor  --config X [--set k=v] [--steps K] [--json PATH]   precision doctor; exit 2 past thresholds
-//   resnet profile --model M --batch B [--dtype] [--precision] [--device] [--trace PATH] [--json PATH]
+//   resnet doctor  --config X [--set k=v] [--data DIR] [--steps K] [--json PATH]   precision doctor; exit 2 past
+//   thresholds resnet profile --model M --batch B [--dtype] [--precision] [--device] [--trace PATH] [--json PATH]
 //   resnet summary RUN_A [RUN_B] [--tolerance T]                       gradient-monitor summary / comparison
 #include <fmt/format.h>
 
@@ -23,12 +23,15 @@ namespace {
 struct DoctorArgs {
   std::string config;
   std::vector<std::string> sets;
+  std::string data;
   int steps = 3;
   std::string json = "doctor.json";
 };
 
 int run_doctor_cmd(const DoctorArgs& a) {
-  const Config cfg = load_config(a.config, a.sets);
+  std::vector<std::string> sets = data_sets(a.data, !a.config.empty());  // --set wins
+  sets.insert(sets.end(), a.sets.begin(), a.sets.end());
+  const Config cfg = load_config(a.config, sets);
   if (!a.json.empty()) check_output_path(a.json, "--json");
   const DoctorReport r = run_doctor(cfg, {.steps = a.steps});
   fmt::print("{}", r.table());
@@ -115,6 +118,9 @@ Runner add_doctor_command(CLI::App& app) {
       "Exit status 2 when diagnostics.doctor_max_* thresholds are passed");
   cmd->add_option("--config", a->config, "YAML config (default: the built-in resnet20 Fashion-MNIST recipe)");
   cmd->add_option("--set", a->sets, "Override a config key, e.g. --set precision.level=O2 (repeatable)");
+  cmd->add_option("--data", a->data,
+                  "Check on an image folder (or a packed one), as resnet train --data reads it: ImageNet's "
+                  "normalisation, RGB, and without --config as many outputs as it has classes; --set wins");
   cmd->add_option("--steps", a->steps, "Training steps compared")->capture_default_str()->check(positive_number());
   cmd->add_option("--json", a->json, "Write the report as JSON here (empty: do not)")->capture_default_str();
   return [cmd, a]() -> int { return cmd->parsed() ? run_doctor_cmd(*a) : -1; };

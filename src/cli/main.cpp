@@ -3,13 +3,47 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <exception>
+#include <string>
 #include <vector>
 
 #include "cli/commands.h"
 #include "core/build_info.h"
 #include "core/check.h"
 #include "train/versions.h"
+
+namespace {
+
+// Levenshtein distance, for "did you mean" on a mistyped command.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// The first word was not a command: name it, the commands, and the nearest one.
+void say_unknown_command(const CLI::App& app, const std::string& word) {
+  std::string names, nearest;
+  size_t best = 3;  // at most two edits away
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+    names += (names.empty() ? "" : ", ") + sub->get_name();
+    if (const size_t d = edit_distance(word, sub->get_name()); d < best) best = d, nearest = sub->get_name();
+  }
+  fmt::print(stderr, "resnet: '{}' is not a command{}; the commands are {} (resnet --help)\n", word,
+             nearest.empty() ? "" : fmt::format(" (did you mean '{}'?)", nearest), names);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"resnet.cpp: train ResNet image classifiers fast on CPUs and NVIDIA GPUs"};
@@ -39,6 +73,11 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    // A mistyped command reads to CLI11 as no command and an extra word.
+    if (argc > 1 && argv[1][0] != '-' && app.get_subcommands().empty()) {
+      say_unknown_command(app, argv[1]);
+      return 106;  // CLI11's status for a missing subcommand
+    }
     const int rc = app.exit(e);
     // `launch` passes on what follows `--`; without it CLI11 sees the command's own options
     // as launch's and names them only as "not expected".

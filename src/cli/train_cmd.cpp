@@ -83,7 +83,7 @@ int64_t count_classes(const std::string& root) {
 // --data PATH: an image folder (root/<class>/*.jpg, or root/train + root/val) with
 // ImageNet's normalisation and, without --config, as many model outputs as it has classes;
 // the user's own --set options come after and win.
-std::vector<std::string> data_sets(const std::string& path, bool has_config) {
+std::vector<std::string> data_sets_for(const std::string& path, bool has_config) {
   if (path.empty()) return {};
   std::vector<std::string> sets = imagenet_input_sets();
   sets.push_back("data.root=" + path);
@@ -99,7 +99,7 @@ std::vector<std::string> data_sets(const std::string& path, bool has_config) {
 int run_train(const TrainArgs& a) {
   RN_CHECK(a.resume.empty() || (a.data.empty() && a.config.empty()))
       << "--resume continues a run with the config in its folder; --data and --config cannot change it";
-  std::vector<std::string> sets = data_sets(a.data, !a.config.empty());
+  std::vector<std::string> sets = data_sets_for(a.data, !a.config.empty());
   sets.insert(sets.end(), a.sets.begin(), a.sets.end());
   // Resuming, the run's own config wins; --set may change only keys that cannot change results
   // (checked by train()).
@@ -113,18 +113,27 @@ int run_train(const TrainArgs& a) {
   const bool writer = !current_world() || current_world()->writer();
   shutdown_world();  // every rank leaves MPI together
   if (!writer) return r.interrupted ? 130 : 0;
-  if (r.final_eval.samples > 0)
-    fmt::print("final: top-1 {:.2f}%, top-5 {:.2f}%, loss {:.4f}; best top-1 {:.2f}%; {} in {:.1f} s; run {}\n",
-               100 * r.final_eval.top1, 100 * r.final_eval.top5, r.final_eval.loss, 100 * r.best_top1,
-               counted(r.steps, "step"), r.seconds, r.run_dir);
+  // "60 steps in 3.5 s", or after a resume "60 steps (21 in this session, 1.5 s)".
+  const std::string steps =
+      r.session_steps == r.steps
+          ? fmt::format("{} in {:.1f} s", counted(r.steps, "step"), r.seconds)
+          : fmt::format("{} ({} in this session, {:.1f} s)", counted(r.steps, "step"), r.session_steps, r.seconds);
+  if (r.complete && r.final_eval.samples > 0)
+    fmt::print("final: top-1 {:.2f}%, top-5 {:.2f}%, loss {:.4f}; best top-1 {:.2f}%; {}; run {}\n",
+               100 * r.final_eval.top1, 100 * r.final_eval.top5, r.final_eval.loss, 100 * r.best_top1, steps,
+               r.run_dir);
   else if (r.complete)  // a resume of a finished run: nothing was left to do
     fmt::print(
         "the run in {} is complete ({}): nothing left to train; its last checkpoint and report are "
         "there\n",
         r.run_dir, counted(r.steps, "step"));
-  else
-    fmt::print("{} after {} in {:.1f} s; resume with: resnet train --resume {}\n",
-               r.interrupted ? "interrupted" : "stopped", counted(r.steps, "step"), r.seconds, r.run_dir);
+  else  // stopped before the end: the last evaluation, if any, is not the final one
+    fmt::print(
+        "{} after {}{}; resume with: resnet train --resume {}\n", r.interrupted ? "interrupted" : "stopped", steps,
+        r.final_eval.samples > 0 ? fmt::format("; last evaluation: top-1 {:.2f}%, top-5 {:.2f}%, loss {:.4f}",
+                                               100 * r.final_eval.top1, 100 * r.final_eval.top5, r.final_eval.loss)
+                                 : std::string(),
+        r.run_dir);
   return r.interrupted ? 130 : 0;
 }
 
@@ -467,6 +476,8 @@ void add_config_options(CLI::App* cmd, std::string& config, std::vector<std::str
 }
 
 }  // namespace
+
+std::vector<std::string> data_sets(const std::string& path, bool has_config) { return data_sets_for(path, has_config); }
 
 Runner add_train_command(CLI::App& app) {
   auto a = std::make_shared<TrainArgs>();

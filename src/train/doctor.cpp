@@ -143,8 +143,9 @@ void decide_doctor_verdict(DoctorReport& r, const DiagnosticsConfig& d) {
   auto count = [&](auto pred) { return std::count_if(r.tensors.begin(), r.tensors.end(), pred); };
   const std::string rec =
       std::isfinite(r.recommended_scale)
-          ? fmt::format("precision.loss_scale.initial={} (safe range {} .. {})", format_scale(r.recommended_scale),
-                        format_scale(r.safe.lo), format_scale(r.safe.hi))
+          // The value as the config takes it (a number), with its power of two.
+          ? fmt::format("precision.loss_scale.initial={:g} ({}; safe range {} .. {})", r.recommended_scale,
+                        format_scale(r.recommended_scale), format_scale(r.safe.lo), format_scale(r.safe.hi))
           : std::string("no loss scale fits every tensor: use bf16 or keep the affected layers in fp32");
   if (worst_under && worst_under->underflow > d.doctor_max_underflow) {
     const auto n = count([&](const DoctorTensor& t) { return t.underflow > d.doctor_max_underflow; });
@@ -176,7 +177,7 @@ void decide_doctor_verdict(DoctorReport& r, const DiagnosticsConfig& d) {
         r.rounding_diff_total < 0
             ? std::string()
             : fmt::format(
-                  ", and {:.1f} times the rounding baseline {} (limit {:g}x, diagnostics.doctor_max_diff_ratio)",
+                  ", and {:.2f} times the rounding baseline {} (limit {:g}x, diagnostics.doctor_max_diff_ratio)",
                   r.rel_diff_total / std::max(r.rounding_diff_total, 1e-300), pct(r.rounding_diff_total),
                   d.doctor_max_diff_ratio),
         worst_diff->name, pct(worst_diff->rel_diff_first)));
@@ -193,7 +194,7 @@ void decide_doctor_verdict(DoctorReport& r, const DiagnosticsConfig& d) {
                     r.level, failing->name, pct(failing->rel_diff_first), pct(d.doctor_max_tensor_grad_diff),
                     failing->rel_diff_rounding < 0
                         ? std::string()
-                        : fmt::format(", and {:.1f} times its rounding baseline {} (limit {:g}x)",
+                        : fmt::format(", and {:.2f} times its rounding baseline {} (limit {:g}x)",
                                       failing->rel_diff_first / std::max(failing->rel_diff_rounding, 1e-300),
                                       pct(failing->rel_diff_rounding), d.doctor_max_diff_ratio)));
   r.pass = r.problems.empty();

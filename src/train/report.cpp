@@ -146,7 +146,16 @@ std::string best_of(const std::vector<const json*>& eval, const char* key) {
   return percent(number(*best, key)) + (std::isfinite(epoch) ? fmt::format(" (epoch {:g})", epoch) : "");
 }
 
+// The larger of two figures either of which may be missing (NaN).
+double larger(double a, double b) {
+  return std::isfinite(a) && std::isfinite(b) ? std::max(a, b) : std::isfinite(a) ? a : b;
+}
+
 std::string summary_table(const History& h) {
+  // Train records count epochs from 0 (the one being trained), eval records from 1 (the ones
+  // completed); a run shorter than one log interval has eval records only.
+  const double epochs = larger(last_of(h.train, "epoch") + 1, last_of(h.eval, "epoch"));
+  const double steps = larger(last_of(h.train, "step"), last_of(h.eval, "step"));
   double last_time = kNaN;
   for (const auto* list : {&h.train, &h.eval}) {
     double t = last_of(*list, "time");
@@ -159,8 +168,8 @@ std::string summary_table(const History& h) {
       {"best top-5", best_of(h.eval, "top5")},
       {"final training loss", or_na(last_of(h.train, "loss"), fmt::format("{:.4f}", last_of(h.train, "loss")))},
       {"final validation loss", or_na(last_of(h.eval, "loss"), fmt::format("{:.4f}", last_of(h.eval, "loss")))},
-      {"epochs", or_na(last_of(h.train, "epoch"), fmt::format("{:g}", last_of(h.train, "epoch")))},
-      {"total steps", or_na(last_of(h.train, "step"), fmt::format("{:g}", last_of(h.train, "step")))},
+      {"epochs", or_na(epochs, fmt::format("{:g}", epochs))},
+      {"total steps", or_na(steps, fmt::format("{:g}", steps))},
       {"skipped overflow steps",
        or_na(last_of(h.train, "skipped_steps"), fmt::format("{:g}", last_of(h.train, "skipped_steps")))},
       {"median images/s", or_na(median(values_of(h.train, "images_per_sec")),

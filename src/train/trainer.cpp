@@ -280,8 +280,11 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
   Communicator& comm = *world.comm;
   const bool writer = world.writer();
   set_activity("setting up", -1);
+  // A resume's --set overrides go into config.yaml once the run is under way: a resume that
+  // fails (a mistyped data.root, a step limit already reached) leaves the file as it was.
+  std::optional<std::string> resumed_yaml;
   if (resuming) {
-    if (writer && !options.resume_overrides.empty()) write_file_atomic(run_dir + "/config.yaml", cfg.to_yaml());
+    if (writer && !options.resume_overrides.empty()) resumed_yaml = cfg.to_yaml();
   } else {
     // The data folders as absolute paths, so that the recorded config (config.yaml and every
     // checkpoint's) reads the same data from any working directory: resnet eval, a resume.
@@ -575,6 +578,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
   TrainResult result;
   result.run_dir = run_dir;
   const auto t_start = std::chrono::steady_clock::now();
+  const int64_t first_step = st.step;  // a resume's earlier sessions trained the steps before it
 
   // Per-rank batch norm (dist.sync_bn off) leaves each rank with its own running statistics.
   // Before an evaluation and a checkpoint they are averaged over the ranks (a collective: all
@@ -607,6 +611,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
   const int64_t epochs = cfg.schedule.epochs;
   bool stop = false;
   if (fresh_folder) fresh_folder->keep();
+  if (resumed_yaml) write_file_atomic(run_dir + "/config.yaml", *resumed_yaml);
   while (st.epoch < epochs && !stop) {
     if (const MemoryLevel level = memory_level_at_epoch(cfg.memory, st.epoch); level != po.memory) {
       plan_at(level, st.epoch);
@@ -860,13 +865,17 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
   result.best_top1 = st.best_top1;
   result.complete = st.epoch >= epochs;
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  result.session_steps = st.step - first_step;
   diag.finish(st.epoch, st.step);
   if (scaler.skipped_steps() > 0)
     RN_LOG_INFO("{} skipped for inf/NaN gradients", counted(scaler.skipped_steps(), "step was", "steps were"));
   if (writer) write_report(run_dir);
   set_activity("finished", st.step);
-  RN_LOG_INFO("{} after {} in {:.1f} s; report: {}/report.html", stop ? "stopped" : "finished",
-              counted(st.step, "step"), result.seconds, run_dir);
+  RN_LOG_INFO("{} after {} {}; report: {}/report.html", stop ? "stopped" : "finished", counted(st.step, "step"),
+              result.session_steps == st.step
+                  ? fmt::format("in {:.1f} s", result.seconds)
+                  : fmt::format("({} in this session, {:.1f} s)", result.session_steps, result.seconds),
+              run_dir);
   return result;
 }
 

@@ -21,7 +21,8 @@ struct EvalResult {
 
 struct TrainResult {
   std::string run_dir;
-  int64_t steps = 0;
+  int64_t steps = 0;          // the run's, a resumed run's earlier sessions included
+  int64_t session_steps = 0;  // trained by this call, in `seconds`
   double seconds = 0;
   EvalResult final_eval;
   double best_top1 = 0;

@@ -210,5 +210,13 @@ TEST(ImageFolderE2E, OneClassAndIdxModelsAreNamed) {
   EXPECT_EQ(out.find("install Debian's"), std::string::npos) << out;
 }
 
+// A mistyped command is named, with the nearest command, not taken for a missing one.
+TEST(Cli, AMistypedCommandIsNamed) {
+  std::string out;
+  EXPECT_NE(run("trian --max-steps 2", &out), 0);
+  EXPECT_NE(out.find("'trian' is not a command (did you mean 'train'?)"), std::string::npos) << out;
+  EXPECT_EQ(out.find("A subcommand is required"), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace rn

@@ -34,7 +34,7 @@ void write_run(const std::string& run_dir) {
     for (int64_t s = 10; s <= 100; s += 10) {
       int64_t step = (epoch - 1) * 100 + s;
       TrainMetrics m;
-      m.epoch = epoch;
+      m.epoch = epoch - 1;  // as the trainer writes them: the epoch being trained, from 0
       m.step = step;
       m.loss = 2.5 * std::exp(-static_cast<double>(step) / 120.0) + 0.3;
       m.lr = step < 50 ? 0.1 * static_cast<double>(step) / 50 : 0.1 * 0.5 * (1 + std::cos(M_PI * (step - 50) / 250.0));
@@ -98,6 +98,20 @@ TEST(Report, HasEveryPlotAndTheSummary) {
   int files = 0;
   for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir.path())) ++files;
   EXPECT_EQ(files, 3);  // metrics.jsonl, config.yaml, report.html
+}
+
+// A run shorter than one log interval has no train records: its epochs and steps come from
+// the evaluation.
+TEST(Report, ARunWithoutTrainRecordsCountsFromItsEvaluation) {
+  TestDir dir;
+  {
+    MetricsLog log(dir.path().string());
+    log.log_eval({.epoch = 1, .step = 2, .loss = 2.3, .top1 = 0.1, .top5 = 0.5, .extra = {}});
+  }
+  write_report(dir.path().string());
+  const std::string html = read_text_file(dir.file("report.html"));
+  EXPECT_NE(html.find("<th>epochs</th><td>1</td>"), std::string::npos);
+  EXPECT_NE(html.find("<th>total steps</th><td>2</td>"), std::string::npos);
 }
 
 TEST(Report, InputPipelineTablePerEpoch) {

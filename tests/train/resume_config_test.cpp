@@ -132,11 +132,13 @@ TEST(ResumeConfig, SetTakesTheKeysThatCannotChangeResults) {
   EXPECT_EQ(train(cfg, resume).steps, 8);
   EXPECT_NE(read_file(a.run_dir + "/config.yaml").find("log_interval_steps: 2"), std::string::npos);
 
-  resume.resume_overrides = {};
+  // A resume that fails leaves config.yaml as it was: its --set is not written.
+  resume.resume_overrides = {"run.log_interval_steps=3"};
   resume.max_steps = 6;
   e = error_of_train(cfg, resume);
   EXPECT_NE(e.find("the step limit (--max-steps) is 6 but " + a.run_dir + " is at step 8 already"), std::string::npos)
       << e;
+  EXPECT_NE(read_file(a.run_dir + "/config.yaml").find("log_interval_steps: 2"), std::string::npos);
   const std::string log = read_file(a.run_dir + "/train.log");
   const size_t last_line = log.rfind('\n', log.size() - 2);
   EXPECT_NE(log.find("[error] the step limit (--max-steps) is 6", last_line), std::string::npos) << log;
