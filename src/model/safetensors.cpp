@@ -1,8 +1,10 @@
 #include "model/safetensors.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <atomic>
@@ -266,6 +268,13 @@ SafetensorsFile SafetensorsFile::load(const std::string& path) {
   RN_CHECK(read_exact(file.fd, f.data_.data(), f.data_.bytes(), &err))
       << where << "cannot read the " << data_bytes << "-byte data section: "
       << (err ? errno_text(err) : std::string("file shrank while reading"));
+  if (auto it = f.metadata_.find(std::string(kDataCrc32Key)); it != f.metadata_.end()) {
+    const auto crc = static_cast<uint32_t>(
+        ::crc32_z(::crc32_z(0L, Z_NULL, 0), static_cast<const Bytef*>(f.data_.data()), f.data_.bytes()));
+    RN_CHECK(fmt::format("{:08x}", crc) == it->second)
+        << where << "the tensor data is damaged: its CRC-32 is " << fmt::format("{:08x}", crc)
+        << ", the header recorded " << it->second << " when the file was written";
+  }
 
   for (size_t i = 0; i < f.entries_.size(); ++i) {
     const SafetensorsEntry& e = f.entries_[i];
@@ -397,8 +406,14 @@ int create_temporary(const std::string& path, std::string* tmp_path) {
 }  // namespace
 
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+                       const std::map<std::string, std::string>& metadata_in) {
   const std::vector<Planned> plan = plan_layout(path, tensors);
+  // The data section's CRC-32, so that a reader finds damage the format's checks cannot see
+  // (a flipped bit in a tensor).
+  std::map<std::string, std::string> metadata = metadata_in;
+  uLong crc = ::crc32_z(0L, Z_NULL, 0);
+  for (const Planned& p : plan) crc = ::crc32_z(crc, static_cast<const Bytef*>(p.tensor->data), p.tensor->bytes());
+  metadata[std::string(kDataCrc32Key)] = fmt::format("{:08x}", static_cast<uint32_t>(crc));
   const std::string header = build_header(path, plan, metadata);
 
   std::string tmp;

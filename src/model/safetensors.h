@@ -18,6 +18,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -77,6 +78,10 @@ class SafetensorsFile {
 // is a multiple of its element size.
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
+
+// The metadata key write_safetensors() adds: the CRC-32 of the data section, as 8 hex digits.
+// load() checks it where present (files from elsewhere have none).
+inline constexpr std::string_view kDataCrc32Key = "rn.data_crc32";
 
 // The safetensors dtype tag for `t` ("F32", "BF16", "F16", "I32", "U8").
 std::string_view safetensors_dtype_tag(DType t);

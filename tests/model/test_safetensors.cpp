@@ -119,7 +119,8 @@ TEST_F(SafetensorsTest, RoundTripDtypesAndShapes) {
 
   SafetensorsFile f = SafetensorsFile::load(file);
   EXPECT_EQ(f.path(), file);
-  EXPECT_TRUE(f.metadata().empty());
+  ASSERT_EQ(f.metadata().size(), 1u);  // only the data's CRC-32, which the writer adds
+  EXPECT_EQ(f.metadata().begin()->first, kDataCrc32Key);
   ASSERT_EQ(f.entries().size(), owned.size());
   EXPECT_EQ(f.find("absent"), nullptr);
   for (const auto& [name, t] : owned) {
@@ -164,14 +165,37 @@ TEST_F(SafetensorsTest, MetadataRoundTrip) {
   const std::string file = path("meta.safetensors");
   write_safetensors(file, {{"w", t.view()}}, metadata);
   SafetensorsFile f = SafetensorsFile::load(file);
-  EXPECT_EQ(f.metadata(), metadata);
+  const auto without_crc = [](std::map<std::string, std::string> m) {
+    EXPECT_EQ(m.erase(std::string(kDataCrc32Key)), 1u);
+    return m;
+  };
+  EXPECT_EQ(without_crc(f.metadata()), metadata);
   EXPECT_EQ(f.entries().size(), 1u);
 
   // Metadata alone, no tensors, is a valid file too.
   write_safetensors(file, {}, metadata);
   SafetensorsFile empty = SafetensorsFile::load(file);
   EXPECT_TRUE(empty.entries().empty());
-  EXPECT_EQ(empty.metadata(), metadata);
+  EXPECT_EQ(without_crc(empty.metadata()), metadata);
+}
+
+// A flipped bit in the tensor data passes every check of the format; the CRC-32 the writer
+// records finds it, and the error names the file.
+TEST_F(SafetensorsTest, AFlippedDataBitIsFoundByTheChecksum) {
+  HostTensor t = filled({64}, DType::f32, 3);
+  const std::string file = path("crc.safetensors");
+  write_safetensors(file, {{"w", t.view()}});
+  std::string bytes = read_bytes(file);
+  bytes[bytes.size() - 100] ^= 0x40;
+  std::ofstream(file, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  try {
+    SafetensorsFile::load(file);
+    ADD_FAILURE() << "a damaged file loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("safetensors file '" + file + "': the tensor data is damaged"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST_F(SafetensorsTest, HeaderIsPaddedWithSpacesToEightBytes) {

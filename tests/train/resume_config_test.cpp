@@ -164,6 +164,28 @@ TEST(ResumeConfig, ARunWithOnlyDamagedCheckpointsIsNotStartedAgain) {
   }
 }
 
+// One flipped bit in a checkpoint's tensor data is damage too (its CRC-32 says so), not weights
+// to resume from.
+TEST(ResumeConfig, AFlippedBitInACheckpointIsDamage) {
+  TestDir dir;
+  const Config cfg = test::small_run_config(dir.file("run"));
+  const TrainResult a = test::train_until(cfg, 2);
+  const std::string ckpt = a.run_dir + "/checkpoints/step-00000002.safetensors";
+  {
+    std::fstream f(ckpt, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-64, std::ios::end);
+    char c = 0;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x40);
+    f.seekp(-64, std::ios::end);
+    f.write(&c, 1);
+  }
+  TrainOptions resume;
+  resume.resume_dir = a.run_dir;
+  const std::string e = error_of_train(cfg, resume);
+  EXPECT_NE(e.find("none of its checkpoints loads (set aside: " + ckpt + ".damaged)"), std::string::npos) << e;
+}
+
 // A fresh run does not write into a folder of other files (it would replace their report.html,
 // config.yaml, ...); an empty folder is fine. A run stopped mid-epoch leaves its trace.
 TEST(ResumeConfig, AFreshRunNeedsANewOrEmptyFolder) {
