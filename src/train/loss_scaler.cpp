@@ -8,6 +8,7 @@
 
 #include "core/check.h"
 #include "core/log.h"
+#include "core/plural.h"
 #include "core/thread_pool.h"
 
 namespace rn {
@@ -89,7 +90,7 @@ bool LossScaler::update(bool overflow) {
                   cfg_.policy == LossScalePolicy::none ? std::string("no loss scaling")
                                                        : fmt::format("static loss scale {}", state_.scale));
   } else {
-    change_scale(c.scale, fmt::format("{} steps without overflow", clean_before));
+    change_scale(c.scale, fmt::format("{} without overflow", counted(clean_before, "step")));
   }
   state_.step = c.step;
   state_.clean_steps = c.clean_steps;

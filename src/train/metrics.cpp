@@ -296,11 +296,19 @@ void ProgressPrinter::update(const ProgressFields& f) {
   draw(f);
 }
 
+namespace {
+// A loss to 4 decimals, or in 4 significant digits once it is absurd (a diverging run's 5e36
+// would otherwise print 40 digits).
+std::string loss_text(double loss) {
+  return std::isfinite(loss) && std::abs(loss) >= 1e6 ? fmt::format("{:.4g}", loss) : fmt::format("{:.4f}", loss);
+}
+}  // namespace
+
 void ProgressPrinter::draw(const ProgressFields& f) {
   double eta = eta_seconds(f);
   std::string left = fmt::format("epoch {}/{} ", f.epoch, f.epochs);
-  std::string right = fmt::format(" {}/{} loss {:.4f} lr {:.4g} scale {:g} {:.0f} img/s wait {:.0f}%{}",
-                                  f.step_in_epoch, f.steps_per_epoch, f.loss, f.lr, f.loss_scale, f.images_per_sec,
+  std::string right = fmt::format(" {}/{} loss {} lr {:.4g} scale {:g} {:.0f} img/s wait {:.0f}%{}", f.step_in_epoch,
+                                  f.steps_per_epoch, loss_text(f.loss), f.lr, f.loss_scale, f.images_per_sec,
                                   100 * f.data_wait_share, eta >= 0 ? " ETA " + format_duration(eta) : "");
   const int columns = terminal_columns(out_);
   int bar_width = std::min(30, columns - 1 - static_cast<int>(left.size() + right.size()) - 2);
@@ -319,8 +327,8 @@ void ProgressPrinter::draw(const ProgressFields& f) {
 
 void ProgressPrinter::log_line(const ProgressFields& f) {
   double eta = eta_seconds(f);
-  RN_LOG_INFO("epoch {}/{} step {}/{} loss {:.4f} lr {:.4g} scale {:g} img/s {:.1f} data wait {:.1f}%{}", f.epoch,
-              f.epochs, f.step_in_epoch, f.steps_per_epoch, f.loss, f.lr, f.loss_scale, f.images_per_sec,
+  RN_LOG_INFO("epoch {}/{} step {}/{} loss {} lr {:.4g} scale {:g} img/s {:.1f} data wait {:.1f}%{}", f.epoch, f.epochs,
+              f.step_in_epoch, f.steps_per_epoch, loss_text(f.loss), f.lr, f.loss_scale, f.images_per_sec,
               100 * f.data_wait_share, eta >= 0 ? " ETA " + format_duration(eta) : "");
 }
 

@@ -629,6 +629,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
     CommTotals comm_epoch, comm_interval;
     const auto epoch_t0 = std::chrono::steady_clock::now();
     float last_loss = 0.0f;
+    int64_t steps_here = 0;  // of this epoch, in this process (0: a resume at its last step)
     for (;;) {
       set_activity("waiting for a batch", st.step);
       const Batch* b = train_loader.next();
@@ -659,6 +660,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
       }
       ++st.step;
       ++st.batch_in_epoch;
+      ++steps_here;
       const bool at_limit = options.max_steps > 0 && st.step >= options.max_steps;
       set_activity("agreeing on the step's loss", st.step);
       // Sink mode reads the loss (a synchronisation) only every sink_size steps. Eager device
@@ -772,11 +774,17 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
         result.interrupted = agreed.stop;
         break;
       }
-      if (cfg.run.checkpoint.every_steps > 0 && st.step % cfg.run.checkpoint.every_steps == 0)
+      // At the epoch's last step the epoch-end checkpoint (after the evaluation) follows: the
+      // same step is not written twice.
+      const bool epoch_save_follows =
+          st.batch_in_epoch == steps_per_epoch && (cfg.run.checkpoint.every_epoch || st.epoch + 1 == epochs);
+      if (cfg.run.checkpoint.every_steps > 0 && st.step % cfg.run.checkpoint.every_steps == 0 && !epoch_save_follows)
         save(false, std::nullopt);
     }
     if (stop) break;
-    if (!memory_logged) {
+    // Measured only where this process ran steps of the epoch: a resume at an epoch's last step
+    // finishes that epoch without one, and would report this session's plan with nothing measured.
+    if (!memory_logged && steps_here > 0) {
       log_measured_memory(*plan, metrics, st.epoch + 1, st.step);
       memory_logged = true;
     }

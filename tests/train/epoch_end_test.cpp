@@ -1,0 +1,47 @@
+// The end of an epoch: a periodic checkpoint that falls on its last step is not written twice
+// (the epoch-end one follows), and a resume at an epoch's last step does not report memory for
+// an epoch it ran no step of.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "log_capture.h"
+#include "small_run.h"
+#include "test_dir.h"
+#include "train/trainer.h"
+
+namespace rn {
+namespace {
+
+int count_of(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+TEST(EpochEnd, APeriodicCheckpointOnTheLastStepIsWrittenOnce) {
+  TestDir dir;
+  Config cfg = test::small_run_config(dir.file("run"));  // 3 epochs of 4 steps
+  cfg.run.checkpoint.every_steps = 2;
+  cfg.validate();
+  LogCapture log;
+  test::train_until(cfg, 6);
+  EXPECT_EQ(count_of(log.text(), "step-00000002.safetensors"), 1) << log.text();
+  EXPECT_EQ(count_of(log.text(), "step-00000004.safetensors"), 1) << log.text();
+}
+
+TEST(EpochEnd, AResumeAtAnEpochsLastStepReportsNoMemoryForIt) {
+  TestDir dir;
+  const Config cfg = test::small_run_config(dir.file("run"));
+  const TrainResult a = test::train_until(cfg, 4);  // stops at the last step of epoch 1
+  TrainOptions resume;
+  resume.resume_dir = a.run_dir;
+  resume.max_steps = 9;  // through epoch 2, into epoch 3
+  LogCapture log;
+  train(cfg, resume);
+  EXPECT_EQ(log.text().find("after epoch 1:"), std::string::npos) << log.text();
+  EXPECT_NE(log.text().find("after epoch 2:"), std::string::npos) << log.text();
+}
+
+}  // namespace
+}  // namespace rn
