@@ -11,25 +11,10 @@
 #include "cli/commands.h"
 #include "core/build_info.h"
 #include "core/check.h"
+#include "core/edit_distance.h"
 #include "train/versions.h"
 
 namespace {
-
-// Levenshtein distance, for "did you mean" on a mistyped command.
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = up;
-    }
-  }
-  return row[b.size()];
-}
 
 // The first word was not a command: name it, the commands, and the nearest one.
 void say_unknown_command(const CLI::App& app, const std::string& word) {
@@ -37,7 +22,7 @@ void say_unknown_command(const CLI::App& app, const std::string& word) {
   size_t best = 3;  // at most two edits away
   for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
     names += (names.empty() ? "" : ", ") + sub->get_name();
-    if (const size_t d = edit_distance(word, sub->get_name()); d < best) best = d, nearest = sub->get_name();
+    if (const size_t d = rn::edit_distance(word, sub->get_name()); d < best) best = d, nearest = sub->get_name();
   }
   fmt::print(stderr, "resnet: '{}' is not a command{}; the commands are {} (resnet --help)\n", word,
              nearest.empty() ? "" : fmt::format(" (did you mean '{}'?)", nearest), names);

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "core/check.h"
+#include "core/edit_distance.h"
 #include "train/checkpoint_file.h"
 
 namespace rn {
@@ -72,21 +73,6 @@ std::string_view name_of(E v) {
 
 // ---------------------------------------------------------------------------------------
 // Helpers
-
-size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
 
 std::string_view leaf_of(std::string_view key) {
   size_t dot = key.rfind('.');

@@ -13,12 +13,6 @@
 namespace rn {
 namespace {
 
-int count_of(const std::string& text, const std::string& what) {
-  int n = 0;
-  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-  return n;
-}
-
 TEST(EpochEnd, APeriodicCheckpointOnTheLastStepIsWrittenOnce) {
   TestDir dir;
   Config cfg = test::small_run_config(dir.file("run"));  // 3 epochs of 4 steps
@@ -26,8 +20,8 @@ TEST(EpochEnd, APeriodicCheckpointOnTheLastStepIsWrittenOnce) {
   cfg.validate();
   LogCapture log;
   test::train_until(cfg, 6);
-  EXPECT_EQ(count_of(log.text(), "step-00000002.safetensors"), 1) << log.text();
-  EXPECT_EQ(count_of(log.text(), "step-00000004.safetensors"), 1) << log.text();
+  EXPECT_EQ(log.count("step-00000002.safetensors"), 1) << log.text();
+  EXPECT_EQ(log.count("step-00000004.safetensors"), 1) << log.text();
 }
 
 TEST(EpochEnd, AResumeAtAnEpochsLastStepReportsNoMemoryForIt) {

@@ -23,6 +23,13 @@ class LogCapture {
     sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
   }
   std::string text() const { return stream_.str(); }
+  // How many times `what` appears in what was captured.
+  int count(const std::string& what) const {
+    const std::string t = text();
+    int n = 0;
+    for (size_t at = t.find(what); at != std::string::npos; at = t.find(what, at + 1)) ++n;
+    return n;
+  }
 
  private:
   std::ostringstream stream_;
