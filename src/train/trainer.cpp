@@ -262,7 +262,9 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
     // Only settings that cannot change results may differ from the run's (the same keys an edit
     // of its config.yaml may change). The folder and the per-rank batch follow from the resume.
     for (const std::string& o : options.resume_overrides) {
+      const std::string before = cfg.to_yaml();
       apply_config_override(cfg, o);  // first: a key that does not exist is named as such
+      if (cfg.to_yaml() == before) continue;  // the run's own value: nothing changes
       std::string key = o.substr(0, o.find('='));
       key.erase(key.find_last_not_of(" \t") + 1);
       key.erase(0, key.find_first_not_of(" \t"));

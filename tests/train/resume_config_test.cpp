@@ -1,5 +1,6 @@
 // A resume checks the run's config.yaml (which a user may edit) against the configuration its
 // checkpoint was trained with: keys that change results must agree, the others may differ.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -127,6 +128,11 @@ TEST(ResumeConfig, SetTakesTheKeysThatCannotChangeResults) {
   resume.resume_overrides = {"optimizer.base_lr=0.3"};
   std::string e = error_of_train(cfg, resume);
   EXPECT_NE(e.find("cannot change 'optimizer.base_lr' when resuming"), std::string::npos) << e;
+  // The run's own value changes nothing, and is not refused.
+  resume.resume_overrides = {"optimizer.base_lr=" + fmt::format("{}", cfg.optimizer.base_lr)};
+  resume.max_steps = 5;
+  EXPECT_EQ(train(cfg, resume).steps, 5);
+  resume.max_steps = 8;
 
   resume.resume_overrides = {"run.threads=1", "run.log_interval_steps = 2", "data.workers=2"};
   EXPECT_EQ(train(cfg, resume).steps, 8);
