@@ -116,7 +116,7 @@ TEST(MemorySwitch, CheckpointAtO1ResumesAtO2) {
   ASSERT_EQ(stopped.steps, 6);
   TrainOptions bad;
   bad.resume_dir = stopped.run_dir;
-  bad.resume_overrides = {"data.batch_size=8"};
+  bad.resume_overrides = {"data.batch_size=4"};  // another batch: refused
   EXPECT_THROW(train(cfg, bad), Error);  // only keys that cannot change results may change on resume
   TrainOptions resume;
   resume.resume_dir = stopped.run_dir;
