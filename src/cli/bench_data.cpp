@@ -8,6 +8,7 @@
 
 #include "cli/format.h"
 #include "core/check.h"
+#include "core/plural.h"
 #include "core/thread_pool.h"
 #include "data/augment.h"
 #include "data/loader.h"
@@ -92,8 +93,8 @@ int run_data_bench(const DataBenchArgs& a) {
         times.decode, times.augment, times.collate);
     return 0;
   }
-  fmt::print("{} | {} | {} worker{} | batch {} | {} | {} images in {:.2f} s | {:.1f} img/s | {:.1f} img/s per worker\n",
-             dataset->name(), augment->name(), workers, workers == 1 ? "" : "s", a.batch,
+  fmt::print("{} | {} | {} | batch {} | {} | {} images in {:.2f} s | {:.1f} img/s | {:.1f} img/s per worker\n",
+             dataset->name(), augment->name(), counted(workers, "worker"), a.batch,
              a.normalize ? "f32 NCHW" : "u8 NHWC", images, seconds, rate, rate / workers);
   PipelineSpan span;
   span.loader = times;

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
-#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -30,6 +29,7 @@
 #include "model/safetensors.h"
 #include "model/zoo.h"
 #include "ops/backend.h"
+#include "prof/tensor_stats.h"
 #include "train/batch_feeder.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
@@ -178,17 +178,21 @@ bool sets_key(const std::vector<std::string>& sets, const std::string& key) {
 // otherwise; --set changes any of it.
 // `recorded`, when given, says whether the config came with the weights (a checkpoint's) rather
 // than from --config, --set or torchvision's setting.
+// The config a resnet.cpp weights file or checkpoint records; empty for other files.
+std::string recorded_config(const std::string& path) {
+  if (is_pytorch_file(path)) return {};
+  const SafetensorsFile f = SafetensorsFile::load(path);
+  const auto it = f.metadata().find("config_yaml");
+  return it != f.metadata().end() ? it->second : std::string();
+}
+
 Config config_for_weights(const EvalArgs& a, bool* recorded = nullptr) {
   check_weights_exist(a.weights, "--weights");
   if (recorded) *recorded = false;
   if (!a.config.empty()) return load_config(a.config, a.sets);
-  if (!is_pytorch_file(a.weights)) {
-    const SafetensorsFile f = SafetensorsFile::load(a.weights);
-    auto it = f.metadata().find("config_yaml");
-    if (it != f.metadata().end()) {
-      if (recorded) *recorded = true;
-      return load_config_from_string(it->second, a.sets, a.weights + " (embedded config)");
-    }
+  if (const std::string yaml = recorded_config(a.weights); !yaml.empty()) {
+    if (recorded) *recorded = true;
+    return load_config_from_string(yaml, a.sets, a.weights + " (embedded config)");
   }
   std::vector<std::string> sets;
   if (!sets_key(a.sets, "model.name")) {
@@ -216,19 +220,15 @@ void warn_non_finite(const Model& model, const std::string& source) {
   std::vector<std::string> bad;
   for (const std::string& name : model.names()) {
     Tensor t = model.named(name);
-    const float* p = t.ptr<float>();
-    int64_t n = 0;
-    for (int64_t i = 0; i < t.numel(); ++i) n += std::isfinite(p[i]) ? 0 : 1;
-    if (n > 0) bad.push_back(fmt::format("'{}' ({} of {} values)", name, n, t.numel()));
+    const TensorStats s = tensor_stats(t.ptr<float>(), t.numel());
+    if (s.infs + s.nans > 0) bad.push_back(fmt::format("'{}' ({} of {} values)", name, s.infs + s.nans, t.numel()));
   }
   if (bad.empty()) return;
   const size_t shown = std::min<size_t>(bad.size(), 4);
-  RN_LOG_WARN(
-      "{}: {} tensor{} hold{} values that are not finite (NaN or infinity): {}{}; the model's outputs will be "
-      "NaN",
-      source, bad.size(), bad.size() == 1 ? "" : "s", bad.size() == 1 ? "s" : "",
-      fmt::join(bad.begin(), bad.begin() + static_cast<std::ptrdiff_t>(shown), ", "),
-      bad.size() > shown ? ", ..." : "");
+  RN_LOG_WARN("{}: {} values that are not finite (NaN or infinity): {}{}; the model's outputs will be NaN", source,
+              counted(static_cast<int64_t>(bad.size()), "tensor holds", "tensors hold"),
+              fmt::join(bad.begin(), bad.begin() + static_cast<std::ptrdiff_t>(shown), ", "),
+              bad.size() > shown ? ", ..." : "");
 }
 
 // Our checkpoints and weights files; a PyTorch state dict through the same strict load as
@@ -419,22 +419,9 @@ int run_import(const ImportArgs& a) {
   std::optional<TorchvisionResnet> tv;
   // A resnet.cpp weights file or checkpoint carries its config: that is the model, unless told
   // otherwise.
-  std::string embedded;
-  if (model_name.empty() && a.config.empty() && !sets_key(a.sets, "model.name") && !is_pytorch_file(a.source)) {
-    const SafetensorsFile f = SafetensorsFile::load(a.source);
-    if (auto it = f.metadata().find("config_yaml"); it != f.metadata().end()) embedded = it->second;
-  }
-  if (!embedded.empty()) {
-    const Config cfg = load_config_from_string(embedded, a.sets, a.source + " (embedded config)");
-    Model model(build_model(cfg.model.name, model_options(cfg.model)));
-    const PretrainedLoad r = load_pretrained(a.source, model);
-    warn_non_finite(model, a.source);
-    save_weights(a.out, model, cfg.to_yaml());
-    fmt::print("imported {} into {}: {} as its embedded config describes it, {}\n", a.source, a.out, cfg.model.name,
-               r.summary());
-    return 0;
-  }
-  if (model_name.empty() && a.config.empty() && !sets_key(a.sets, "model.name")) {
+  const bool unnamed = model_name.empty() && a.config.empty() && !sets_key(a.sets, "model.name");
+  const std::string embedded = unnamed ? recorded_config(a.source) : std::string();
+  if (unnamed && embedded.empty()) {
     tv = torchvision_resnet_in(a.source);
     RN_CHECK(tv) << "resnet import: " << a.source
                  << " is not one of torchvision's ResNets by its tensors; name the model the weights are for: "
@@ -457,12 +444,14 @@ int run_import(const ImportArgs& a) {
     }
   }
   sets.insert(sets.end(), a.sets.begin(), a.sets.end());
-  const Config cfg = load_config(a.config, sets);
+  const Config cfg = embedded.empty() ? load_config(a.config, sets)
+                                      : load_config_from_string(embedded, a.sets, a.source + " (embedded config)");
   Model model(build_model(cfg.model.name, model_options(cfg.model)));
   const PretrainedLoad r = load_pretrained(a.source, model);
   warn_non_finite(model, a.source);
   save_weights(a.out, model, cfg.to_yaml());
-  fmt::print("imported {} into {}: {}, {}", a.source, a.out, cfg.model.name, r.summary());
+  fmt::print("imported {} into {}: {}{}, {}", a.source, a.out, cfg.model.name,
+             embedded.empty() ? "" : " as its embedded config describes it", r.summary());
   if (r.ignored > 0) fmt::print("; {} tensor(s) not needed (BN counters, optimizer state)", r.ignored);
   fmt::print("\n");
   return 0;

@@ -18,10 +18,13 @@ class EncodedDataset : public Dataset {
   // its label. Safe to call concurrently. Throws rn::Error naming source(index) when the
   // bytes cannot be read (a missing file, a checksum mismatch).
   virtual int read(int64_t index, EncodedImage& out) const = 0;
-  // Where sample `index` comes from, for logs and errors: a path, or "shard-00003.tar:key".
+  // Where sample `index` comes from, for logs and errors: a path, or "FOLDER/shard-00003.tar:key".
   virtual std::string source(int64_t index) const = 0;
   // The class names, index = label.
   virtual const std::vector<std::string>& classes() const = 0;
+  // True when the labels are positions in a model's class list rather than names to match
+  // (a list file's "path label" lines, and a pack of one): classes() are then the numbers.
+  virtual bool labels_are_positions() const { return false; }
 
   int num_classes() const override { return static_cast<int>(classes().size()); }
   // Variable-size RGB.

@@ -49,6 +49,7 @@ class ImageListDataset : public ImageFolderDataset {
  public:
   ImageListDataset(const std::string& root, const std::string& list_file, std::vector<std::string> classes = {});
   std::string name() const override { return "imagelist:" + list_file_; }
+  bool labels_are_positions() const override { return true; }
 
  private:
   std::string list_file_;

@@ -31,6 +31,7 @@ class ShardDataset : public EncodedDataset {
 
   int64_t size() const override { return static_cast<int64_t>(records_.size()); }
   const std::vector<std::string>& classes() const override { return manifest_.classes; }
+  bool labels_are_positions() const override { return manifest_.labels_are_positions; }
   int read(int64_t index, EncodedImage& out) const override;
   std::string source(int64_t index) const override;
   std::string name() const override { return "shards:" + dir_; }

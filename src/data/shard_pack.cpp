@@ -503,11 +503,7 @@ PackResult pack_shards(const EncodedDataset& src, const PackOptions& o) {
   result.records_per_shard = rps;
   ShardManifest manifest;
   manifest.classes = src.classes();
-  // A list file's labels are positions (its classes are their numbers), and stay so repacked.
-  if (const auto* shards = dynamic_cast<const ShardDataset*>(&src))
-    manifest.labels_are_positions = shards->manifest().labels_are_positions;
-  else if (dynamic_cast<const ImageListDataset*>(&src) != nullptr)
-    manifest.labels_are_positions = true;
+  manifest.labels_are_positions = src.labels_are_positions();  // a list file's, and stays so repacked
   manifest.source = comparable_source(src.name());  // absolute, for a rerun from elsewhere
   manifest.max_size = o.max_short_side;
   manifest.quality = o.quality;

@@ -4,6 +4,7 @@
 
 #include "core/check.h"
 #include "core/log.h"
+#include "core/plural.h"
 
 namespace rn {
 
@@ -26,8 +27,8 @@ GradientSync make_gradient_sync(Model& model, Backend& backend, Communicator& ho
   std::vector<GradBucket> buckets = make_grad_buckets(ranges, dist.fusion_threshold, boundaries);
   int64_t largest = 0;
   for (const GradBucket& b : buckets) largest = std::max(largest, b.bytes());
-  RN_LOG_INFO("gradient fusion: {} bucket{} ({}), largest {:.2f} MiB, all-reduced during backward{}", buckets.size(),
-              buckets.size() == 1 ? "" : "s",
+  RN_LOG_INFO("gradient fusion: {} ({}), largest {:.2f} MiB, all-reduced during backward{}",
+              counted(static_cast<int64_t>(buckets.size()), "bucket"),
               boundaries.empty() ? fmt::format("dist.fusion_threshold {} bytes", dist.fusion_threshold)
                                  : "dist.bucket_boundaries",
               largest / 1048576.0,

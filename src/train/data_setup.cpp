@@ -97,16 +97,11 @@ class RelabelledDataset : public EncodedDataset {
 };
 
 // `ds` labelled by `classes` (data.classes): class folders (and packed shards) by their names; a
-// list file's labels are positions already. `what` names the data in errors.
+// list file's labels (and a pack of one's) are positions already. `what` names the data in errors.
 std::shared_ptr<const EncodedDataset> labelled_by(std::shared_ptr<const EncodedDataset> ds,
-                                                  const std::vector<std::string>& classes, bool is_list,
-                                                  const std::string& what) {
+                                                  const std::vector<std::string>& classes, const std::string& what) {
   if (classes.empty() || ds->classes() == classes) return ds;
-  // A pack of a list file keeps the list's labels: positions, not names.
-  if (const auto* shards = dynamic_cast<const ShardDataset*>(ds.get());
-      shards && shards->manifest().labels_are_positions)
-    is_list = true;
-  if (is_list) {
+  if (ds->labels_are_positions()) {
     RN_CHECK(ds->classes().size() <= classes.size())
         << what << " " << ds->name() << " has labels up to " << ds->classes().size() - 1 << " but data.classes names "
         << classes.size() << " classes";
@@ -280,8 +275,8 @@ Loaders make_loaders(const Config& cfg, DType dtype, Layout layout, std::shared_
             "crop (pack it again with a larger --max-size, or none)",
             paths.train, packed->manifest().max_size, cfg.model.image_size[0], cfg.model.image_size[1]);
       loaders.classes = d.classes.empty() ? train->classes() : d.classes;
-      train = subset(labelled_by(std::move(train), loaders.classes, false, "training data"), d.train_subset,
-                     cfg.run.seed, "data.train_subset");
+      train = subset(labelled_by(std::move(train), loaders.classes, "training data"), d.train_subset, cfg.run.seed,
+                     "data.train_subset");
       if (paths.val_is_train) {
         std::error_code ec;
         const fs::path test = fs::path(d.root) / "test";
@@ -295,7 +290,7 @@ Loaders make_loaders(const Config& cfg, DType dtype, Layout layout, std::shared_
       }
       const bool val_list = !paths.val_is_train && !d.val_list.empty();
       auto val = subset(labelled_by(open_image_dataset(paths.val, val_list ? d.val_list : ""), loaders.classes,
-                                    val_list, "the validation data"),
+                                    "the validation data"),
                         d.val_subset, cfg.run.seed + 1, "data.val_subset");
       check_fits(cfg, *train);
       check_fits(cfg, *val);
@@ -345,8 +340,8 @@ std::unique_ptr<DataLoader> make_val_loader(const Config& cfg, DType dtype, Layo
             "empty), so the {} class folders of {} are labelled 0..{} in sorted order, while the model has {} "
             "outputs; set data.classes to the names in the model's order if that is not right",
             val->num_classes(), val->name(), val->num_classes() - 1, cfg.model.num_classes);
-      val = subset(labelled_by(std::move(val), d.classes, val_list, "the evaluation data"), d.val_subset,
-                   cfg.run.seed + 1, "data.val_subset");
+      val = subset(labelled_by(std::move(val), d.classes, "the evaluation data"), d.val_subset, cfg.run.seed + 1,
+                   "data.val_subset");
       check_fits(cfg, *val);
       return std::make_unique<DataLoader>(val, eval_augment(cfg), vo);
     }

@@ -349,8 +349,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
   }
   const PrecisionPolicy policy = make_precision_policy(cfg.precision, *backend);
   // The backend's description names its implementation mode (run.implementation_mode).
-  RN_LOG_INFO("device {}; {} host thread{}; {}", backend->describe(), host_threads(), host_threads() == 1 ? "" : "s",
-              policy.describe());
+  RN_LOG_INFO("device {}; {}; {}", backend->describe(), counted(host_threads(), "host thread"), policy.describe());
   const int sink_size = static_cast<int>(cfg.run.sink_size);
   if (sink_size > 0) {
     RN_CHECK(backend->device() != Device::cpu)
@@ -798,9 +797,9 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
     RN_LOG_INFO("epoch {} {}", st.epoch + 1, format_pipeline(pipeline, verdict));
     if (reducer && !comm_epoch.timed) {
       RN_LOG_INFO(
-          "epoch {} communication: {} bucket{}, {:.2f} MiB per step, all-reduced by {} during backward; times not "
+          "epoch {} communication: {}, {:.2f} MiB per step, all-reduced by {} during backward; times not "
           "measured ({})",
-          st.epoch + 1, reducer->buckets().size(), reducer->buckets().size() == 1 ? "" : "s",
+          st.epoch + 1, counted(static_cast<int64_t>(reducer->buckets().size()), "bucket"),
           static_cast<double>(model.params().total) * 4 / 1048576.0, grad_sync.comm->name(),
           sink_size > 0 ? "sink mode: the all-reduces run inside the replayed step graph"
                         : "the communicator did not time every bucket of every step on the device");
@@ -811,9 +810,9 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
                          .add("timed", false));
     } else if (reducer) {
       RN_LOG_INFO(
-          "epoch {} communication: {} bucket{}, {:.2f} MiB per step, {:.2f} ms/step all-reducing, {:.0f}% of it "
+          "epoch {} communication: {}, {:.2f} MiB per step, {:.2f} ms/step all-reducing, {:.0f}% of it "
           "hidden behind backward ({:.2f} ms/step exposed)",
-          st.epoch + 1, reducer->buckets().size(), reducer->buckets().size() == 1 ? "" : "s",
+          st.epoch + 1, counted(static_cast<int64_t>(reducer->buckets().size()), "bucket"),
           static_cast<double>(model.params().total) * 4 / 1048576.0, comm_epoch.ms_per_step(comm_epoch.total),
           100 * comm_epoch.hidden_share(), comm_epoch.ms_per_step(comm_epoch.exposed));
       metrics.append(MetricsRecord("comm", st.epoch + 1, st.step)
