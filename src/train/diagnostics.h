@@ -27,7 +27,7 @@
 namespace rn {
 
 struct StepDiagnostics {
-  int64_t epoch = 0;      // 0-based
+  int64_t epoch = 0;      // the step's epoch, from 1
   int64_t step = 0;       // 1-based optimizer step just done
   int64_t images = 0;     // samples of the step (this rank)
   double wait_total = 0;  // the loader's epoch_wait_seconds() after the step

@@ -166,6 +166,10 @@ std::vector<GradRecord> read_grad_summary(const std::string& path) {
       RN_FAIL() << path << ":" << no << ": not a gradient summary record (" << e.what() << ")";
     }
   }
+  // Files written before 2026-12-03 counted epochs from 0 (now from 1, as every record): a
+  // record of epoch 0 marks one, whose epochs are moved to the current convention.
+  if (std::any_of(out.begin(), out.end(), [](const GradRecord& r) { return r.epoch == 0; }))
+    for (GradRecord& r : out) ++r.epoch;
   return out;
 }
 

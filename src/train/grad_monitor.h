@@ -34,7 +34,7 @@ struct LayerGradStats {
 };
 
 struct GradRecord {
-  int64_t epoch = 0;  // 0-based epoch of the step
+  int64_t epoch = 0;  // the step's epoch, from 1
   int64_t step = 0;   // 1-based optimizer step
   double loss_scale = 1;
   bool applied = true;                 // false: skipped for inf/NaN

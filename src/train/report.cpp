@@ -152,9 +152,12 @@ double larger(double a, double b) {
 }
 
 std::string summary_table(const History& h) {
-  // Train records count epochs from 0 (the one being trained), eval records from 1 (the ones
-  // completed); a run shorter than one log interval has eval records only.
-  const double epochs = larger(last_of(h.train, "epoch") + 1, last_of(h.eval, "epoch"));
+  // Records count epochs from 1 (the epoch being trained, or the one just completed); a file
+  // written before 2026-12-03 counted train records from 0, and its start records have no
+  // "epochs_from". A run shorter than one log interval has eval records only.
+  const bool train_from_0 =
+      std::none_of(h.starts.begin(), h.starts.end(), [](const json* s) { return number(*s, "epochs_from") == 1; });
+  const double epochs = larger(last_of(h.train, "epoch") + (train_from_0 ? 1 : 0), last_of(h.eval, "epoch"));
   const double steps = larger(last_of(h.train, "step"), last_of(h.eval, "step"));
   double last_time = kNaN;
   for (const auto* list : {&h.train, &h.eval}) {

@@ -123,7 +123,7 @@ std::string summarize_grad_run(const std::vector<GradRecord>& all) {
     RN_CHECK(r->layers.size() == a.layers.size())
         << "summary: the record of step " << r->step << " has " << r->layers.size() << " tensors, the one of step "
         << a.step << " has " << a.layers.size() << " (two runs' summaries in one file?)";
-  std::string s = fmt::format("first epoch ({}): {}, {} .. {}; loss scale {:g} .. {:g}\n", a.epoch + 1,
+  std::string s = fmt::format("first epoch ({}): {}, {} .. {}; loss scale {:g} .. {:g}\n", a.epoch,
                               counted(static_cast<int64_t>(first_epoch.size()), "monitored step"), a.step, z.step,
                               a.loss_scale, z.loss_scale);
   const TensorStats ta = a.total(), tz = z.total();

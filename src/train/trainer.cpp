@@ -568,7 +568,11 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
 
   MetricsLog metrics(run_dir, writer);
   // What made this stretch of the run (a resumed run adds one per resume): report.html lists them.
-  metrics.append(MetricsRecord("start", st.epoch, st.step)
+  // Every record's "epoch" counts from 1: the epoch it belongs to (the one being trained, or
+  // the one just completed); "epochs_from" tells a reader of older files, which counted train
+  // records from 0, which convention a file uses.
+  metrics.append(MetricsRecord("start", st.epoch + 1, st.step)
+                     .add("epochs_from", int64_t{1})
                      .add("software", build_description())
                      .add("libraries", describe_libraries(library_versions()))
                      .add("resumed", from_checkpoint));
@@ -711,16 +715,15 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
       double host_sync_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - sync_t0).count();
       if (reducer && step->on_device() && step->last_comm().timed)
         host_sync_s = std::max(0.0, host_sync_s - step->last_comm().exposed);
-      diag.after_step(
-          {.epoch = st.epoch,
-           .step = st.step,
-           .images = b->size,
-           .wait_total = train_loader.epoch_wait_seconds(),
-           .loss_scale = scale_used,
-           .applied = applied,
-           .comm_seconds = reducer ? step->last_comm().exposed : 0.0,  // 0 where untimed
-           .host_sync_seconds = host_sync_s,
-           .sync_point = sink_size == 0 || st.step % sink_size == 0});
+      diag.after_step({.epoch = st.epoch + 1,
+                       .step = st.step,
+                       .images = b->size,
+                       .wait_total = train_loader.epoch_wait_seconds(),
+                       .loss_scale = scale_used,
+                       .applied = applied,
+                       .comm_seconds = reducer ? step->last_comm().exposed : 0.0,  // 0 where untimed
+                       .host_sync_seconds = host_sync_s,
+                       .sync_point = sink_size == 0 || st.step % sink_size == 0});
       // The agreed (rank-averaged) mean of the losses read now, once per step it covers.
       interval_loss += static_cast<double>(loss) * static_cast<double>(step_losses.size());
       interval_losses += static_cast<int64_t>(step_losses.size());
@@ -747,7 +750,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
       if (st.step % cfg.run.log_interval_steps == 0) {
         progress.log_line(pf);
         TrainMetrics m;
-        m.epoch = st.epoch;
+        m.epoch = st.epoch + 1;  // the epoch being trained, from 1 (as every record)
         m.step = st.step;
         m.loss = pf.loss;
         m.lr = lr;
@@ -875,7 +878,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
   result.complete = st.epoch >= epochs;
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   result.session_steps = st.step - first_step;
-  diag.finish(st.epoch, st.step);
+  diag.finish(st.batch_in_epoch > 0 ? st.epoch + 1 : st.epoch, st.step);  // the last step's epoch
   if (scaler.skipped_steps() > 0)
     RN_LOG_INFO("{} skipped for inf/NaN gradients", counted(scaler.skipped_steps(), "step was", "steps were"));
   if (writer) write_report(run_dir);

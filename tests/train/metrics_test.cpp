@@ -6,13 +6,16 @@
 
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "core/check.h"
 #include "core/log.h"
 #include "log_capture.h"
+#include "small_run.h"
 #include "test_dir.h"
 #include "train/checkpoint_file.h"
+#include "train/grad_monitor.h"
 
 namespace rn {
 namespace {
@@ -245,6 +248,40 @@ TEST(MetricsRecord, AddFieldsKeepsTypesAndRefusesNesting) {
   EXPECT_EQ(f["verdict"].get<std::string>(), "ok");
   EXPECT_THROW(r.add_fields(nlohmann::json{{"nested", {{"a", 1}}}}), Error);
   EXPECT_THROW(r.add_fields(nlohmann::json::array()), Error);
+}
+
+// Every record a run writes counts epochs from 1: train, grad and device records the epoch
+// being trained, eval, memory and pipeline records the one just completed (so an epoch's
+// last train record and its evaluation carry the same number).
+TEST(MetricsRun, EveryRecordCountsEpochsFrom1) {
+  TestDir dir;
+  Config cfg = test::small_run_config(dir.file("run"));
+  cfg.schedule.epochs = 2;
+  cfg.run.log_interval_steps = 2;
+  cfg.run.eval_interval_epochs = 1;
+  cfg.diagnostics.grad_monitor_interval = 2;
+  cfg.validate();
+  const TrainResult r = train(cfg, {});
+  ASSERT_TRUE(r.complete);
+  std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> epoch_step;  // kind -> (epoch, step)
+  for (const auto& j : read_metrics(r.run_dir + "/metrics.jsonl"))
+    epoch_step[j["kind"].get<std::string>()].emplace_back(j["epoch"].get<int64_t>(), j["step"].get<int64_t>());
+  using P = std::pair<int64_t, int64_t>;
+  EXPECT_EQ(epoch_step["train"], (std::vector<P>{{1, 2}, {1, 4}, {2, 6}, {2, 8}}));
+  EXPECT_EQ(epoch_step["grad"], (std::vector<P>{{1, 1}, {1, 2}, {1, 4}, {2, 6}, {2, 8}}));  // and step 1
+  EXPECT_EQ(epoch_step["eval"], (std::vector<P>{{1, 4}, {2, 8}}));
+  EXPECT_EQ(epoch_step["pipeline"], (std::vector<P>{{1, 4}, {2, 8}}));
+  EXPECT_EQ(epoch_step["start"], (std::vector<P>{{1, 0}}));
+  for (const auto& [kind, list] : epoch_step)
+    for (const auto& [epoch, step] : list) {
+      EXPECT_GE(epoch, 1) << kind << " at step " << step;
+      EXPECT_LE(epoch, 2) << kind << " at step " << step;
+    }
+  // The gradient summary counts the same way; `resnet summary` names the first epoch 1.
+  const std::vector<GradRecord> grads = read_grad_summary(r.run_dir + "/grad_summary.jsonl");
+  ASSERT_FALSE(grads.empty());
+  EXPECT_EQ(grads.front().epoch, 1);
+  EXPECT_EQ(grads.back().epoch, 2);
 }
 
 }  // namespace

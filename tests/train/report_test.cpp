@@ -26,15 +26,18 @@ const char* const kPlotTitles[] = {"Loss",       "Validation accuracy", "Learnin
                                    "Loss scale", "Throughput",          "Data-wait share"};
 
 // A small run: 3 epochs of 100 steps, logged every 10 steps, evaluated each epoch, with a
-// loss-scale backoff and a growth.
-void write_run(const std::string& run_dir) {
+// loss-scale backoff and a growth. Records count epochs from 1, as the trainer writes them;
+// `train_epochs_from_0` writes them as runs before 2026-12-03 did (train records from 0, no
+// "epochs_from" in a start record).
+void write_run(const std::string& run_dir, bool train_epochs_from_0 = false) {
   MetricsLog log(run_dir);
+  if (!train_epochs_from_0) log.append(MetricsRecord("start", 1, 0).add("epochs_from", int64_t{1}));
   int64_t skipped = 0;
   for (int64_t epoch = 1; epoch <= 3; ++epoch) {
     for (int64_t s = 10; s <= 100; s += 10) {
       int64_t step = (epoch - 1) * 100 + s;
       TrainMetrics m;
-      m.epoch = epoch - 1;  // as the trainer writes them: the epoch being trained, from 0
+      m.epoch = train_epochs_from_0 ? epoch - 1 : epoch;
       m.step = step;
       m.loss = 2.5 * std::exp(-static_cast<double>(step) / 120.0) + 0.3;
       m.lr = step < 50 ? 0.1 * static_cast<double>(step) / 50 : 0.1 * 0.5 * (1 + std::cos(M_PI * (step - 50) / 250.0));
@@ -98,6 +101,22 @@ TEST(Report, HasEveryPlotAndTheSummary) {
   int files = 0;
   for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir.path())) ++files;
   EXPECT_EQ(files, 3);  // metrics.jsonl, config.yaml, report.html
+}
+
+// A run written before train records counted epochs from 1 still counts its epochs right.
+TEST(Report, TrainRecordsOfOlderRunsCountedEpochsFrom0) {
+  for (const bool from_0 : {false, true}) {
+    TestDir dir;
+    write_run(dir.path().string(), from_0);
+    // Only its train records can say how far a run got when it stopped between evaluations.
+    std::filesystem::path metrics = dir.file("metrics.jsonl");
+    std::string text = read_text_file(metrics.string());
+    text.erase(text.rfind("{\"kind\":\"eval\""));
+    std::ofstream(metrics) << text;
+    write_report(dir.path().string());
+    const std::string html = read_text_file(dir.file("report.html"));
+    EXPECT_NE(html.find("<th>epochs</th><td>3</td>"), std::string::npos) << (from_0 ? "from 0" : "from 1");
+  }
 }
 
 // A run shorter than one log interval has no train records: its epochs and steps come from
