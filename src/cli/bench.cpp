@@ -33,8 +33,8 @@ namespace {
 
 struct BenchArgs {
   std::string model = "resnet50";
-  std::string input = "3x224x224";
-  int64_t classes = 1000;
+  std::string input;    // "": the model's own (model_options_for)
+  int64_t classes = 0;  // 0: the model's own
   int64_t batch = 16;
   std::string precision = "O0";
   std::string half = "bf16";
@@ -195,10 +195,9 @@ void print_result(const BenchSetup& s, MemoryLevel level, const BenchResult& r) 
 }
 
 ModelOptions bench_model_options(const BenchArgs& a) {
-  ModelOptions o;
-  parse_input_shape(a.input, &o.in_channels, &o.height, &o.width);
-  o.num_classes = a.classes;
-  return o;
+  std::string input = a.input;
+  int64_t classes = a.classes;
+  return model_options_for(a.model, &input, &classes);
 }
 
 std::unique_ptr<Backend> bench_backend(const BenchArgs& a) {
@@ -302,8 +301,8 @@ Runner add_bench_command(CLI::App& app) {
   auto a = std::make_shared<BenchArgs>();
   CLI::App* cmd = app.add_subcommand("bench", "Measure training throughput on synthetic data");
   cmd->add_option("--model", a->model, "Model name")->capture_default_str();
-  cmd->add_option("--input", a->input, "Input shape CxHxW")->capture_default_str();
-  cmd->add_option("--classes", a->classes, "Number of classes")->capture_default_str();
+  cmd->add_option("--input", a->input, kInputHelp);
+  cmd->add_option("--classes", a->classes, kClassesHelp)->check(positive_number());
   cmd->add_option("--batch", a->batch, "Batch size (with --data: 256 unless given)")
       ->capture_default_str()
       ->check(positive_number());
@@ -343,6 +342,7 @@ Runner add_bench_command(CLI::App& app) {
   cmd->add_option("--trace", d->trace, "--data: write a Chrome trace of the loader here");
   return [cmd, a, d]() -> int {
     if (!cmd->parsed()) return -1;
+    model_options_for(a->model, &a->input, &a->classes);  // the model's own where not given
     if (d->path.empty()) return run_bench(*a);
     set_host_threads(a->threads);
     d->batch = cmd->count("--batch") > 0 ? a->batch : 256;  // the model's default batch (16) is too small here

@@ -44,8 +44,8 @@ int run_doctor_cmd(const DoctorArgs& a) {
 
 struct ProfileArgs {
   std::string model = "resnet50";
-  std::string input = "3x224x224";
-  int64_t classes = 1000;
+  std::string input;    // "": the model's own (model_options_for)
+  int64_t classes = 0;  // 0: the model's own
   int64_t batch = 32;
   std::string dtype = "fp32";
   std::string precision;  // "": O0 for fp32, O2 for a half dtype
@@ -60,8 +60,11 @@ struct ProfileArgs {
 int run_profile_cmd(const ProfileArgs& a) {
   ProfileOptions o;
   o.model = a.model;
-  parse_input_shape(a.input, &o.channels, &o.height, &o.width);
-  o.classes = a.classes;
+  std::string input = a.input;
+  int64_t classes = a.classes;
+  const ModelOptions mo = model_options_for(a.model, &input, &classes);
+  o.channels = mo.in_channels, o.height = mo.height, o.width = mo.width;
+  o.classes = mo.num_classes;
   o.batch = a.batch;
   o.dtype = dtype_from_name(a.dtype);
   RN_CHECK(o.dtype == DType::f32 || o.dtype == DType::bf16 || o.dtype == DType::f16)
@@ -133,8 +136,8 @@ Runner add_profile_command(CLI::App& app) {
       "Per-layer profile of one training step on synthetic data: time, MACs, bytes, achieved rate and bandwidth, "
       "bounding roof against peaks measured at start; a sorted table and a Chrome trace");
   cmd->add_option("--model", a->model, "Model name")->capture_default_str();
-  cmd->add_option("--input", a->input, "Input shape CxHxW")->capture_default_str();
-  cmd->add_option("--classes", a->classes, "Number of classes")->capture_default_str();
+  cmd->add_option("--input", a->input, kInputHelp);
+  cmd->add_option("--classes", a->classes, kClassesHelp)->check(positive_number());
   cmd->add_option("--batch", a->batch, "Batch size")->capture_default_str()->check(positive_number());
   cmd->add_option("--dtype", a->dtype, "fp32 (precision O0), bf16 or fp16 (precision O2 unless --precision)")
       ->capture_default_str();

@@ -8,6 +8,7 @@
 
 #include "core/check.h"
 #include "core/dtype.h"
+#include "model/zoo.h"
 #include "train/config.h"
 
 namespace rn::cli {
@@ -20,6 +21,13 @@ std::string human_bytes(double bytes);  // "97.6 MiB"
 size_t parse_bytes(const std::string& text, const std::string& what);
 // Parses "CxHxW" (e.g. 3x224x224); throws rn::Error naming the text otherwise.
 void parse_input_shape(const std::string& text, int64_t* c, int64_t* h, int64_t* w);
+// A command's --input and --classes for --model `model`: those given, or where one is not
+// ("" / 0) the model's own (default_model_options: 3x224x224 and 1000 classes for the ImageNet
+// models, 3x32x32 and 10 for the CIFAR ones). `input` and `classes` are set to what is used.
+ModelOptions model_options_for(const std::string& model, std::string* input, int64_t* classes);
+inline constexpr const char* kInputHelp =
+    "Input shape CxHxW (default: the model's own, 3x224x224; 3x32x32 for resnet20..110)";
+inline constexpr const char* kClassesHelp = "Number of classes (default: the model's own, 1000; 10 for resnet20..110)";
 // The precision level that `--precision` names, or, when it is empty, the one `--dtype`
 // implies (O0 for fp32, O2 for a half dtype); throws rn::Error for an unknown level, a half
 // dtype at O0 or fp32 at O1-O3.

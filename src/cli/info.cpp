@@ -23,9 +23,9 @@ namespace {
 
 struct InfoArgs {
   std::string model = "resnet50";
-  std::string input = "3x224x224";
+  std::string input;  // "": the model's own (model_options_for)
   int64_t batch = 32;
-  int64_t classes = 1000;
+  int64_t classes = 0;  // 0: the model's own
   std::string dtype = "fp32";
   std::string precision;  // "": O0 for fp32, O2 for a half dtype (as `resnet profile --dtype`)
   std::string device = "cpu";
@@ -73,9 +73,9 @@ int run_info(const InfoArgs& a) {
       RN_FAIL() << "--device '" << a.device << "': expected auto, cpu, ref, cuda or none (a dry plan)";
     }
   }
-  ModelOptions o;
-  parse_input_shape(a.input, &o.in_channels, &o.height, &o.width);
-  o.num_classes = a.classes;
+  std::string input = a.input;
+  int64_t classes = a.classes;
+  const ModelOptions o = model_options_for(a.model, &input, &classes);
   Model model(build_model(a.model, o));
   const ModelStats st = model_stats(model.graph());
   // The precision level decides which tensors are half: --dtype bf16 alone plans O2 (bf16
@@ -165,11 +165,11 @@ Runner add_info_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("info", "Print a model's parameters, forward MACs and planned memory per level");
   cmd->add_option("--model", args->model, "Model name (resnet18/34/50/101/152, resnet20..110, resnet50_gdw)")
       ->capture_default_str();
-  cmd->add_option("--input", args->input, "Input shape CxHxW")->capture_default_str();
+  cmd->add_option("--input", args->input, kInputHelp);
   cmd->add_option("--batch", args->batch, "Batch size for the memory plan")
       ->capture_default_str()
       ->check(positive_number());
-  cmd->add_option("--classes", args->classes, "Number of classes")->capture_default_str();
+  cmd->add_option("--classes", args->classes, kClassesHelp)->check(positive_number());
   cmd->add_option("--dtype", args->dtype, "fp32, or the half dtype (bf16, fp16) of a mixed-precision plan")
       ->capture_default_str();
   cmd->add_option("--precision", args->precision,

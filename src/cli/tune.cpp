@@ -19,8 +19,8 @@ namespace {
 
 struct TuneArgs {
   std::string model = "resnet50";
-  std::string input = "3x224x224";
-  int64_t classes = 1000;
+  std::string input;    // "": the model's own (model_options_for)
+  int64_t classes = 0;  // 0: the model's own
   std::vector<int64_t> batches = {256};
   std::string precision = "O2";
   std::string half = "fp16";
@@ -29,9 +29,9 @@ struct TuneArgs {
 };
 
 int run_tune(const TuneArgs& a) {
-  ModelOptions o;
-  parse_input_shape(a.input, &o.in_channels, &o.height, &o.width);
-  o.num_classes = a.classes;
+  std::string input = a.input;
+  int64_t classes = a.classes;
+  const ModelOptions o = model_options_for(a.model, &input, &classes);
   Model model(build_model(a.model, o));
   BackendOptions bo;
   bo.high_precision = a.high_precision;
@@ -65,8 +65,8 @@ Runner add_tune_command(CLI::App& app) {
   CLI::App* cmd =
       app.add_subcommand("tune", "Search and cache the GPU convolution algorithms of a model ahead of time");
   cmd->add_option("--model", a->model, "Model name")->capture_default_str();
-  cmd->add_option("--input", a->input, "Input shape CxHxW")->capture_default_str();
-  cmd->add_option("--classes", a->classes, "Number of classes")->capture_default_str();
+  cmd->add_option("--input", a->input, kInputHelp);
+  cmd->add_option("--classes", a->classes, kClassesHelp)->check(positive_number());
   cmd->add_option("--batch", a->batches, "Batch size (repeatable)")->capture_default_str();
   cmd->add_option("--precision", a->precision, "Precision level O0, O1, O2, O3")->capture_default_str();
   cmd->add_option("--half", a->half, "Half dtype for O1-O3: bf16 or fp16")->capture_default_str();

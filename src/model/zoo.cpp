@@ -1,5 +1,6 @@
 #include "model/zoo.h"
 
+#include <algorithm>
 #include <sstream>
 
 namespace rn {
@@ -114,6 +115,20 @@ Graph cifar_resnet(const std::string& name, const ModelOptions& o, int depth) {
 std::vector<std::string> model_names() {
   return {"resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "resnet20",
           "resnet32", "resnet44", "resnet56", "resnet110", "resnet50_gdw"};
+}
+
+ModelOptions default_model_options(const std::string& name) {
+  const std::vector<std::string> names = model_names();
+  if (std::find(names.begin(), names.end(), name) == names.end()) {
+    ModelOptions o;
+    build_model(name, o);  // names the known models
+  }
+  ModelOptions o;
+  if (name == "resnet20" || name == "resnet32" || name == "resnet44" || name == "resnet56" || name == "resnet110") {
+    o.num_classes = 10;
+    o.height = o.width = 32;
+  }
+  return o;
 }
 
 Graph build_model(const std::string& name, const ModelOptions& o) {

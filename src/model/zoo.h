@@ -25,5 +25,9 @@ struct ModelOptions {
 
 Graph build_model(const std::string& name, const ModelOptions& options);
 std::vector<std::string> model_names();
+// What a model is made for, where a caller names no input or classes: 3x224x224 and 1000
+// classes (ImageNet) for resnet18..152 and resnet50_gdw, 3x32x32 and 10 classes (CIFAR-10)
+// for resnet20..110. An unknown name is refused as build_model refuses it.
+ModelOptions default_model_options(const std::string& name);
 
 }  // namespace rn

@@ -41,6 +41,26 @@ TEST(ResnetInfo, PlansEveryMemoryLevel) {
     EXPECT_NE(o.text.find(level), std::string::npos) << o.text;
 }
 
+// Without --input and --classes a model is shown as it is made: the CIFAR ResNets at 3x32x32
+// with 10 classes, the ImageNet ones at 3x224x224 with 1000; what is given wins.
+TEST(ResnetInfo, AModelWithoutInputOrClassesIsShownAsItIsMade) {
+  Output o = run_resnet("info --model resnet56 --device none");
+  ASSERT_EQ(o.status, 0) << o.text;
+  EXPECT_NE(o.text.find("input            3x32x32, 10 classes"), std::string::npos) << o.text;
+  o = run_resnet("info --model resnet50_gdw --device none");
+  ASSERT_EQ(o.status, 0) << o.text;
+  EXPECT_NE(o.text.find("input            3x224x224, 1000 classes"), std::string::npos) << o.text;
+  o = run_resnet("info --model resnet20 --classes 100 --device none");
+  ASSERT_EQ(o.status, 0) << o.text;
+  EXPECT_NE(o.text.find("input            3x32x32, 100 classes"), std::string::npos) << o.text;
+  o = run_resnet("info --model resnet18 --input 1x64x64 --device none");
+  ASSERT_EQ(o.status, 0) << o.text;
+  EXPECT_NE(o.text.find("input            1x64x64, 1000 classes"), std::string::npos) << o.text;
+  o = run_resnet("info --model resnet20 --classes 0");
+  EXPECT_NE(o.status, 0);
+  EXPECT_NE(o.text.find("--classes"), std::string::npos) << o.text;
+}
+
 // `resnet info` plans without allocating, so a batch far beyond this machine's memory is
 // reported, not refused (resnet50 at batch 512 plans about 97 GiB at O0).
 TEST(ResnetInfo, PlansBatchesThatDoNotFitThisMachine) {

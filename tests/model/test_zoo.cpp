@@ -73,6 +73,20 @@ TEST(Zoo, UnknownModelListsKnownOnes) {
   }
 }
 
+TEST(Zoo, DefaultOptionsAreWhatEachModelIsMadeFor) {
+  for (const std::string& name : model_names()) {
+    const ModelOptions o = default_model_options(name);
+    const bool cifar =
+        name == "resnet20" || name == "resnet32" || name == "resnet44" || name == "resnet56" || name == "resnet110";
+    EXPECT_EQ(o.num_classes, cifar ? 10 : 1000) << name;
+    EXPECT_EQ(o.height, cifar ? 32 : 224) << name;
+    EXPECT_EQ(o.width, o.height) << name;
+    EXPECT_EQ(o.in_channels, 3) << name;
+    EXPECT_NO_THROW(build_model(name, o)) << name;
+  }
+  EXPECT_THROW(default_model_options("resnet51"), Error);
+}
+
 TEST(Zoo, ParamsOrderedByGradientProduction) {
   Model m(build_model("resnet18", {}));
   EXPECT_EQ(m.params().params.front().name, "fc.weight");
