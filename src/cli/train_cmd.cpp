@@ -296,15 +296,28 @@ int run_eval(const EvalArgs& a) {
   if (!a.predictions.empty()) {
     // The image each row is about, for image folders and shards (quoted: paths may hold commas).
     const auto* encoded = dynamic_cast<const EncodedDataset*>(&loader.dataset());
-    auto source_of = [&](int64_t index) {
-      if (!encoded) return std::string();
+    auto quoted = [](const std::string& text) {
       std::string s = "\"";
-      for (char c : encoded->source(index)) s += c == '"' ? std::string("\"\"") : std::string(1, c);
+      for (char c : text) s += c == '"' ? std::string("\"\"") : std::string(1, c);
       return s + "\"";
+    };
+    auto source_of = [&](int64_t index) { return encoded ? quoted(encoded->source(index)) : std::string(); };
+    // Class names where the data has them: those the run recorded (data.classes), else the
+    // folder's, else Fashion-MNIST's; a list file's labels are positions, with no names.
+    const std::vector<std::string>& names = !cfg.data.classes.empty()                     ? cfg.data.classes
+                                            : encoded && !encoded->labels_are_positions() ? encoded->classes()
+                                            : cfg.data.dataset == DatasetKind::fashion_mnist
+                                                ? fashion_mnist_class_names()
+                                                : cfg.data.classes;
+    auto name_of = [&](int64_t label) {
+      return label >= 0 && label < static_cast<int64_t>(names.size()) ? quoted(names[static_cast<size_t>(label)])
+                                                                      : std::string();
     };
     out << "index,label";
     for (int j = 1; j <= 5; ++j) out << ",class" << j << ",prob" << j;
-    out << ",source\n";
+    out << ",source";
+    if (!names.empty()) out << ",label_name,name1,name2,name3,name4,name5";
+    out << "\n";
     for (const Prediction& p : preds) {
       out << p.index << "," << p.label;
       for (int j = 0; j < 5; ++j) {
@@ -313,7 +326,12 @@ int run_eval(const EvalArgs& a) {
         else
           out << ",,";
       }
-      out << "," << source_of(p.index) << "\n";
+      out << "," << source_of(p.index);
+      if (!names.empty()) {
+        out << "," << name_of(p.label);
+        for (int j = 0; j < 5; ++j) out << "," << (j < p.k ? name_of(p.classes[j]) : std::string());
+      }
+      out << "\n";
     }
     RN_CHECK(out.good()) << "error writing '" << a.predictions << "'";
     fmt::print("wrote {} predictions to {}\n", preds.size(), a.predictions);

@@ -235,6 +235,12 @@ std::string fashion_mnist_labels_path(const std::string& dir, Split split) {
   return (std::filesystem::path(dir) / (split == Split::train ? "train" : "t10k")).string() + "-labels-idx1-ubyte.gz";
 }
 
+const std::vector<std::string>& fashion_mnist_class_names() {
+  static const std::vector<std::string> names = {"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+                                                 "Sandal",      "Shirt",   "Sneaker",  "Bag",   "Ankle boot"};
+  return names;
+}
+
 bool fashion_mnist_available(const std::string& dir) {
   std::error_code ec;
   for (Split s : {Split::train, Split::test}) {

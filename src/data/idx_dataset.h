@@ -68,6 +68,8 @@ inline constexpr float kFashionMnistStd = 0.3530f;
 // train-images-idx3-ubyte.gz / train-labels-idx1-ubyte.gz, t10k-images-... for test.
 std::string fashion_mnist_images_path(const std::string& dir, Split split);
 std::string fashion_mnist_labels_path(const std::string& dir, Split split);
+// The names of Fashion-MNIST's ten classes, by label (0 "T-shirt/top" .. 9 "Ankle boot").
+const std::vector<std::string>& fashion_mnist_class_names();
 // True when both files of both splits exist in `dir`.
 bool fashion_mnist_available(const std::string& dir = kFashionMnistDir);
 // Opens one split (10 classes, 1x28x28 once validated).

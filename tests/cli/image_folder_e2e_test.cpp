@@ -124,7 +124,7 @@ TEST(ImageFolderE2E, TrainEvalAndBenchOnAGeneratedFolder) {
   std::ifstream preds(csv);
   std::string line;
   std::getline(preds, line);
-  EXPECT_EQ(line.substr(line.rfind(',')), ",source");
+  EXPECT_NE(line.find(",source,label_name,name1,"), std::string::npos) << line;
   int rows = 0;
   while (std::getline(preds, line)) {
     ++rows;
@@ -132,6 +132,8 @@ TEST(ImageFolderE2E, TrainEvalAndBenchOnAGeneratedFolder) {
     const bool class2 = line.find("/class2/im") != std::string::npos;
     EXPECT_TRUE(class2 || line.find("/class0/im") != std::string::npos) << line;
     EXPECT_EQ(label, class2 ? "2" : "0") << line;
+    // The label's name (after the source) is the recorded class folder's.
+    EXPECT_NE(line.find(class2 ? "\",\"class2\"," : "\",\"class0\","), std::string::npos) << line;
   }
   EXPECT_EQ(rows, 16);
 

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -168,9 +169,19 @@ TEST(TrainE2E, SigtermSavesACheckpointThenEvalAndExportWork) {
   std::ifstream f(csv);
   std::string header, line;
   std::getline(f, header);
-  EXPECT_EQ(header, "index,label,class1,prob1,class2,prob2,class3,prob3,class4,prob4,class5,prob5,source");
+  EXPECT_EQ(
+      header,
+      "index,label,class1,prob1,class2,prob2,class3,prob3,class4,prob4,class5,prob5,source,label_name,name1,name2,"
+      "name3,name4,name5");
   int rows = 0;
-  while (std::getline(f, line)) ++rows;
+  while (std::getline(f, line)) {
+    ++rows;
+    // Fashion-MNIST's class names, the label's (after the empty source) and each prediction's.
+    const int label = std::stoi(line.substr(line.find(',') + 1));
+    EXPECT_NE(line.find(",,\"" + fashion_mnist_class_names().at(static_cast<size_t>(label)) + "\","), std::string::npos)
+        << line;
+    EXPECT_EQ(std::count(line.begin(), line.end(), '"'), 12) << line;  // 6 names, quoted
+  }
   EXPECT_EQ(rows, 1000) << "one row per image of the evaluated subset";
 
   // export writes torchvision-named weights that load back.
