@@ -870,7 +870,19 @@ void Config::validate() const {
   }
   RN_CHECK(!optimizer.nesterov || optimizer.momentum > 0)
       << where << "key 'optimizer.nesterov' = true needs optimizer.momentum > 0";
-  parse_memory_schedule(memory.schedule);
+  const std::vector<MemorySwitch> switches = parse_memory_schedule(memory.schedule);
+  // Sink mode captures the step as a CUDA graph; O2's recompute checks synchronise with the
+  // host, so it cannot be captured. A schedule that reaches O2 is refused now, not at the switch.
+  if (run.sink_size > 0) {
+    RN_CHECK(memory.level != MemoryLevel::O2)
+        << where << "key 'memory.level' = O2 cannot run in sink mode (run.sink_size = " << run.sink_size
+        << "): its recompute checks synchronise with the host; use O1, or run.sink_size=0";
+    for (const MemorySwitch& s : switches)
+      RN_CHECK(s.level != MemoryLevel::O2 || s.epoch >= schedule.epochs)
+          << where << "key 'memory.schedule' = '" << memory.schedule << "' switches to O2 after epoch " << s.epoch
+          << ", which sink mode (run.sink_size = " << run.sink_size
+          << ") cannot capture: its recompute checks synchronise with the host; switch to O1, or run.sink_size=0";
+  }
 }
 
 std::vector<MemorySwitch> parse_memory_schedule(const std::string& text) {

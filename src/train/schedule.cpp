@@ -12,6 +12,12 @@ LrSchedule::LrSchedule(const ScheduleConfig& cfg, double peak_lr, int64_t steps_
     : cfg_(cfg), peak_(peak_lr), steps_per_epoch_(steps_per_epoch) {
   RN_CHECK(steps_per_epoch > 0) << "LrSchedule: steps_per_epoch = " << steps_per_epoch;
   RN_CHECK(peak_lr >= 0) << "LrSchedule: peak lr = " << peak_lr;
+  // min_lr is absolute while the peak is scaled with the global batch: a recipe's min_lr run at
+  // a small batch can land above its peak, and the "decay" would then raise the rate.
+  RN_CHECK((cfg.name != ScheduleKind::cosine && cfg.name != ScheduleKind::poly) || cfg.min_lr <= peak_lr)
+      << "schedule.min_lr = " << cfg.min_lr << " is above the peak learning rate " << peak_lr
+      << " (optimizer.base_lr scaled by the global batch / optimizer.lr_scale_batch), so the " << enum_name(cfg.name)
+      << " decay would raise the rate; schedule.min_lr is absolute, not scaled with the batch: lower it";
   total_ = cfg.epochs * steps_per_epoch;
   warmup_ =
       cfg.warmup_steps > 0 ? cfg.warmup_steps : static_cast<int64_t>(std::llround(cfg.warmup_epochs * steps_per_epoch));

@@ -227,6 +227,16 @@ TEST(Config, CrossFieldChecks) {
   e = error_of([] { load_config("", {"schedule.step_milestones=[60, 30]"}); });
   EXPECT_TRUE(contains(e, "must be increasing")) << e;
 
+  // Sink mode cannot capture O2: refused at load, for memory.level and for a schedule that
+  // reaches O2 within the run (not when the switch comes, epochs later).
+  e = error_of([] { load_config("", {"run.sink_size=4", "memory.level=O2"}); });
+  EXPECT_TRUE(contains(e, "key 'memory.level' = O2 cannot run in sink mode")) << e;
+  e = error_of([] { load_config("", {"run.sink_size=4", "schedule.epochs=5", "memory.schedule=2:O2"}); });
+  EXPECT_TRUE(contains(e, "switches to O2 after epoch 2, which sink mode (run.sink_size = 4) cannot capture")) << e;
+  load_config("", {"run.sink_size=4", "schedule.epochs=5", "memory.schedule=5:O2"});  // after the last epoch
+  load_config("", {"run.sink_size=4", "schedule.epochs=5", "memory.schedule=2:O0"});
+  load_config("", {"schedule.epochs=5", "memory.schedule=2:O2"});
+
   e = error_of([] { load_config("", {"optimizer.nesterov=true", "optimizer.momentum=0"}); });
   EXPECT_TRUE(contains(e, "optimizer.nesterov")) << e;
 

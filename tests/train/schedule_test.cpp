@@ -68,6 +68,29 @@ TEST(LrSchedule, CosineToMinLr) {
   EXPECT_NEAR(s.lr(100), 0.04, kTol);
 }
 
+// min_lr is absolute and the peak is scaled with the batch: a min_lr above the peak would make
+// the decay raise the rate, and is refused naming both; step and constant schedules ignore it.
+TEST(LrSchedule, AMinLrAboveThePeakIsRefused) {
+  for (ScheduleKind kind : {ScheduleKind::cosine, ScheduleKind::poly}) {
+    ScheduleConfig c = base(kind);
+    c.min_lr = 1;
+    try {
+      LrSchedule s(c, 0.00625, 10);
+      ADD_FAILURE() << "accepted min_lr above the peak";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("schedule.min_lr = 1 is above the peak learning rate 0.00625"), std::string::npos) << msg;
+    }
+    c.min_lr = 0.00625;  // equal: a constant rate after warmup
+    EXPECT_NEAR(LrSchedule(c, 0.00625, 10).lr(100), 0.00625, kTol);
+  }
+  for (ScheduleKind kind : {ScheduleKind::step, ScheduleKind::constant}) {
+    ScheduleConfig c = base(kind);
+    c.min_lr = 1;
+    EXPECT_NO_THROW(LrSchedule(c, 0.1, 10));
+  }
+}
+
 TEST(LrSchedule, Poly) {
   ScheduleConfig c = base(ScheduleKind::poly);
   c.poly_power = 2;
