@@ -185,12 +185,16 @@ void print_result(const BenchSetup& s, MemoryLevel level, const BenchResult& r) 
         r.median_step_s, r.batch / r.median_step_s, a.steps, r.planned.arena, r.planned.total(), r.arena.high_water,
         r.peak_resident, r.resident_growth, r.device_peak, a.sink, mode, nlohmann::json(build_description()).dump());
   } else {
+    // On a device the arena is device memory: its peak is measured by the device's allocator,
+    // not by the host's page residency.
+    const bool device = s.backend.device() != Device::cpu;
     fmt::print(
-        "{} | {} | batch {} | {} ({}) | {} | memory {} | planned arena {}, total {} | measured arena "
-        "high-water {}, peak RSS {} (+{}) | median step {:.3f} s | {:.2f} img/s ({} steps)\n",
+        "{} | {} | batch {} | {} ({}) | {} | memory {} | planned arena {}, total {} | measured {}, peak RSS {} "
+        "(+{}) | median step {:.3f} s | {:.2f} img/s ({} steps)\n",
         a.model, s.policy.describe(), r.batch, s.backend.name(), mode, counted(host_threads(), "thread"),
-        memory_level_name(level), hb(r.planned.arena), hb(r.planned.total()), hb(r.arena.high_water),
-        hb(r.peak_resident), hb(r.resident_growth), r.median_step_s, r.batch / r.median_step_s, a.steps);
+        memory_level_name(level), hb(r.planned.arena), hb(r.planned.total()),
+        device ? "device peak " + hb(r.device_peak) : "arena high-water " + hb(r.arena.high_water), hb(r.peak_resident),
+        hb(r.resident_growth), r.median_step_s, r.batch / r.median_step_s, a.steps);
   }
 }
 

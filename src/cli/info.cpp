@@ -181,8 +181,9 @@ Runner add_info_command(CLI::App& app) {
   cmd->add_flag("--high-precision", args->high_precision,
                 "Size the workspace for run.implementation_mode=high_precision (on a CPU: no Winograd)");
   cmd->add_flag("--params", args->params, "Also list the parameters in gradient-production order");
-  cmd->add_option("--fusion-threshold", args->fusion_threshold,
-                  "With --params: the gradient buckets this dist.fusion_threshold (bytes) makes");
+  cmd->add_option(
+      "--fusion-threshold", args->fusion_threshold,
+      "The parameter table (as --params) with the gradient buckets this dist.fusion_threshold (bytes) makes");
   return [cmd, args]() -> int { return cmd->parsed() ? run_info(*args) : -1; };
 }
 

@@ -76,6 +76,35 @@ RN_HD inline bool loss_scale_update(LossScaleCounters& s, const LossScaleRule& r
   return !overflow;
 }
 
+// The device's record of its loss-scale changes. The host reads the device's counters only at
+// its synchronisations (log lines, sink windows), so it would see several changes as one; the
+// step that changes the scale records the change here, and the host logs each one, with its
+// step, when it next reads the record. A ring: `count` changes so far, the last
+// kScaleChangeLog of them kept.
+struct LossScaleChange {
+  int64_t step = 0;  // the step (counted from 1) whose update changed the scale
+  double from = 0, to = 0;
+  int64_t run = 0;  // overflow: steps skipped in a row; growth: steps without overflow
+  int32_t overflow = 0;
+};
+inline constexpr int kScaleChangeLog = 64;
+struct LossScaleChangeLog {
+  int64_t count = 0;
+  LossScaleChange entries[kScaleChangeLog];
+};
+// After loss_scale_update took `before` to `after`: records the change, if the scale changed.
+RN_HD inline void record_scale_change(LossScaleChangeLog& log, const LossScaleCounters& before,
+                                      const LossScaleCounters& after, bool overflow) {
+  if (after.scale == before.scale) return;
+  LossScaleChange& c = log.entries[log.count % kScaleChangeLog];
+  c.step = after.step;
+  c.from = before.scale;
+  c.to = after.scale;
+  c.run = overflow ? after.consecutive_skips : before.clean_steps + 1;
+  c.overflow = overflow ? 1 : 0;
+  ++log.count;
+}
+
 // ---- batch norm ---------------------------------------------------------------------------
 // Batch statistics in one pass (Welford): a run of values kept as (count, mean, m2) with
 // m2 the sum of squared deviations from the mean. welford_add takes the next value with

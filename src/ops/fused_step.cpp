@@ -67,7 +67,9 @@ class HostFusedStep final : public FusedStepKernel {
   void set_counters(const fused::LossScaleCounters& c) override {
     counters_ = c;
     loss_scale_ = static_cast<float>(c.scale);
+    changes_ = {};
   }
+  fused::LossScaleChangeLog scale_changes() const override { return changes_; }
   void read_momentum(float* host) const override { std::copy(momentum_.begin(), momentum_.end(), host); }
   void write_momentum(const float* host) override { std::copy(host, host + desc_.total, momentum_.begin()); }
 
@@ -82,7 +84,9 @@ class HostFusedStep final : public FusedStepKernel {
       overflow = overflow || fused::is_inf_or_nan_bits(bits);
     }
     const float m = static_cast<float>(1.0 / counters_.scale);
+    const fused::LossScaleCounters before = counters_;
     const bool applied = fused::loss_scale_update(counters_, desc_.loss_scale, overflow);
+    fused::record_scale_change(changes_, before, counters_, overflow);
     loss_scale_ = static_cast<float>(counters_.scale);
     if (lr < 0.0f) {
       RN_CHECK(!lr_table_.empty()) << "fused step: no learning-rate table set";
@@ -122,6 +126,7 @@ class HostFusedStep final : public FusedStepKernel {
   std::vector<float> momentum_;
   std::vector<double> trust_;
   fused::LossScaleCounters counters_;
+  fused::LossScaleChangeLog changes_;
   float loss_scale_ = 1.0f;
   std::vector<float> lr_table_, losses_;
   size_t lr_index_ = 0;

@@ -70,7 +70,10 @@ class FusedStepKernel {
 
   // Synchronising reads and writes of the device state (for logs and checkpoints).
   virtual fused::LossScaleCounters counters() const = 0;
+  // Also empties the record of scale changes (scale_changes()).
   virtual void set_counters(const fused::LossScaleCounters& c) = 0;
+  // The scale changes since set_counters (synchronous).
+  virtual fused::LossScaleChangeLog scale_changes() const = 0;
   virtual void read_momentum(float* host) const = 0;  // total floats
   virtual void write_momentum(const float* host) = 0;
 

@@ -51,17 +51,15 @@ LossScaler::LossScaler(const LossScaleConfig& cfg) : cfg_(cfg) {
            (cfg.backoff_factor > 0 && cfg.backoff_factor < 1 && cfg.growth_factor >= 1 && cfg.growth_interval >= 1))
       << "LossScaler: backoff_factor " << cfg.backoff_factor << ", growth_factor " << cfg.growth_factor
       << ", growth_interval " << cfg.growth_interval;
-  RN_LOG_INFO("loss scale {} (policy {}, initial)", state_.scale, enum_name(cfg.policy));
+  RN_LOG_INFO("loss scale {:.9g} (policy {}, initial)", state_.scale, enum_name(cfg.policy));
 }
 
 bool LossScaler::check_overflow(const float* grads, int64_t n) const { return any_inf_or_nan(grads, n); }
 
-void LossScaler::change_scale(double next, const std::string& reason) {
-  if (next == state_.scale) return;
-  // Called from update() before the step is counted: the step's number is state_.step + 1,
-  // counted from 1 as the progress lines and the device's own line count it.
-  RN_LOG_INFO("loss scale {} -> {} at step {} ({})", state_.scale, next, state_.step + 1, reason);
-  state_.scale = next;
+std::string LossScaler::change_text(const fused::LossScaleChange& c) {
+  return fmt::format("loss scale {:.9g} -> {:.9g} at step {} ({})", c.from, c.to, c.step,
+                     c.overflow ? fmt::format("overflow, {} skipped in a row", c.run)
+                                : fmt::format("{} without overflow", counted(c.run, "step")));
 }
 
 fused::LossScaleRule LossScaler::rule() const {
@@ -78,20 +76,19 @@ fused::LossScaleRule LossScaler::rule() const {
 // The arithmetic is fused::loss_scale_update, the same function the device's fused step
 // runs; here it is wrapped with the log lines.
 bool LossScaler::update(bool overflow) {
-  fused::LossScaleCounters c{state_.scale, state_.step, state_.clean_steps, state_.skipped_steps,
-                             state_.consecutive_skips};
-  const int64_t clean_before = c.clean_steps + 1;
+  const fused::LossScaleCounters before{state_.scale, state_.step, state_.clean_steps, state_.skipped_steps,
+                                        state_.consecutive_skips};
+  fused::LossScaleCounters c = before;
   const bool applied = fused::loss_scale_update(c, rule(), overflow);
-  if (overflow) {
-    if (cfg_.policy == LossScalePolicy::dynamic)
-      change_scale(c.scale, fmt::format("overflow, {} skipped in a row", c.consecutive_skips));
-    else
-      RN_LOG_WARN("step {} skipped: inf/NaN gradients ({})", state_.step + 1,
-                  cfg_.policy == LossScalePolicy::none ? std::string("no loss scaling")
-                                                       : fmt::format("static loss scale {}", state_.scale));
-  } else {
-    change_scale(c.scale, fmt::format("{} without overflow", counted(clean_before, "step")));
-  }
+  // The device's fused step records its changes the same way (ops/fused_math.h).
+  fused::LossScaleChangeLog changes;
+  fused::record_scale_change(changes, before, c, overflow);
+  if (changes.count > 0) RN_LOG_INFO("{}", change_text(changes.entries[0]));
+  if (overflow && cfg_.policy != LossScalePolicy::dynamic)
+    RN_LOG_WARN("step {} skipped: inf/NaN gradients ({})", state_.step + 1,
+                cfg_.policy == LossScalePolicy::none ? std::string("no loss scaling")
+                                                     : fmt::format("static loss scale {:.9g}", state_.scale));
+  state_.scale = c.scale;
   state_.step = c.step;
   state_.clean_steps = c.clean_steps;
   state_.skipped_steps = c.skipped_steps;
@@ -103,7 +100,7 @@ void LossScaler::set_state(const State& s) {
   RN_CHECK(s.scale > 0 && s.step >= 0 && s.clean_steps >= 0 && s.skipped_steps >= 0)
       << "LossScaler: invalid restored state (scale " << s.scale << ", step " << s.step << ")";
   if (s.scale != state_.scale)
-    RN_LOG_INFO("loss scale {} -> {} at step {} (restored from checkpoint)", state_.scale, s.scale, s.step);
+    RN_LOG_INFO("loss scale {:.9g} -> {:.9g} at step {} (restored from checkpoint)", state_.scale, s.scale, s.step);
   state_ = s;
 }
 

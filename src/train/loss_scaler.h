@@ -57,13 +57,15 @@ class LossScaler {
   void set_state(const State& s);
   // set_state without the log line (the device step logs its own changes).
   void set_state_quietly(const State& s) { state_ = s; }
+  // The log line of one change, as update() writes it and as the device's changes are logged
+  // (`grep "loss scale" train.log` is the history): "loss scale 128 -> 256 at step 2000 (2000
+  // steps without overflow)", "loss scale 256 -> 128 at step 2417 (overflow, 1 skipped in a row)".
+  static std::string change_text(const fused::LossScaleChange& c);
 
   static constexpr double kMinScale = 1.0;
   static constexpr double kMaxScale = 16777216.0;  // 2^24
 
  private:
-  void change_scale(double next, const std::string& reason);
-
   LossScaleConfig cfg_;
   State state_;
 };

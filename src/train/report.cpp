@@ -320,19 +320,25 @@ std::string memory_table(const std::vector<json>& records) {
     const double v = number(r, key);
     return std::isfinite(v) ? fmt::format("{:.1f} MiB", v / 1048576.0) : std::string("n/a");
   };
+  // A run on a device measures the device's peak instead of the arena's host pages.
+  const bool device = std::any_of(records.begin(), records.end(), [](const json& r) {
+    return r["kind"].get_ref<const std::string&>() == "memory" && r.contains("device_peak");
+  });
   std::string rows;
   for (const json& r : records) {
     if (r["kind"].get_ref<const std::string&>() != "memory") continue;
     rows += fmt::format("<tr><td>{:g}</td><td>O{:g}</td><td>{:g}</td>", number(r, "epoch"), number(r, "level"),
                         number(r, "batch"));
-    for (const char* key : {"planned_arena", "planned_total", "arena_high_water", "resident", "peak_resident"})
+    for (const char* key :
+         {"planned_arena", "planned_total", device ? "device_peak" : "arena_high_water", "resident", "peak_resident"})
       rows += "<td>" + mib(r, key) + "</td>";
     rows += "</tr>\n";
   }
   if (rows.empty()) return "<p class=\"nodata\">no memory records yet (written after the first epoch)</p>\n";
-  return "<table class=\"summary\">\n<tr><th>after epoch</th><th>level</th><th>batch</th><th>planned arena</th>"
-         "<th>planned total</th><th>arena high-water</th><th>resident</th><th>peak resident</th></tr>\n" +
-         rows + "</table>\n";
+  return fmt::format(
+      "<table class=\"summary\">\n<tr><th>after epoch</th><th>level</th><th>batch</th><th>planned arena</th>"
+      "<th>planned total</th><th>{}</th><th>resident</th><th>peak resident</th></tr>\n{}</table>\n",
+      device ? "device peak" : "arena high-water", rows);
 }
 
 // The input-pipeline analysis of each epoch ("pipeline" records): loader stage times per

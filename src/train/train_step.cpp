@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "core/log.h"
+#include "core/plural.h"
 #include "core/thread_pool.h"
 #include "dist/activity.h"
 
@@ -214,9 +215,18 @@ void TrainStep::sync_scaler_state() {
   s.clean_steps = c.clean_steps;
   s.skipped_steps = c.skipped_steps;
   s.consecutive_skips = c.consecutive_skips;
-  if (s.scale != scaler_.state().scale)
-    RN_LOG_INFO("loss scale {} -> {} at step {} (device; {} steps skipped so far)", scaler_.state().scale, s.scale,
-                s.step, s.skipped_steps);
+  // Each change the device made since the last read, with its own step (the host reads at
+  // log lines and sink windows only, and would otherwise see several changes as one).
+  const fused::LossScaleChangeLog log = fused_->scale_changes();
+  const int64_t kept = std::max(scale_changes_logged_, log.count - fused::kScaleChangeLog);
+  if (kept > scale_changes_logged_)
+    RN_LOG_WARN(
+        "loss scale: {} between two reads of the device's record, which keeps the last {}; the first {} "
+        "are not logged",
+        counted(log.count - scale_changes_logged_, "change"), fused::kScaleChangeLog, kept - scale_changes_logged_);
+  for (int64_t i = kept; i < log.count; ++i)
+    RN_LOG_INFO("{}", LossScaler::change_text(log.entries[i % fused::kScaleChangeLog]));
+  scale_changes_logged_ = log.count;
   scaler_.set_state_quietly(s);
 }
 

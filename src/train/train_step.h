@@ -97,6 +97,7 @@ class TrainStep {
   std::vector<float> untaken_;
   bool warmed_up_ = false;
   int captures_ = 0;
+  int64_t scale_changes_logged_ = 0;  // of the device's record (fused::LossScaleChangeLog)
   GradientReducer* reducer_ = nullptr;
   CommStats comm_;
 };

@@ -6,6 +6,7 @@
 #include <csignal>
 #include <exception>
 #include <filesystem>
+#include <limits>
 #include <optional>
 #include <thread>
 
@@ -108,29 +109,39 @@ namespace fs = std::filesystem;
 
 // The planned and the measured memory of a training plan, as a log line and a "memory"
 // record in metrics.jsonl (bytes; level 0, 1, 2 for O0, O1, O2).
+// On a device the arena is device memory, which the host's page residency says nothing
+// about: the device's peak of all its allocations is reported instead.
 void log_measured_memory(const Plan& plan, MetricsLog& metrics, int64_t epoch, int64_t step) {
   const PlannedPeak p = plan.planned_peak(1);
-  const RangeResidency arena = plan.arena_residency();
+  const bool on_device = plan.backend() != nullptr && plan.backend()->device() != Device::cpu;
+  const RangeResidency arena = on_device ? RangeResidency{} : plan.arena_residency();
+  const double device_peak = on_device ? static_cast<double>(plan.backend()->memory().peak_bytes()) : 0.0;
   const ProcessMemory process = process_memory();
   const double MiB = 1048576.0;
   RN_LOG_INFO(
-      "memory at level {} after epoch {}: planned arena {:.1f} MiB, total {:.1f} MiB; measured arena "
-      "high-water {:.1f} MiB, resident {:.1f} MiB, peak resident {:.1f} MiB",
-      memory_level_name(plan.options().memory), epoch, p.arena / MiB, p.total() / MiB, arena.high_water / MiB,
+      "memory at level {} after epoch {}: planned arena {:.1f} MiB, total {:.1f} MiB; {}, resident {:.1f} MiB, "
+      "peak resident {:.1f} MiB",
+      memory_level_name(plan.options().memory), epoch, p.arena / MiB, p.total() / MiB,
+      on_device ? fmt::format("measured device peak {:.1f} MiB (every device allocation)", device_peak / MiB)
+                : fmt::format("measured arena high-water {:.1f} MiB", arena.high_water / MiB),
       process.resident / MiB, process.peak_resident / MiB);
-  metrics.append(MetricsRecord("memory", epoch, step)
-                     .add("level", static_cast<int64_t>(plan.options().memory))
-                     .add("batch", plan.options().batch)
-                     .add("planned_arena", p.arena)
-                     .add("planned_activations", p.activations)
-                     .add("planned_gradients", p.gradients)
-                     .add("planned_parameters", p.parameters + p.parameter_grads + p.half_weights)
-                     .add("planned_optimizer", p.optimizer_state)
-                     .add("planned_workspace", p.workspace)
-                     .add("planned_total", p.total())
-                     .add("arena_high_water", arena.high_water)
-                     .add("resident", process.resident)
-                     .add("peak_resident", process.peak_resident));
+  MetricsRecord record("memory", epoch, step);
+  record.add("level", static_cast<int64_t>(plan.options().memory))
+      .add("batch", plan.options().batch)
+      .add("planned_arena", p.arena)
+      .add("planned_activations", p.activations)
+      .add("planned_gradients", p.gradients)
+      .add("planned_parameters", p.parameters + p.parameter_grads + p.half_weights)
+      .add("planned_optimizer", p.optimizer_state)
+      .add("planned_workspace", p.workspace)
+      .add("planned_total", p.total());
+  if (on_device)
+    record.add("arena_high_water", std::numeric_limits<double>::quiet_NaN());  // null: not measured
+  else
+    record.add("arena_high_water", arena.high_water);
+  record.add("resident", process.resident).add("peak_resident", process.peak_resident);
+  if (on_device) record.add("device_peak", device_peak);
+  metrics.append(record);
 }
 
 // A fresh run never writes into a folder that already holds a run: it takes the first free
@@ -688,6 +699,9 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
         for (float l : step_losses) sum += l;
         if (!step_losses.empty()) last_loss = static_cast<float>(sum / static_cast<double>(step_losses.size()));
       }
+      // On a device run() only queued the step: its time is the wait for it too (eager: every
+      // step's loss read; sink mode: the read at a sync point covers the steps queued before it).
+      if (step->on_device()) pipeline.compute += 1e-6 * (trace_now_us() - end_us);
       // The step's communication: known after the wait above on a device (CUDA events),
       // after run() on the host.
       if (reducer) {

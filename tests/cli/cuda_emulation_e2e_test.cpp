@@ -71,6 +71,12 @@ int run(const char* binary, const std::vector<std::string>& args, const fs::path
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
 }
 
+int count_of(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
 std::map<int64_t, double> train_losses(const fs::path& dir) {
   std::map<int64_t, double> losses;
   for (const auto& rec : read_metrics((dir / "metrics.jsonl").string()))
@@ -141,8 +147,9 @@ TEST(CudaEmulationE2E, Fp16O2WithBatchNormRecomputeTrainsAndShowsItsLossScale) {
   const std::string log = test::read_all(f16 / "train.log");
   EXPECT_NE(log.find("precision O2: fp16 model"), std::string::npos) << "the precision level is shown";
   EXPECT_NE(log.find("memory level O2"), std::string::npos);
-  EXPECT_NE(log.find("loss scale 128 -> 256 at step 1 (device"), std::string::npos) << "the device's scale, logged";
-  EXPECT_NE(log.find("loss scale 1024 -> 2048 at step 4 (device"), std::string::npos);
+  EXPECT_NE(log.find("loss scale 128 -> 256 at step 1 (1 step without overflow)"), std::string::npos)
+      << "the device's scale, logged";
+  EXPECT_NE(log.find("loss scale 1024 -> 2048 at step 4 (1 step without overflow)"), std::string::npos);
   double skipped = -1;
   for (const auto& rec : read_metrics((f16 / "metrics.jsonl").string()))
     if (rec.value("kind", "") == "train") skipped = rec.at("skipped_steps").get<double>();
@@ -154,9 +161,13 @@ TEST(CudaEmulationE2E, SinkModeEndsWithTheEagerWeightsBitForBit) {
   // Two epochs of 4 steps (an evaluation between them), a log line every 4 steps: in sink
   // mode the losses between synchronisations come from the device's record.
   auto settings = [](std::string sink_size) {
-    return std::vector<std::string>{"precision.level=O2", "precision.half_dtype=fp16",
-                                    "run.implementation_mode=high_precision", "schedule.epochs=2",
-                                    "run.log_interval_steps=4", "run.sink_size=" + std::move(sink_size)};
+    return std::vector<std::string>{"precision.level=O2",
+                                    "precision.half_dtype=fp16",
+                                    "precision.loss_scale.growth_interval=2",
+                                    "run.implementation_mode=high_precision",
+                                    "schedule.epochs=2",
+                                    "run.log_interval_steps=4",
+                                    "run.sink_size=" + std::move(sink_size)};
   };
   ASSERT_EQ(run(resnet_sim_path(), tiny_run(eager, "cuda", settings("0")), eager), 0)
       << test::read_all(eager.string() + ".log");
@@ -179,6 +190,27 @@ TEST(CudaEmulationE2E, SinkModeEndsWithTheEagerWeightsBitForBit) {
   ASSERT_EQ(la.size(), 2u);
   ASSERT_EQ(lb.size(), 2u);
   for (const auto& [step, loss] : la) EXPECT_NEAR(lb.at(step), loss, 1e-6 * std::fabs(loss)) << "step " << step;
+
+  for (const fs::path& dir : {eager, sink}) {
+    const std::string log = test::read_all(dir / "train.log");
+    // The host reads the device's scale every 4 steps (eager) or 2 (sink); each of the 4
+    // doublings is still logged once, with the step that made it.
+    for (const char* change : {"loss scale 128 -> 256 at step 2 (2 steps without overflow)",
+                               "loss scale 256 -> 512 at step 4 (2 steps without overflow)",
+                               "loss scale 512 -> 1024 at step 6 (2 steps without overflow)",
+                               "loss scale 1024 -> 2048 at step 8 (2 steps without overflow)"})
+      EXPECT_EQ(count_of(log, change), 1) << dir << ": " << change;
+    EXPECT_EQ(count_of(log, "] loss scale "), 4 + 1) << dir << ": the 4 changes and the initial scale";
+    // Device memory is measured by the device's allocator (the host's page residency of a
+    // device arena said 0), and the input pipeline's step time includes the device's.
+    EXPECT_NE(log.find("measured device peak "), std::string::npos) << dir;
+    EXPECT_EQ(log.find("measured device peak 0.0 MiB"), std::string::npos) << dir;
+    for (const auto& rec : read_metrics((dir / "metrics.jsonl").string())) {
+      if (rec.value("kind", "") == "pipeline") {
+        EXPECT_GT(rec.at("step_s").get<double>(), 0.5 * rec.at("wall_s").get<double>()) << dir << ": " << rec.dump();
+      }
+    }
+  }
 }
 
 // The doctor's mixed-precision run on the device (issue 7's GPU part): fp16 gradients

@@ -68,6 +68,38 @@ TEST(FusedMath, LossScaleRuleMatchesLossScaler) {
   EXPECT_GE(dev.scale, 1.0);
 }
 
+// The device's record of scale changes: one entry per change, with its step, its from/to and
+// why; a ring that keeps the last kScaleChangeLog while counting all.
+TEST(FusedMath, ScaleChangesAreRecordedWithTheirSteps) {
+  fused::LossScaleRule rule;
+  rule.growth_interval = 2;
+  fused::LossScaleCounters c{128, 0, 0, 0, 0};
+  fused::LossScaleChangeLog log;
+  auto step = [&](bool overflow) {
+    const fused::LossScaleCounters before = c;
+    fused::loss_scale_update(c, rule, overflow);
+    fused::record_scale_change(log, before, c, overflow);
+  };
+  step(false);  // step 1: no change
+  EXPECT_EQ(log.count, 0);
+  step(false);  // step 2: 128 -> 256 after 2 clean steps
+  step(true);   // step 3: 256 -> 128, 1 skipped in a row
+  step(true);   // step 4: 128 -> 64, 2 in a row
+  ASSERT_EQ(log.count, 3);
+  EXPECT_EQ(LossScaler::change_text(log.entries[0]), "loss scale 128 -> 256 at step 2 (2 steps without overflow)");
+  EXPECT_EQ(LossScaler::change_text(log.entries[1]), "loss scale 256 -> 128 at step 3 (overflow, 1 skipped in a row)");
+  EXPECT_EQ(LossScaler::change_text(log.entries[2]), "loss scale 128 -> 64 at step 4 (overflow, 2 skipped in a row)");
+  // Past the ring's size the oldest entries are overwritten; the count goes on.
+  rule.growth_interval = 1;
+  rule.max_scale = 1e300;
+  for (int i = 0; i < fused::kScaleChangeLog; ++i) step(false);
+  EXPECT_EQ(log.count, 3 + fused::kScaleChangeLog);
+  const fused::LossScaleChange& last = log.entries[(log.count - 1) % fused::kScaleChangeLog];
+  EXPECT_EQ(last.step, 4 + fused::kScaleChangeLog);
+  EXPECT_EQ(last.to, c.scale);
+  EXPECT_EQ(last.run, 1);
+}
+
 TEST(FusedMath, StaticRuleNeverChangesTheScale) {
   fused::LossScaleRule r;
   r.dynamic = false;

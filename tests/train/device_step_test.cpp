@@ -9,10 +9,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "core/rng.h"
 #include "fake_device.h"
+#include "log_capture.h"
 #include "model/zoo.h"
 #include "train/train_step.h"
 
@@ -129,6 +132,44 @@ TEST(DeviceStep, EagerAndSinkMatchTheHostOptimizerBitForBit) {
   EXPECT_NE(std::memcmp(shifted.weights.data(), sink.weights.data(), sink.weights.size() * 4), 0);
   std::printf("[device-step] %zu weights; a schedule shifted by 1e-4 changes the first weight by %.3g\n",
               sink.weights.size(), static_cast<double>(shifted.weights[0] - sink.weights[0]));
+}
+
+// The "loss scale" lines in train.log are the loss-scale history. The device changes the scale
+// between the host's reads; each change is still logged once, with its own step, as the host
+// path logs it (the 4 doublings of 8 steps at growth interval 2 were one line per read).
+std::vector<std::string> scale_lines(const std::string& log) {
+  std::vector<std::string> lines;
+  std::istringstream in(log);
+  for (std::string line; std::getline(in, line);)
+    if (line.find("loss scale ") != std::string::npos && line.find(" at step ") != std::string::npos)
+      lines.push_back(line);
+  return lines;
+}
+
+TEST(DeviceStep, EveryScaleChangeIsLoggedWithItsStep) {
+  auto cpu = make_backend("cpu");
+  FakeDevice dev;
+  std::vector<std::string> host, eager, sink;
+  {
+    LogCapture c;
+    train(*cpu, 0, OptimizerKind::sgd, 8);
+    host = scale_lines(c.text());
+  }
+  {
+    LogCapture c;
+    train(dev, 0, OptimizerKind::sgd, 8);  // read once, at the end
+    eager = scale_lines(c.text());
+  }
+  {
+    LogCapture c;
+    train(dev, 3, OptimizerKind::sgd, 8);
+    sink = scale_lines(c.text());
+  }
+  ASSERT_EQ(host.size(), 4u) << ::testing::PrintToString(host);
+  EXPECT_EQ(host.front(), "loss scale 128 -> 256 at step 2 (2 steps without overflow)");
+  EXPECT_EQ(host.back(), "loss scale 1024 -> 2048 at step 8 (2 steps without overflow)");
+  EXPECT_EQ(eager, host);
+  EXPECT_EQ(sink, host);
 }
 
 // Sink mode reads the loss only at synchronisations, so each step records its own on the

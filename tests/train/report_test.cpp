@@ -202,7 +202,16 @@ TEST(Report, ShowsPlannedAndMeasuredMemoryPerLevel) {
             std::string::npos)
       << html;
   EXPECT_NE(html.find("<td>O2</td>"), std::string::npos);
+  EXPECT_NE(html.find("<th>arena high-water</th>"), std::string::npos);
   EXPECT_NE(render_report_html({}, "", "t").find("no memory records yet"), std::string::npos);
+  // On a device the arena's host pages are not measured: the device's peak is shown.
+  const std::string device = render_report_html(
+      {nlohmann::json::parse(R"({"kind":"memory","epoch":1,"step":4,"level":1,"batch":32,"planned_arena":10485760,)"
+                             R"("planned_total":20971520,"arena_high_water":null,"resident":31457280,)"
+                             R"("peak_resident":41943040,"device_peak":52428800})")},
+      "", "t");
+  EXPECT_NE(device.find("<th>device peak</th>"), std::string::npos) << device;
+  EXPECT_NE(device.find("<td>20.0 MiB</td><td>50.0 MiB</td>"), std::string::npos) << device;
 }
 
 TEST(Report, MissingMetricsSayNoDataButMissingFolderIsAnError) {

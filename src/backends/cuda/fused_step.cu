@@ -40,10 +40,15 @@ __global__ void overflow_check_kernel(int* overflow, const float* g, int64_t n) 
 }
 
 // From the table: this step's rate, and the batch's loss recorded in the same slot.
-__global__ void scale_update_kernel(StepState* st, fused::LossScaleRule rule, float lr, const float* lr_table,
-                                    int lr_table_size, const float* loss, float* losses) {
+// A change of the scale goes to the change record, which the host reads at its next
+// synchronisation.
+__global__ void scale_update_kernel(StepState* st, fused::LossScaleChangeLog* changes, fused::LossScaleRule rule,
+                                    float lr, const float* lr_table, int lr_table_size, const float* loss,
+                                    float* losses) {
   st->inv_scale_used = static_cast<float>(1.0 / st->counters.scale);
+  const fused::LossScaleCounters before = st->counters;
   st->applied = fused::loss_scale_update(st->counters, rule, st->overflow != 0) ? 1 : 0;
+  fused::record_scale_change(*changes, before, st->counters, st->overflow != 0);
   st->overflow = 0;  // ready for the next step
   st->loss_scale = static_cast<float>(st->counters.scale);
   if (lr_table) {
@@ -142,6 +147,8 @@ class CudaFusedStep final : public FusedStepKernel {
     momentum_ = DeviceBuffer(mem, static_cast<size_t>(d.total) * sizeof(float));
     momentum_.zero();
     state_ = DeviceBuffer(mem, sizeof(StepState));
+    changes_ = DeviceBuffer(mem, sizeof(fused::LossScaleChangeLog));
+    changes_.zero();
     StepState st{};
     st.counters.scale = 1.0;
     st.loss_scale = 1.0f;
@@ -189,6 +196,12 @@ class CudaFusedStep final : public FusedStepKernel {
     st.counters = c;
     st.loss_scale = static_cast<float>(c.scale);
     mem_.copy(state_.data(), &st, sizeof(st));
+    changes_.zero();
+  }
+  fused::LossScaleChangeLog scale_changes() const override {
+    fused::LossScaleChangeLog log;
+    mem_.copy(&log, changes_.data(), sizeof(log));
+    return log;
   }
   void read_momentum(float* host) const override { mem_.copy(host, momentum_.data(), momentum_.bytes()); }
   void write_momentum(const float* host) override { mem_.copy(momentum_.data(), host, momentum_.bytes()); }
@@ -202,9 +215,10 @@ class CudaFusedStep final : public FusedStepKernel {
     RN_CUDA_LAUNCH_CHECK();
     const bool from_table = lr < 0.0f;
     RN_CHECK(!from_table || lr_table_size_ > 0) << "fused step: no learning-rate table set";
-    RN_LAUNCH(1, 1, s, scale_update_kernel)(
-        st, desc_.loss_scale, lr, from_table ? static_cast<const float*>(lr_table_.data()) : nullptr, lr_table_size_,
-        from_table ? loss_source_ : nullptr, static_cast<float*>(losses_.data()));
+    RN_LAUNCH(1, 1, s, scale_update_kernel)
+    (st, static_cast<fused::LossScaleChangeLog*>(changes_.data()), desc_.loss_scale, lr,
+     from_table ? static_cast<const float*>(lr_table_.data()) : nullptr, lr_table_size_,
+     from_table ? loss_source_ : nullptr, static_cast<float*>(losses_.data()));
     RN_CUDA_LAUNCH_CHECK();
     if (segments_ == 0) return;
     const bool lars = desc_.optimizer == FusedOptimizer::lars;
@@ -240,7 +254,7 @@ class CudaFusedStep final : public FusedStepKernel {
   MemorySpace& mem_;
   cudaStream_t stream_;
   int segments_ = 0, n_params_ = 0, lr_table_size_ = 0;
-  DeviceBuffer segs_, first_, adapt_, wd_, seg_w2_, seg_g2_, trust_, momentum_, state_, lr_table_, losses_;
+  DeviceBuffer segs_, first_, adapt_, wd_, seg_w2_, seg_g2_, trust_, momentum_, state_, changes_, lr_table_, losses_;
 };
 
 }  // namespace
