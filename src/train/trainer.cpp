@@ -687,7 +687,10 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
       const auto sync_t0 = std::chrono::steady_clock::now();
       // The step losses known now: this step's (eager), or in sink mode, at a sync point or a
       // log line, those of every step since the last read (the device records them).
-      const bool log_point = st.step % cfg.run.log_interval_steps == 0;
+      // A log line every log_interval_steps, and at an epoch's last step and a step limit, so
+      // that every step's loss is in one train record (the interval restarts with each epoch).
+      const bool log_point =
+          st.step % cfg.run.log_interval_steps == 0 || st.batch_in_epoch == steps_per_epoch || at_limit;
       std::vector<float> step_losses;
       if (sink_size == 0) {
         step->wait_for_gradients();
@@ -756,12 +759,12 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
       pf.total_steps = epochs * steps_per_epoch;
       pf.loss = interval_losses > 0 ? interval_loss / static_cast<double>(interval_losses) : static_cast<double>(loss);
       pf.lr = lr;
-      if (step->on_device() && st.step % cfg.run.log_interval_steps == 0) step->sync_scaler_state();
+      if (step->on_device() && log_point) step->sync_scaler_state();
       pf.loss_scale = scaler.scale();
       pf.images_per_sec = dt > 0 ? static_cast<double>(interval_images) / dt : 0;
       pf.data_wait_share = dt > 0 ? (train_loader.epoch_wait_seconds() - interval_wait0) / dt : 0;
       progress.update(pf);
-      if (st.step % cfg.run.log_interval_steps == 0) {
+      if (log_point) {
         progress.log_line(pf);
         TrainMetrics m;
         m.epoch = st.epoch + 1;  // the epoch being trained, from 1 (as every record)

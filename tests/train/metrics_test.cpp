@@ -252,12 +252,13 @@ TEST(MetricsRecord, AddFieldsKeepsTypesAndRefusesNesting) {
 
 // Every record a run writes counts epochs from 1: train, grad and device records the epoch
 // being trained, eval, memory and pipeline records the one just completed (so an epoch's
-// last train record and its evaluation carry the same number).
+// last train record and its evaluation carry the same number). A train record is written every
+// log interval and at each epoch's last step, so that every step's loss is in one record.
 TEST(MetricsRun, EveryRecordCountsEpochsFrom1) {
   TestDir dir;
   Config cfg = test::small_run_config(dir.file("run"));
   cfg.schedule.epochs = 2;
-  cfg.run.log_interval_steps = 2;
+  cfg.run.log_interval_steps = 3;
   cfg.run.eval_interval_epochs = 1;
   cfg.diagnostics.grad_monitor_interval = 2;
   cfg.validate();
@@ -267,7 +268,7 @@ TEST(MetricsRun, EveryRecordCountsEpochsFrom1) {
   for (const auto& j : read_metrics(r.run_dir + "/metrics.jsonl"))
     epoch_step[j["kind"].get<std::string>()].emplace_back(j["epoch"].get<int64_t>(), j["step"].get<int64_t>());
   using P = std::pair<int64_t, int64_t>;
-  EXPECT_EQ(epoch_step["train"], (std::vector<P>{{1, 2}, {1, 4}, {2, 6}, {2, 8}}));
+  EXPECT_EQ(epoch_step["train"], (std::vector<P>{{1, 3}, {1, 4}, {2, 6}, {2, 8}}));
   EXPECT_EQ(epoch_step["grad"], (std::vector<P>{{1, 1}, {1, 2}, {1, 4}, {2, 6}, {2, 8}}));  // and step 1
   EXPECT_EQ(epoch_step["eval"], (std::vector<P>{{1, 4}, {2, 8}}));
   EXPECT_EQ(epoch_step["pipeline"], (std::vector<P>{{1, 4}, {2, 8}}));
