@@ -1,8 +1,10 @@
 #include "dist/world.h"
 
-#include <cstdlib>
-
 #include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <vector>
 
 #include "core/check.h"
 #include "core/log.h"
@@ -59,13 +61,24 @@ World& init_world(const WorldOptions& options) {
     ++w->local_size;
   }
   w->device = w->local_rank;
-  if (table) {
+  if (table && w->size == 1) {
+    check_rank_placement(*table, w->rank, w->size, local_hostname(), local_addresses());
+  } else if (table) {
+    std::string misplaced;
     try {
       check_rank_placement(*table, w->rank, w->size, local_hostname(), local_addresses());
     } catch (const Error& e) {
-      if (w->size > 1) abort_job(e.what());
-      throw;
+      misplaced = e.what();
     }
+    // Every rank learns whether any is misplaced before any goes on: rank 0 alone would
+    // otherwise make the run folder (and its train.log) before another rank's abort ends it.
+    const std::vector<double> failed = w->comm->all_gather(misplaced.empty() ? 0.0 : 1.0, "the rank placement check");
+    const auto first = std::find(failed.begin(), failed.end(), 1.0);
+    if (first != failed.end())
+      abort_job(
+          w->comm->broadcast_string(misplaced, static_cast<int>(first - failed.begin()), "the rank placement error"));
+  }
+  if (table) {
     w->device = table->ranks[static_cast<size_t>(w->rank)].device;
     w->table = std::move(table);
   }

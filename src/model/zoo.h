@@ -6,7 +6,8 @@
 //     shortcuts (1x1 conv + BN) where the shape changes; any number of input channels.
 //   resnet50_gdw: the hardware-adapted ResNet-50: a deep stem of three 3x3 convs
 //     (32, 32, 64 channels; "stem.0", "stem.1", ...), every 1x1 conv in the bottlenecks with
-//     groups=4, and depthwise 3x3 convs in stages 3 and 4.
+//     groups=4, and depthwise 3x3 convs in stages 3 and 4 (where the four channel groups
+//     therefore never mix until fc; docs/weights.md).
 #pragma once
 
 #include <string>

@@ -409,7 +409,8 @@ std::string ProfileReport::table(int top) const {
   if (cpu_wait_share > kProfileContention)
     s += fmt::format(
         "WARNING: the profile's threads waited for a core {:.0f}% of the time (other programs, or more threads "
-        "than cores): every time above is inflated; profile again on a quiet machine\n",
+        "than cores): every time above is inflated; profile again on a quiet machine, or with --threads no more "
+        "than the idle cores (OpenMP: OMP_WAIT_POLICY=passive stops waiting threads from spinning)\n",
         100 * cpu_wait_share);
   return s;
 }

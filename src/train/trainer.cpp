@@ -262,6 +262,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
   const bool resuming = !options.resume_dir.empty();
   std::string run_dir;
   std::optional<FreshRunFolder> fresh_folder;  // removed again if the run fails before it starts
+  bool moved_folder = false;                   // a resumed folder whose recorded out_dir is elsewhere
   if (resuming) {
     run_dir = options.resume_dir;
     const std::string path = run_dir + "/config.yaml";
@@ -270,6 +271,18 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
     RN_CHECK(fs::exists(path)) << "cannot resume from '" << run_dir
                                << "': it has no config.yaml (not a run folder that resnet train wrote)";
     cfg = load_config(path, {});
+    // A run folder that was moved or copied resumes where it is now: its recorded out_dir
+    // follows (config.yaml is rewritten once the run is under way).
+    const std::string here = fs::absolute(run_dir).lexically_normal().string();
+    std::error_code ec_recorded, ec_here;
+    const fs::path recorded_dir = fs::weakly_canonical(cfg.run.out_dir, ec_recorded);
+    const bool moved = ec_recorded || recorded_dir != fs::weakly_canonical(here, ec_here);
+    if (moved) {
+      RN_LOG_INFO("{} was run.out_dir {}: the folder was moved or copied; run.out_dir is now {}", run_dir,
+                  cfg.run.out_dir, here);
+      cfg.run.out_dir = here;
+      moved_folder = true;
+    }
     // Only settings that cannot change results may differ from the run's (the same keys an edit
     // of its config.yaml may change). The folder and the per-rank batch follow from the resume.
     for (const std::string& o : options.resume_overrides) {
@@ -297,7 +310,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
   // fails (a mistyped data.root, a step limit already reached) leaves the file as it was.
   std::optional<std::string> resumed_yaml;
   if (resuming) {
-    if (writer && !options.resume_overrides.empty()) resumed_yaml = cfg.to_yaml();
+    if (writer && (!options.resume_overrides.empty() || moved_folder)) resumed_yaml = cfg.to_yaml();
   } else {
     // The data folders as absolute paths, so that the recorded config (config.yaml and every
     // checkpoint's) reads the same data from any working directory: resnet eval, a resume.

@@ -2,6 +2,7 @@
 // stopped rank ends the job within the timeout with a message naming it; a 2-rank run
 // resumes on 1 rank; the launcher places ranks from a rank table.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <map>
@@ -353,6 +354,21 @@ TEST(DistTrain, LaunchPlacesRanksAsTheRankTableSays) {
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.status, -1);
   EXPECT_NE(r.output.find("belongs on host 'no-such-host-xyz'"), std::string::npos) << r.output;
+  // Rank 0 in its place, rank 1 not: no rank goes on, so no run folder is made (rank 0 made
+  // one, with a train.log that did not say why the job ended, before rank 1's abort).
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  std::ofstream(dir / "half.json") << R"({"hosts": [{"name": ")" << host
+                                   << R"("}, {"name": "no-such-host-xyz", "address": "10.9.9.9"}],
+    "ranks": [{"rank": 0, "host": ")"
+                                   << host
+                                   << R"(", "device": 0}, {"rank": 1, "host": "no-such-host-xyz", "device": 0}]})";
+  r = run(under_mpirun(2, train_args(dir / "half_run", 16, {"dist.rank_table=" + (dir / "half.json").string()})), 120,
+          dir / "half.log");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.status, -1);
+  EXPECT_NE(r.output.find("rank 1 belongs on host 'no-such-host-xyz' (10.9.9.9)"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir / "half_run")) << "a run folder was made: " << r.output;
 }
 
 }  // namespace

@@ -150,6 +150,31 @@ TEST(ResumeConfig, SetTakesTheKeysThatCannotChangeResults) {
   EXPECT_NE(log.find("[error] the step limit (--max-steps) is 6", last_line), std::string::npos) << log;
 }
 
+// A moved (or copied) run folder resumes where it is now, and its config.yaml's run.out_dir
+// follows; a --set of the folder being resumed is then its own value, and accepted.
+TEST(ResumeConfig, AMovedRunFolderResumesWhereItIsAndRecordsIt) {
+  TestDir dir;
+  const Config cfg = test::small_run_config(dir.file("before"));
+  const TrainResult a = test::train_until(cfg, 4);
+  const std::string moved = dir.file("after");
+  std::filesystem::rename(a.run_dir, moved);
+  TrainOptions resume;
+  resume.resume_dir = moved;
+  resume.max_steps = 6;
+  EXPECT_EQ(train(cfg, resume).steps, 6);
+  const std::string yaml = read_file(moved + "/config.yaml");
+  EXPECT_NE(yaml.find("out_dir: " + moved + "\n"), std::string::npos) << yaml;
+  EXPECT_EQ(yaml.find(dir.file("before")), std::string::npos) << yaml;
+  EXPECT_FALSE(std::filesystem::exists(dir.file("before"))) << "nothing written where the run was";
+  resume.resume_overrides = {"run.out_dir=" + moved};
+  resume.max_steps = 8;
+  EXPECT_EQ(train(cfg, resume).steps, 8);
+  resume.resume_overrides = {"run.out_dir=" + dir.file("elsewhere")};
+  resume.max_steps = 9;
+  const std::string e = error_of_train(cfg, resume);
+  EXPECT_NE(e.find("cannot change 'run.out_dir'"), std::string::npos) << e;
+}
+
 // A run none of whose checkpoints loads is not started again over itself: the new run's
 // rotation would delete what is left of the old one.
 TEST(ResumeConfig, ARunWithOnlyDamagedCheckpointsIsNotStartedAgain) {
