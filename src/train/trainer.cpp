@@ -278,8 +278,10 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
     const fs::path recorded_dir = fs::weakly_canonical(cfg.run.out_dir, ec_recorded);
     const bool moved = ec_recorded || recorded_dir != fs::weakly_canonical(here, ec_here);
     if (moved) {
-      RN_LOG_INFO("{} was run.out_dir {}: the folder was moved or copied; run.out_dir is now {}", run_dir,
-                  cfg.run.out_dir, here);
+      RN_LOG_INFO(
+          "{}: its config.yaml says run.out_dir {} (the folder was moved, copied or renamed); run.out_dir "
+          "is now {}",
+          run_dir, cfg.run.out_dir, here);
       cfg.run.out_dir = here;
       moved_folder = true;
     }
@@ -321,9 +323,11 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
       fresh_folder.emplace(run_dir);
     }
     run_dir = comm.broadcast_string(run_dir, 0, "the run folder's name");
+    // config.yaml records the folder the run is in (a taken out_dir gives <out_dir>-2), as an
+    // absolute path like the data folders, so that a resume knows whether it was moved.
+    cfg.run.out_dir = fs::absolute(run_dir).lexically_normal().string();
     if (writer) write_file_atomic(run_dir + "/config.yaml", cfg.to_yaml());
   }
-  cfg.run.out_dir = run_dir;
   if (writer) {
     log_file.open(run_dir + "/train.log");
   } else {

@@ -173,6 +173,11 @@ TEST(ResumeConfig, AMovedRunFolderResumesWhereItIsAndRecordsIt) {
   resume.max_steps = 9;
   const std::string e = error_of_train(cfg, resume);
   EXPECT_NE(e.find("cannot change 'run.out_dir'"), std::string::npos) << e;
+  // A fresh run records the folder it took: out_dir taken, so before-2, as an absolute path.
+  test::train_until(cfg, 1);
+  const TrainResult c = test::train_until(cfg, 1);
+  ASSERT_EQ(c.run_dir, dir.file("before") + "-2");
+  EXPECT_NE(read_file(c.run_dir + "/config.yaml").find("out_dir: " + dir.file("before") + "-2\n"), std::string::npos);
 }
 
 // A run none of whose checkpoints loads is not started again over itself: the new run's
