@@ -198,11 +198,7 @@ void print_result(const BenchSetup& s, MemoryLevel level, const BenchResult& r) 
   }
 }
 
-ModelOptions bench_model_options(const BenchArgs& a) {
-  std::string input = a.input;
-  int64_t classes = a.classes;
-  return model_options_for(a.model, &input, &classes);
-}
+ModelOptions bench_model_options(const BenchArgs& a) { return model_options_for(a.model, a.input, a.classes); }
 
 std::unique_ptr<Backend> bench_backend(const BenchArgs& a) {
   BackendOptions bo;
@@ -346,14 +342,15 @@ Runner add_bench_command(CLI::App& app) {
   cmd->add_option("--trace", d->trace, "--data: write a Chrome trace of the loader here");
   return [cmd, a, d]() -> int {
     if (!cmd->parsed()) return -1;
-    model_options_for(a->model, &a->input, &a->classes);  // the model's own where not given
+    // The model's own input and classes where not given; the labels and messages use them.
+    const ModelOptions o = bench_model_options(*a);
+    a->input = fmt::format("{}x{}x{}", o.in_channels, o.height, o.width);
+    a->classes = o.num_classes;
     if (d->path.empty()) return run_bench(*a);
     set_host_threads(a->threads);
     d->batch = cmd->count("--batch") > 0 ? a->batch : 256;  // the model's default batch (16) is too small here
-    int64_t c = 0, h = 0, w = 0;
-    parse_input_shape(a->input, &c, &h, &w);
-    d->height = static_cast<int>(h);
-    d->width = static_cast<int>(w);
+    d->height = static_cast<int>(o.height);
+    d->width = static_cast<int>(o.width);
     d->warmup = a->warmup;
     d->json = a->json;
     return run_data_bench(*d);

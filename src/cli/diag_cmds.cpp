@@ -60,9 +60,7 @@ struct ProfileArgs {
 int run_profile_cmd(const ProfileArgs& a) {
   ProfileOptions o;
   o.model = a.model;
-  std::string input = a.input;
-  int64_t classes = a.classes;
-  const ModelOptions mo = model_options_for(a.model, &input, &classes);
+  const ModelOptions mo = model_options_for(a.model, a.input, a.classes);
   o.channels = mo.in_channels, o.height = mo.height, o.width = mo.width;
   o.classes = mo.num_classes;
   o.batch = a.batch;

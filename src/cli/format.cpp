@@ -91,16 +91,10 @@ void parse_input_shape(const std::string& s, int64_t* c, int64_t* h, int64_t* w)
   *w = ww;
 }
 
-ModelOptions model_options_for(const std::string& model, std::string* input, int64_t* classes) {
+ModelOptions model_options_for(const std::string& model, const std::string& input, int64_t classes) {
   ModelOptions o = default_model_options(model);
-  if (input->empty())
-    *input = fmt::format("{}x{}x{}", o.in_channels, o.height, o.width);
-  else
-    parse_input_shape(*input, &o.in_channels, &o.height, &o.width);
-  if (*classes == 0)
-    *classes = o.num_classes;
-  else
-    o.num_classes = *classes;
+  if (!input.empty()) parse_input_shape(input, &o.in_channels, &o.height, &o.width);
+  if (classes != 0) o.num_classes = classes;
   return o;
 }
 

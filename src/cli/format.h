@@ -21,10 +21,10 @@ std::string human_bytes(double bytes);  // "97.6 MiB"
 size_t parse_bytes(const std::string& text, const std::string& what);
 // Parses "CxHxW" (e.g. 3x224x224); throws rn::Error naming the text otherwise.
 void parse_input_shape(const std::string& text, int64_t* c, int64_t* h, int64_t* w);
-// A command's --input and --classes for --model `model`: those given, or where one is not
-// ("" / 0) the model's own (default_model_options: 3x224x224 and 1000 classes for the ImageNet
-// models, 3x32x32 and 10 for the CIFAR ones). `input` and `classes` are set to what is used.
-ModelOptions model_options_for(const std::string& model, std::string* input, int64_t* classes);
+// The model options of a command's --model, --input and --classes: those given, or where one is
+// not ("" / 0) the model's own (default_model_options: 3x224x224 and 1000 classes for the
+// ImageNet models, 3x32x32 and 10 for the CIFAR ones).
+ModelOptions model_options_for(const std::string& model, const std::string& input, int64_t classes);
 inline constexpr const char* kInputHelp =
     "Input shape CxHxW (default: the model's own, 3x224x224; 3x32x32 for resnet20..110)";
 inline constexpr const char* kClassesHelp = "Number of classes (default: the model's own, 1000; 10 for resnet20..110)";

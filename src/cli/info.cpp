@@ -73,9 +73,7 @@ int run_info(const InfoArgs& a) {
       RN_FAIL() << "--device '" << a.device << "': expected auto, cpu, ref, cuda or none (a dry plan)";
     }
   }
-  std::string input = a.input;
-  int64_t classes = a.classes;
-  const ModelOptions o = model_options_for(a.model, &input, &classes);
+  const ModelOptions o = model_options_for(a.model, a.input, a.classes);
   Model model(build_model(a.model, o));
   const ModelStats st = model_stats(model.graph());
   // The precision level decides which tensors are half: --dtype bf16 alone plans O2 (bf16

@@ -29,9 +29,7 @@ struct TuneArgs {
 };
 
 int run_tune(const TuneArgs& a) {
-  std::string input = a.input;
-  int64_t classes = a.classes;
-  const ModelOptions o = model_options_for(a.model, &input, &classes);
+  const ModelOptions o = model_options_for(a.model, a.input, a.classes);
   Model model(build_model(a.model, o));
   BackendOptions bo;
   bo.high_precision = a.high_precision;

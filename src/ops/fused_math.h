@@ -92,16 +92,23 @@ struct LossScaleChangeLog {
   int64_t count = 0;
   LossScaleChange entries[kScaleChangeLog];
 };
-// After loss_scale_update took `before` to `after`: records the change, if the scale changed.
-RN_HD inline void record_scale_change(LossScaleChangeLog& log, const LossScaleCounters& before,
-                                      const LossScaleCounters& after, bool overflow) {
-  if (after.scale == before.scale) return;
-  LossScaleChange& c = log.entries[log.count % kScaleChangeLog];
+// The change loss_scale_update made in taking `before` to `after` (meaningful when the scale
+// changed).
+RN_HD inline LossScaleChange scale_change(const LossScaleCounters& before, const LossScaleCounters& after,
+                                          bool overflow) {
+  LossScaleChange c;
   c.step = after.step;
   c.from = before.scale;
   c.to = after.scale;
   c.run = overflow ? after.consecutive_skips : before.clean_steps + 1;
   c.overflow = overflow ? 1 : 0;
+  return c;
+}
+// Records that change in the ring, if the scale changed.
+RN_HD inline void record_scale_change(LossScaleChangeLog& log, const LossScaleCounters& before,
+                                      const LossScaleCounters& after, bool overflow) {
+  if (after.scale == before.scale) return;
+  log.entries[log.count % kScaleChangeLog] = scale_change(before, after, overflow);
   ++log.count;
 }
 

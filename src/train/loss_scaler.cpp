@@ -80,10 +80,8 @@ bool LossScaler::update(bool overflow) {
                                         state_.consecutive_skips};
   fused::LossScaleCounters c = before;
   const bool applied = fused::loss_scale_update(c, rule(), overflow);
-  // The device's fused step records its changes the same way (ops/fused_math.h).
-  fused::LossScaleChangeLog changes;
-  fused::record_scale_change(changes, before, c, overflow);
-  if (changes.count > 0) RN_LOG_INFO("{}", change_text(changes.entries[0]));
+  // The device's fused step records its changes as the same entries (ops/fused_math.h).
+  if (c.scale != before.scale) RN_LOG_INFO("{}", change_text(fused::scale_change(before, c, overflow)));
   if (overflow && cfg_.policy != LossScalePolicy::dynamic)
     RN_LOG_WARN("step {} skipped: inf/NaN gradients ({})", state_.step + 1,
                 cfg_.policy == LossScalePolicy::none ? std::string("no loss scaling")

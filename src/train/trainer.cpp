@@ -276,14 +276,13 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
     const std::string here = fs::absolute(run_dir).lexically_normal().string();
     std::error_code ec_recorded, ec_here;
     const fs::path recorded_dir = fs::weakly_canonical(cfg.run.out_dir, ec_recorded);
-    const bool moved = ec_recorded || recorded_dir != fs::weakly_canonical(here, ec_here);
-    if (moved) {
+    moved_folder = ec_recorded || recorded_dir != fs::weakly_canonical(here, ec_here);
+    if (moved_folder) {
       RN_LOG_INFO(
           "{}: its config.yaml says run.out_dir {} (the folder was moved, copied or renamed); run.out_dir "
           "is now {}",
           run_dir, cfg.run.out_dir, here);
       cfg.run.out_dir = here;
-      moved_folder = true;
     }
     // Only settings that cannot change results may differ from the run's (the same keys an edit
     // of its config.yaml may change). The folder and the per-rank batch follow from the resume.
