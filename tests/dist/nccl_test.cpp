@@ -228,5 +228,58 @@ TEST(Nccl, OneRankDeviceReducerLeavesTrainingUnchanged) {
   EXPECT_TRUE(plain == sunk) << "sink mode with the NCCL all-reduces inside the replayed graph changed the training";
 }
 
+// What the device timing says of overlap: a bucket issued when backward has produced its last
+// gradient cannot be hidden behind backward (one bucket: all of it exposed), while buckets
+// issued during backward are partly or wholly hidden. On a GPU the events time it; in the
+// emulation an event takes its time once its stream's work before it is done, as a GPU's
+// does (the end-of-backward mark was stamped after the all-reduce that followed it: one
+// bucket reported 100% hidden).
+TEST(Nccl, OneRankDeviceTimingCountsTheLastBucketAsExposed) {
+  RN_GPU_OR_SKIP(gpu, BackendOptions{});
+  auto comm_of_step = [&](int64_t threshold) {
+    ModelOptions o;
+    o.in_channels = 3, o.height = o.width = 16, o.num_classes = 10;
+    Model model(build_model("resnet20", o));
+    model.init(5);
+    auto local = make_local_communicator();
+    PlanOptions po;
+    po.batch = 8;
+    po.layout = Layout::nhwc;
+    Plan plan(model, gpu.get(), po);
+    Optimizer opt(OptimizerConfig{}, model.params());
+    PrecisionPolicy policy;
+    LossScaler scaler(policy.loss_scale);
+    TrainStep step(plan, opt, scaler, policy, 0);
+    auto nccl = make_nccl_communicator(*local, 0, gpu->native_stream(), 30);
+    std::vector<GradRange> ranges;
+    for (const ParamView& v : model.params().params) ranges.push_back({v.offset, v.numel});
+    GradientReducer reducer(*nccl, make_grad_buckets(ranges, threshold), model.compute_grad_data(),
+                            static_cast<int>(ranges.size()));
+    step.set_gradient_reducer(&reducer);
+    Rng rng(3);
+    CommStats c;
+    for (int k = 0; k < 2; ++k) {
+      testing::fill_random_batch(plan, rng, 10);
+      step.run(0.05);
+      step.wait_for_gradients();
+      c = step.last_comm();
+    }
+    step.set_gradient_reducer(nullptr);
+    EXPECT_TRUE(c.timed);
+    EXPECT_EQ(c.buckets, static_cast<int>(reducer.buckets().size()));
+    EXPECT_GT(c.total, 0.0);
+    EXPECT_NEAR(c.exposed + c.hidden, c.total, 1e-12);
+    return c;
+  };
+  const CommStats one = comm_of_step(int64_t{1} << 30);
+  EXPECT_EQ(one.buckets, 1);
+  // Exposed, up to the events' resolution and the jitter between two streams on a GPU.
+  EXPECT_LE(one.hidden, 0.25 * one.total + 50e-6) << "one bucket, total " << one.total << " s";
+  const CommStats many = comm_of_step(16 << 10);
+  EXPECT_GT(many.buckets, 3);
+  EXPECT_GT(many.hidden, 0.0) << "buckets issued during backward, none hidden behind it";
+  EXPECT_LT(many.exposed, many.total);
+}
+
 }  // namespace
 }  // namespace rn

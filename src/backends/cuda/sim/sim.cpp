@@ -499,8 +499,12 @@ bool capture(cudaStream_t stream, const std::function<void()>& op, const char* w
 // RN_SIM_EAGER=1 runs all work when it is queued (to tell an ordering bug from another).
 namespace {
 
+struct Queued {
+  std::function<void()> op;
+  bool event = false;  // an event's time stamp: no work of its own
+};
 struct Queue {
-  std::deque<std::function<void()>> ops;
+  std::deque<Queued> ops;
   uint64_t queued = 0, ran = 0;
 };
 std::recursive_mutex g_work_mutex;  // taken before g_streams_mutex where both are
@@ -516,12 +520,18 @@ bool eager_mode() {
 
 }  // namespace
 
+// Runs `s`'s work up to `upto`, and then the event records that follow it: on a GPU an event
+// completes, and takes its time, as soon as the work before it is done, whoever waits for it
+// and whenever. (Left queued, an event recorded after the last kernel of a step would take
+// its time only when the host next drained that stream, after work of other streams that a
+// GPU runs concurrently: the end of backward stamped after the all-reduce that followed it.)
 void drain(cudaStream_t s, uint64_t upto) {
   const std::lock_guard lock(g_work_mutex);
   for (;;) {
     const auto it = g_queues.find(s);  // found again: an op may drain (and so change) others
-    if (it == g_queues.end() || it->second.ops.empty() || it->second.ran >= upto) return;
-    const std::function<void()> op = std::move(it->second.ops.front());
+    if (it == g_queues.end() || it->second.ops.empty()) return;
+    if (it->second.ran >= upto && !it->second.ops.front().event) return;
+    const std::function<void()> op = std::move(it->second.ops.front().op);
     it->second.ops.pop_front();
     ++it->second.ran;
     op();
@@ -536,7 +546,9 @@ void drain_streams(bool blocking_only) {
   for (cudaStream_t s : streams) drain(s, UINT64_MAX);
 }
 
-uint64_t submit(cudaStream_t stream, const std::function<void()>& op, const char* what) {
+namespace {
+
+uint64_t enqueue(cudaStream_t stream, const std::function<void()>& op, const char* what, bool event) {
   if (capture(stream, op, what)) return 0;
   if (stream == nullptr || eager_mode()) {
     if (stream == nullptr) drain_streams(/*blocking_only=*/true);
@@ -545,8 +557,14 @@ uint64_t submit(cudaStream_t stream, const std::function<void()>& op, const char
   }
   const std::lock_guard lock(g_work_mutex);
   Queue& q = g_queues[stream];
-  q.ops.push_back(op);
+  q.ops.push_back({op, event});
   return ++q.queued;
+}
+
+}  // namespace
+
+uint64_t submit(cudaStream_t stream, const std::function<void()>& op, const char* what) {
+  return enqueue(stream, op, what, /*event=*/false);
 }
 
 bool ran(cudaStream_t stream, uint64_t position) {
@@ -738,7 +756,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   const auto q = g_queues.find(s);
   if (s == nullptr) drain_streams(/*blocking_only=*/true);
   const bool idle = s == nullptr || q == g_queues.end() || q->second.ops.empty();
-  const uint64_t position = idle ? (stamp(), 0) : submit(s, stamp, "cudaEventRecord");
+  const uint64_t position = idle ? (stamp(), 0) : enqueue(s, stamp, "cudaEventRecord", /*event=*/true);
   const std::lock_guard lock(g_streams_mutex);
   const auto it = g_events.find(e);
   if (it != g_events.end() && it->second.generation == generation) it->second.position = position;
