@@ -221,8 +221,23 @@ size_t planned_total(const BenchSetup& s, int64_t batch, MemoryLevel level, bool
 // The largest batch whose planned total fits `cap`, or 0 when not even batch 1 does.
 // Dry plans find it fast (the planned total grows with the batch); a plan with kernels then
 // adds the backend's workspace and steps down while that overflows.
+// On the cuda backend no convolution tensor may pass cuDNN's element limit: the largest
+// batch for which none does (0: no limit).
+int64_t cudnn_batch_limit(const BenchSetup& s) {
+  if (s.backend.device() != Device::cuda) return 0;
+  const Graph& g = s.model.graph();
+  int64_t per_sample = 1;
+  for (const Node& n : g.nodes())
+    if (attrs_if<ConvAttrs>(n))
+      per_sample = std::max({per_sample, n.shape.numel(), g.node(n.inputs.at(0)).shape.numel()});
+  return kCudnnMaxTensorElements / per_sample;
+}
+
 int64_t max_batch_under(const BenchSetup& s, MemoryLevel level, size_t cap) {
-  auto fits = [&](int64_t b) { return planned_total(s, b, level, false) <= cap; };
+  const int64_t cudnn_limit = cudnn_batch_limit(s);
+  auto fits = [&](int64_t b) {
+    return (cudnn_limit == 0 || b <= cudnn_limit) && planned_total(s, b, level, false) <= cap;
+  };
   if (!fits(1)) return 0;
   int64_t lo = 1, hi = 2;
   constexpr int64_t kLimit = int64_t{1} << 20;
@@ -246,9 +261,19 @@ int find_max_batch(const BenchSetup& s, size_t cap) {
               << " at any memory level: O2 needs "
               << human_bytes(static_cast<double>(planned_total(s, 1, MemoryLevel::O2, true)));
   }
-  if (!s.args.json)
+  if (!s.args.json) {
     fmt::print("largest batch whose planned total fits {} ({} bytes), per memory level:\n",
                human_bytes(static_cast<double>(cap)), cap);
+    const int64_t cudnn_limit = cudnn_batch_limit(s);
+    for (int64_t b : found)
+      if (cudnn_limit > 0 && b == cudnn_limit) {
+        fmt::print(
+            "(batch {} is the most cuDNN allows this model: its largest convolution tensor reaches 2^31 - 1 "
+            "elements there)\n",
+            cudnn_limit);
+        break;
+      }
+  }
   for (MemoryLevel level : levels) {
     const int64_t b = found[static_cast<int>(level)];
     if (b == 0) {

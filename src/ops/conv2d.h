@@ -22,6 +22,11 @@ struct Conv2dParams {
   bool bias = false;
 };
 
+// cuDNN's convolutions address at most this many elements per tensor (the legacy API's int
+// dimensions and strides): the cuda backend refuses a larger x or y, naming the largest batch
+// that fits (PyTorch splits such a batch), and `resnet bench --find-max-batch` stays below it.
+constexpr int64_t kCudnnMaxTensorElements = 2147483647;
+
 struct Conv2dDesc {
   Conv2dParams p;
   int64_t batch = 1, in_h = 1, in_w = 1;

@@ -329,6 +329,33 @@ TEST(CudaEmulationOnCpu, CudnnNotSupportedCodesAreUnsupportedExceptABrokenInstal
     EXPECT_FALSE(cudnn_not_supported(s)) << cudnnGetErrorString(s);
 }
 
+// cuDNN's convolutions address at most 2^31 - 1 elements per tensor: a larger x or y is
+// refused as unsupported before any cuDNN call, naming the largest batch that fits; one
+// sample less than the limit is made. (ResNet-50's 224px stem output: 64x112x112 per sample.)
+TEST(CudaEmulationOnCpu, AConvolutionTensorBeyondCudnnsElementLimitIsRefusedNamingTheBatch) {
+  Conv2dDesc d;
+  d.p.in_channels = 64;
+  d.p.out_channels = 64;
+  d.p.kernel_h = d.p.kernel_w = 1;
+  d.in_h = d.in_w = 112;
+  d.layout = Layout::nhwc;
+  d.dtype = DType::f16;
+  const int64_t per_sample = 64 * 112 * 112, most = kCudnnMaxTensorElements / per_sample;
+  ASSERT_EQ(most, 2674);
+  auto backend = make_cuda_backend(CudaBackendOptions{});
+  d.batch = most + 1;
+  try {
+    backend->make_conv2d(d);
+    ADD_FAILURE() << "batch " << d.batch << " was not refused";
+  } catch (const Unsupported& e) {
+    EXPECT_NE(std::string(e.what()).find("beyond the 2^31 - 1 that cuDNN's convolutions address: at most batch 2674"),
+              std::string::npos)
+        << e.what();
+  }
+  d.batch = 2;  // a small one is made as always (the limit is per tensor, not per backend)
+  EXPECT_NE(backend->make_conv2d(d), nullptr);
+}
+
 // The emulated search reports, fastest first, a non-deterministic algorithm for both backward
 // directions, then a deterministic one, then one that fails as not supported: the backend
 // takes the fastest that ran, and only deterministic ones in high_precision mode. For fp32,

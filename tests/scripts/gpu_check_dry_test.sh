@@ -80,6 +80,28 @@ run differ FAKE_SINK_DIFFERS=1
 expect "sink weights differ: reported" has "$work/differ.out" 'FAILED: eager and sink training disagree'
 expect "sink weights differ: exit 1" rc differ 1
 
+# cuDNN refusing harness cases: NCHW is refused by design; a grouped, depthwise or dilated
+# convolution is a gap to record (named, not failed); a plain one is a failure.
+g4=conv_k1x1_s1_p0_d1_g4_n2c16k32_9x7_nhwc_bf16 dw=conv_k3x3_s1_p1_d1_g16_n2c16k16_13x13_nhwc_bf16
+dil=conv_k3x3_s1_p2_d2_g1_n2c8k8_13x13_nhwc_fp32 plain=conv_k1x1_s1_p0_d1_g1_n2c16k32_7x7_nhwc_fp16
+run gaps FAKE_UNSUPPORTED=$g4,$dw,$dil,conv_k1x1_s1_p0_d1_g1_n2c16k32_7x7_nchw_fp32
+expect "cuDNN gaps: exit 0" rc gaps 0
+expect "cuDNN gaps: each named" bash -c "grep -q '^GAP .*: $g4: ' '$work/gaps.out' && grep -q '^GAP .*: $dw: ' '$work/gaps.out' &&
+  grep -q '^GAP .*: $dil: ' '$work/gaps.out' && ! grep -q '^GAP .*_nchw_' '$work/gaps.out'"
+expect "cuDNN gaps: counted in the last line" has "$work/gaps.out" 'all checks passed; cuDNN GAPS: 3 grouped'
+run refused FAKE_UNSUPPORTED=$g4,$plain
+expect "a plain convolution refused: exit 1" rc refused 1
+expect "a plain convolution refused: named as such, the grouped one as a gap" \
+  bash -c "grep -q '^\[cross-backend\] unsupported: $plain' '$work/refused.out' &&
+           grep -q 'FAILED: cuda refused cases it should run' '$work/refused.out' && grep -q '^GAP .*: $g4: ' '$work/refused.out'"
+# The tree's commit: from git where .git travelled, else from RN_EXPECT_COMMIT; the fake
+# bundle was built from commit 000...0.
+expect "the libraries as resolved are listed" has "$work/pass.out" 'libcudart.so.13 => .*/site/nvidia/cu13/lib/libcudart.so.13$'
+run stale RN_EXPECT_COMMIT=1111111111111111111111111111111111111111 GIT_DIR=/nonexistent
+expect "a stale bundle is named" has "$work/stale.out" 'STALE BUNDLE: built from 0{40} but this tree is 1{40}'
+run unknown GIT_DIR=/nonexistent
+expect "an unknown tree commit is said" has "$work/unknown.out" "this tree's commit is unknown here"
+
 run nogpu FAKE_NOGPU=1
 expect "no GPU: exit 3 at once" rc nogpu 3
 expect "no GPU: says why" has "$work/nogpu.out" 'no NVIDIA GPU here'

@@ -294,6 +294,14 @@ void CudnnConv::do_backward_weights(const Tensor& dw, const Tensor* db, const Te
 std::unique_ptr<Conv2dKernel> make_conv2d(const ContextPtr& ctx, const Conv2dDesc& d) {
   d.validate();
   require_nhwc(d.layout, d.str());
+  // cuDNN's convolutions (the legacy API's int dimensions and strides) address at most
+  // 2^31 - 1 elements per tensor; PyTorch splits such batches. Refused here, naming the
+  // largest batch that fits, rather than left to cuDNN's BAD_PARAM or worse.
+  const int64_t per_sample = std::max(d.x_shape().numel(), d.y_shape().numel()) / std::max<int64_t>(d.batch, 1);
+  if (d.batch > kCudnnMaxTensorElements / per_sample)
+    RN_UNSUPPORTED() << "conv2d " << d.str() << ": a tensor of " << d.batch * per_sample
+                     << " elements, beyond the 2^31 - 1 that cuDNN's convolutions address: at most batch "
+                     << kCudnnMaxTensorElements / per_sample << " for this layer";
   return std::make_unique<CudnnConv>(ctx, d);
 }
 
