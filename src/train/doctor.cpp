@@ -119,7 +119,14 @@ std::string compute_dtype(ParamKind kind, const PrecisionPolicy& p) {
   return "?";
 }
 
-std::string pct(double f) { return f < 0 ? "n/a" : fmt::format("{:.2f}%", 100 * f); }
+// A fraction as a percentage; n/a where not measured (negative); NaN and inf said as such (a
+// gradient of the mixed run that was not finite), never "nan%" or "-nan%".
+std::string pct(double f) {
+  if (std::isnan(f)) return "NaN";
+  if (std::isinf(f)) return "inf";
+  return f < 0 ? "n/a" : fmt::format("{:.2f}%", 100 * f);
+}
+bool measured(double f) { return !(f < 0); }  // NaN and inf are measured: not finite
 
 }  // namespace
 
@@ -132,21 +139,42 @@ std::string format_scale(double s) {
 }
 
 void decide_doctor_verdict(DoctorReport& r, const DiagnosticsConfig& d) {
+  r.problems.clear();
   const DoctorTensor* worst_diff = nullptr;
   const DoctorTensor* worst_under = nullptr;
   const DoctorTensor* worst_over = nullptr;
+  int64_t not_finite = 0;  // tensors whose mixed gradient was inf or NaN at the first step
   for (const DoctorTensor& t : r.tensors) {
+    if (measured(t.rel_diff_first) && !std::isfinite(t.rel_diff_first)) ++not_finite;
     if (t.rel_diff_first >= 0 && (!worst_diff || t.rel_diff_first > worst_diff->rel_diff_first)) worst_diff = &t;
     if (!worst_under || t.underflow > worst_under->underflow) worst_under = &t;
     if (!worst_over || t.overflow > worst_over->overflow) worst_over = &t;
   }
   auto count = [&](auto pred) { return std::count_if(r.tensors.begin(), r.tensors.end(), pred); };
+  // Under policy none the scale is 1 whatever `initial` says: the advice names a policy too.
+  const std::string policy = r.loss_scale_policy == "none" && r.level != "O0"
+                                 ? "precision.loss_scale.policy=dynamic (policy none keeps the scale at 1) and "
+                                 : "";
   const std::string rec =
       std::isfinite(r.recommended_scale)
           // The value as the config takes it (a number), with its power of two.
-          ? fmt::format("precision.loss_scale.initial={:g} ({}; safe range {} .. {})", r.recommended_scale,
+          ? fmt::format("{}precision.loss_scale.initial={:g} ({}; safe range {} .. {})", policy, r.recommended_scale,
                         format_scale(r.recommended_scale), format_scale(r.safe.lo), format_scale(r.safe.hi))
           : std::string("no loss scale fits every tensor: use bf16 or keep the affected layers in fp32");
+  // Measured, not computed: the mixed run skipped steps for inf/NaN gradients. The ranges
+  // below see parameter gradients only, so this is also where an activation or the loss
+  // overflowing the half dtype in the forward or backward pass shows.
+  if (r.mixed_ran && r.overflow_skips > 0)
+    r.problems.push_back(fmt::format(
+        "overflow: {} of {} in the {} run {} skipped for inf/NaN gradients (loss scale {} -> {}){}; where the "
+        "parameter gradients' ranges leave room, an activation or the loss overflows {}: normalise the input, "
+        "keep that layer in fp32, or use bf16; else set {}",
+        r.overflow_skips, counted(r.steps, "step"), r.level, r.overflow_skips == 1 ? "was" : "were",
+        format_scale(r.loss_scale), format_scale(r.final_scale),
+        r.overflow_skips >= r.steps ? ": it trained nothing" : "", r.half, rec));
+  if (r.mixed_ran && measured(r.rel_diff_total) && !std::isfinite(r.rel_diff_total))
+    r.problems.push_back(fmt::format("disagreement: the {} gradient is not finite (inf or NaN) in {} at the first step",
+                                     r.level, counted(not_finite, "tensor")));
   if (worst_under && worst_under->underflow > d.doctor_max_underflow) {
     const auto n = count([&](const DoctorTensor& t) { return t.underflow > d.doctor_max_underflow; });
     r.problems.push_back(fmt::format(
@@ -235,6 +263,7 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& options) {
   const bool scaled =
       cfg.precision.level != PrecisionLevel::O0 && cfg.precision.loss_scale.policy != LossScalePolicy::none;
   r.loss_scale = scaled ? cfg.precision.loss_scale.initial : 1.0;
+  r.loss_scale_policy = std::string(enum_name(cfg.precision.loss_scale.policy));
   if (cfg.precision.level == PrecisionLevel::O0) {
     r.not_run_why = "precision.level is O0: nothing to compare; the ranges show what " + r.half + " would need";
   } else {
@@ -331,7 +360,8 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& options) {
           t[i].rel_diff_rounding = rd.relative();
           rounding_d2 += rd.distance * rd.distance;
         }
-        t[i].rel_diff_max = std::max(t[i].rel_diff_max, d);
+        t[i].rel_diff_max =
+            std::isnan(d) || std::isnan(t[i].rel_diff_max) ? std::nan("") : std::max(t[i].rel_diff_max, d);
       }
     }
   }
@@ -391,7 +421,7 @@ std::string DoctorReport::table() const {
     s += fmt::format("{:<34} {:>9} {:<16} {:>10.3e} {:>10} {:>10} {:>10} {:>9} {:>9}  {} .. {}\n", x.name, x.numel,
                      x.compute, x.grad_norm, pct(x.rel_diff_first), pct(x.rel_diff_rounding), pct(x.rel_diff_max),
                      pct(x.underflow), pct(x.overflow), format_scale(x.safe.lo), format_scale(x.safe.hi));
-  if (rel_diff_total >= 0)
+  if (measured(rel_diff_total))
     s += fmt::format(
         "\nwhole gradient (all tensors), first step: {} relative difference from fp32 (rounding baseline {}: {:.2f}x)",
         pct(rel_diff_total), pct(rounding_diff_total), rel_diff_total / std::max(rounding_diff_total, 1e-300));
@@ -431,6 +461,7 @@ nlohmann::json DoctorReport::to_json() const {
           {"convolutions", convs},
           {"fp32_arithmetic_convolutions", fp32_arithmetic_convs},
           {"loss_scale", loss_scale},
+          {"loss_scale_policy", loss_scale_policy},
           {"steps", steps},
           {"overflow_skips", overflow_skips},
           {"final_loss_scale", final_scale},

@@ -60,6 +60,7 @@ struct DoctorReport {
   // half tensors (a CPU without AMX); 0 and 0 when it did not run.
   int convs = 0, fp32_arithmetic_convs = 0;
   double loss_scale = 1;  // the scale the doctor checked (configured initial)
+  std::string loss_scale_policy = "dynamic";  // precision.loss_scale.policy ("none": the advice names a policy)
   int steps = 0;
   int64_t overflow_skips = 0;
   double final_scale = 1;

@@ -406,6 +406,75 @@ TEST(Doctor, DisagreementFailsPastTheThresholdAndTheBaseline) {
   EXPECT_EQ(none.problems.size(), 1u) << none.verdict;
 }
 
+// A measured mixed run that skipped its steps for inf/NaN gradients (an fp16 activation that
+// overflowed, which the gradient ranges cannot see) fails, naming the skips, even though its
+// NaN differences pass no threshold (a NaN compares false); the table says NaN, not "nan%".
+TEST(Doctor, AMixedRunThatSkippedItsStepsForOverflowFails) {
+  DoctorReport r;
+  r.model = "resnet20";
+  r.level = "O2";
+  r.half = "fp16";
+  r.mixed_ran = true;
+  r.steps = 2;
+  r.overflow_skips = 2;
+  r.loss_scale = 128;
+  r.final_scale = 32;
+  r.rel_diff_total = std::nan("");
+  r.rounding_diff_total = std::nan("");
+  DoctorTensor a, b;
+  a.name = "conv1.weight";
+  a.rel_diff_first = a.rel_diff_max = a.rel_diff_rounding = std::nan("");
+  b.name = "fc.bias";
+  b.rel_diff_first = b.rel_diff_max = 1.0;  // finite, within the 100% per-tensor threshold
+  b.rel_diff_rounding = 0.9;
+  r.tensors = {a, b};
+  r.recommended_scale = 64;
+  r.safe = {1.0 / 16, 65536};
+  decide_doctor_verdict(r, DiagnosticsConfig{});
+  EXPECT_FALSE(r.pass) << r.verdict;
+  ASSERT_EQ(r.problems.size(), 2u) << r.verdict;
+  EXPECT_NE(r.problems[0].find("overflow: 2 of 2 steps in the O2 run were skipped for inf/NaN gradients (loss scale "
+                               "2^7 -> 2^5): it trained nothing"),
+            std::string::npos)
+      << r.problems[0];
+  EXPECT_NE(r.problems[1].find("is not finite (inf or NaN) in 1 tensor at the first step"), std::string::npos)
+      << r.problems[1];
+  EXPECT_EQ(r.verdict.rfind("verdict: FAIL: overflow: 2 of 2 steps", 0), 0u) << r.verdict;
+  const std::string table = r.table();
+  EXPECT_EQ(table.find("nan%"), std::string::npos) << table;
+  EXPECT_NE(table.find("NaN"), std::string::npos) << table;
+  EXPECT_NE(table.find("whole gradient (all tensors), first step: NaN"), std::string::npos) << table;
+  // One skip of several: still a failure (any measured overflow, as doctor_max_overflow = 0).
+  r.steps = 4, r.overflow_skips = 1, r.rel_diff_total = 0.1, r.tensors = {b};
+  decide_doctor_verdict(r, DiagnosticsConfig{});
+  EXPECT_FALSE(r.pass);
+  EXPECT_NE(r.verdict.find("1 of 4 steps in the O2 run was skipped"), std::string::npos) << r.verdict;
+  EXPECT_EQ(r.verdict.find("trained nothing"), std::string::npos) << r.verdict;
+}
+
+// Under loss-scale policy none the scale stays 1, so the advice names a policy with the scale.
+TEST(Doctor, UnderPolicyNoneTheAdviceNamesAPolicy) {
+  DoctorReport r;
+  r.level = "O2";
+  r.half = "fp16";
+  r.loss_scale_policy = "none";
+  r.recommended_scale = 32;
+  r.safe = {1.0 / 64, 131072};
+  DoctorTensor t;
+  t.name = "fc.weight";
+  t.underflow = 0.5;  // past the 1% threshold at scale 1
+  r.tensors = {t};
+  decide_doctor_verdict(r, DiagnosticsConfig{});
+  ASSERT_FALSE(r.pass);
+  EXPECT_NE(r.verdict.find("set precision.loss_scale.policy=dynamic (policy none keeps the scale at 1) and "
+                           "precision.loss_scale.initial=32"),
+            std::string::npos)
+      << r.verdict;
+  r.loss_scale_policy = "dynamic";
+  decide_doctor_verdict(r, DiagnosticsConfig{});
+  EXPECT_EQ(r.verdict.find("policy="), std::string::npos) << r.verdict;
+}
+
 // At O0 there is nothing to compare: the verdict says so (not "O0 bf16 not run here"), and the
 // report names the build that ran it.
 TEST(Doctor, AtO0SaysThereIsNothingToCompare) {
