@@ -48,8 +48,22 @@ int run_data_bench(const DataBenchArgs& a) {
   if (!a.trace.empty()) lo.trace = std::make_shared<TraceRecorder>();
   DataLoader loader(dataset, augment, lo);
 
+  // The clock starts when the warm-up batches have been taken. By then the workers have made,
+  // or begun, the next `prefetch` batches: taken but not counted (counted, a small folder gave
+  // millions of images/s for batches made before the clock started). Every counted batch was
+  // begun after it, so the rate errs low, by at most prefetch / counted, never high.
   const int64_t per_epoch = loader.batches_per_epoch();
-  const int64_t timed = a.batches > 0 ? a.batches : per_epoch - std::min<int64_t>(a.warmup, per_epoch - 1);
+  const int64_t skipped = a.warmup + lo.prefetch;  // before the first counted batch
+  RN_CHECK(per_epoch > skipped) << a.path << " has too few images: " << counted(per_epoch, "batch", "batches") << " of "
+                                << a.batch << " per epoch, and the timing needs " << a.warmup << " warm-up, the "
+                                << lo.prefetch
+                                << " the workers make ahead (not counted: begun before the clock started) and a "
+                                   "timed one; lower --batch or --warmup";
+  const int64_t available = per_epoch - skipped;
+  if (a.batches > available)
+    fmt::print(stderr, "note: --batches {}: the epoch has {} after the warm-up and prefetched ones; timing those\n",
+               a.batches, counted(available, "batch", "batches"));
+  const int64_t timed = a.batches > 0 ? std::min(a.batches, available) : available;
   int64_t images = 0, seen = 0;
   double seconds = 0;
   PipelineTimes times;
@@ -68,7 +82,7 @@ int run_data_bench(const DataBenchArgs& a) {
         t0 = Clock::now();
         before = loader.epoch_times();
       }
-      if (k > a.warmup) {
+      if (k > skipped) {
         images += b->size;
         ++seen;
       }
@@ -80,22 +94,23 @@ int run_data_bench(const DataBenchArgs& a) {
       times.subtract(before);
     }
   }
-  RN_CHECK(images > 0) << a.path << " has too few images for " << a.warmup << " warmup batches of " << a.batch
-                       << " and a timed one";
   const double rate = images / seconds;
   if (!a.trace.empty()) lo.trace->write(a.trace);
   if (a.json) {
     fmt::print(
         "{{\"system\":\"resnet.cpp\",\"path\":\"{}\",\"workers\":{},\"batch\":{},\"images\":{},\"seconds\":{:.4f},"
-        "\"images_per_sec\":{:.2f},\"images_per_sec_per_core\":{:.2f},\"eval\":{},\"cache_hits\":{},"
+        "\"images_per_sec\":{:.2f},\"images_per_sec_per_worker\":{:.2f},\"uncounted_batches\":{},\"eval\":{},\"cache_"
+        "hits\":{},"
         "\"read_s\":{:.4f},\"decode_s\":{:.4f},\"augment_s\":{:.4f},\"collate_s\":{:.4f}}}\n",
-        a.path, workers, a.batch, images, seconds, rate, rate / workers, a.eval, times.cache_hits, times.read,
-        times.decode, times.augment, times.collate);
+        a.path, workers, a.batch, images, seconds, rate, rate / workers, lo.prefetch, a.eval, times.cache_hits,
+        times.read, times.decode, times.augment, times.collate);
     return 0;
   }
-  fmt::print("{} | {} | {} | batch {} | {} | {} images in {:.2f} s | {:.1f} img/s | {:.1f} img/s per worker\n",
-             dataset->name(), augment->name(), counted(workers, "worker"), a.batch,
-             a.normalize ? "f32 NCHW" : "u8 NHWC", images, seconds, rate, rate / workers);
+  fmt::print(
+      "{} | {} | {} | batch {} | {} | {} images in {:.2f} s | {:.1f} img/s | {:.1f} img/s per worker (after {} "
+      "warm-up and {} prefetched batches, not counted)\n",
+      dataset->name(), augment->name(), counted(workers, "worker"), a.batch, a.normalize ? "f32 NCHW" : "u8 NHWC",
+      images, seconds, rate, rate / workers, a.warmup, lo.prefetch);
   PipelineSpan span;
   span.loader = times;
   span.workers = workers;

@@ -1,4 +1,4 @@
-// `resnet bench --data PATH`: the input pipeline alone, in images/s and images/s per core.
+// `resnet bench --data PATH`: the input pipeline alone, in images/s and images/s per worker.
 #pragma once
 
 #include <cstdint>

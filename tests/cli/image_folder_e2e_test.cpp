@@ -143,6 +143,20 @@ TEST(ImageFolderE2E, TrainEvalAndBenchOnAGeneratedFolder) {
             0)
       << out;
   EXPECT_NE(out.find("\"images_per_sec\""), std::string::npos) << out;
+  // 128 images (one broken): 8 batches of 16; 1 warm-up and the 2 batches the 2 workers make
+  // ahead are not counted (made before the clock started, they gave millions of images/s on
+  // small folders), so 5 are: 80 images, 79 if the broken file's batch is among them.
+  EXPECT_NE(out.find("\"uncounted_batches\":2"), std::string::npos) << out;
+  const auto images_at = out.find("\"images\":");
+  ASSERT_NE(images_at, std::string::npos) << out;
+  const int images = std::stoi(out.substr(images_at + 9));
+  EXPECT_TRUE(images == 80 || images == 79) << out;
+  // A folder too small for warm-up, prefetch and one timed batch says so, naming the options.
+  EXPECT_NE(run("bench --data " + (root / "data" / "train").string() + " --batch 32 --warmup 2 --threads 2", &out), 0);
+  EXPECT_NE(out.find("has too few images: 4 batches of 32 per epoch, and the timing needs 2 warm-up, the 2 the "
+                     "workers make ahead"),
+            std::string::npos)
+      << out;
 
   // A strict policy names the bad file and stops.
   EXPECT_NE(
