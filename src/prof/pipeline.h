@@ -4,6 +4,7 @@
 // how much.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -34,6 +35,9 @@ struct PipelineSpan {
   double wait = 0;     // the training thread waiting for batches
   double copy = 0;     // host-to-device copy (or, on CPU, into the step's input)
   double compute = 0;  // the training step itself
+  // The rest of the wall time: the loop's own work between steps (gradient monitor,
+  // checkpoints, log lines and records).
+  double other() const { return std::max(0.0, wall - wait - copy - compute); }
 };
 
 struct PipelineVerdict {

@@ -351,7 +351,9 @@ std::string pipeline_table(const std::vector<json>& records) {
     rows += fmt::format("<tr><td>{:g}</td>", number(r, "epoch"));
     for (const char* key : {"read_s", "decode_s", "augment_s", "collate_s", "copy_s", "step_s"})
       rows += fmt::format("<td>{:.2f}</td>", 1e3 * number(r, key) / batches);
-    // Counts an older run's records may lack: shown as "-".
+    // Figures an older run's records may lack: shown as "-".
+    const double other = number(r, "other_s");
+    rows += std::isfinite(other) ? fmt::format("<td>{:.2f}</td>", 1e3 * other / batches) : std::string("<td>-</td>");
     const auto count = [&](const char* key) {
       const double v = number(r, key);
       return std::isfinite(v) ? fmt::format("{:g}", v) : std::string("-");
@@ -361,8 +363,9 @@ std::string pipeline_table(const std::vector<json>& records) {
   }
   if (rows.empty()) return "<p class=\"nodata\">no input-pipeline records yet (written after each epoch)</p>\n";
   return "<p>milliseconds per batch; read, decode, augment and collate run on the loader's workers, copy and step on "
-         "the training thread</p>\n<table class=\"summary\">\n<tr><th>epoch</th><th>read</th><th>decode</th>"
-         "<th>augment</th><th>collate</th><th>copy</th><th>step</th><th>data wait</th><th>cache hits</th>"
+         "the training thread, other is the rest of its loop (gradient monitor, checkpoints, logging)</p>\n"
+         "<table class=\"summary\">\n<tr><th>epoch</th><th>read</th><th>decode</th>"
+         "<th>augment</th><th>collate</th><th>copy</th><th>step</th><th>other</th><th>data wait</th><th>cache hits</th>"
          "<th>bad files</th><th>verdict</th></tr>\n" +
          rows + "</table>\n";
 }

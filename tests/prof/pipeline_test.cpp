@@ -53,5 +53,22 @@ TEST(PipelineVerdict, LittleWaitingIsComputeBound) {
   EXPECT_DOUBLE_EQ(v.factor, 4.0);  // 400 img/s against 100
 }
 
+// The table's wall-time rows add up to the wall time: what the loop does besides copy, wait
+// and step (gradient monitor, checkpoints, logging) is the "other" row, in the JSON too.
+TEST(PipelineTable, TheWallTimeRowsAddUpWithTheLoopsOtherWork) {
+  PipelineSpan s = span(2, 0.5, 0.25);
+  s.copy = 0.25;
+  s.wall = 2.0;  // 1 s step + 0.25 wait + 0.25 copy: 0.5 s elsewhere
+  const std::string table = format_pipeline(s, analyse_pipeline(s));
+  EXPECT_TRUE(has(table, "  step          100.00 ms/batch   50.0% of wall time\n")) << table;
+  EXPECT_TRUE(has(table,
+                  "  other          50.00 ms/batch   25.0% of wall time (gradient monitor, checkpoints, "
+                  "logging)\n  verdict: "))
+      << table;
+  EXPECT_DOUBLE_EQ(pipeline_json(s, analyse_pipeline(s))["other_s"].get<double>(), 0.5);
+  s.wall = 1.0;  // timer noise past the wall time: none, not negative
+  EXPECT_DOUBLE_EQ(s.other(), 0.0);
+}
+
 }  // namespace
 }  // namespace rn

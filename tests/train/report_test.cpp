@@ -143,6 +143,7 @@ TEST(Report, InputPipelineTablePerEpoch) {
       r.add("batches", int64_t{100}).add("read_s", 0.5).add("decode_s", 2.0).add("augment_s", 1.0);
       r.add("collate_s", 0.25).add("copy_s", 0.1).add("step_s", 30.0).add("wait_share", 0.012);
       r.add("cache_hits", int64_t{70}).add("skipped", int64_t{3});
+      if (epoch == 2) r.add("other_s", 0.75);  // epoch 1 as an older run wrote it: no other_s
       r.add("verdict", std::string_view("compute-bound: <1.2%> waiting"));
       log.append(r);
     }
@@ -154,6 +155,9 @@ TEST(Report, InputPipelineTablePerEpoch) {
   EXPECT_EQ(count_of(html, "compute-bound: &lt;1.2%&gt; waiting"), 2);  // one row per epoch, escaped
   EXPECT_NE(html.find("<td>20.00</td>"), std::string::npos);            // decode: 2 s over 100 batches
   EXPECT_NE(html.find("<td>1.2%</td><td>70</td><td>3</td>"), std::string::npos);  // wait, cache hits, bad files
+  // step, then the rest of the loop: 7.50 ms per batch, "-" where the record has none.
+  EXPECT_NE(html.find("<td>300.00</td><td>7.50</td><td>1.2%</td>"), std::string::npos);
+  EXPECT_NE(html.find("<td>300.00</td><td>-</td><td>1.2%</td>"), std::string::npos);
 }
 
 TEST(Report, CommunicationTableOnlyForDataParallelRuns) {
