@@ -877,11 +877,18 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
       set_activity("evaluating", st.step);
       const EvalResult ev = evaluator->run(val_loader, done_epoch, nullptr, &comm);
       // Weights that give no finite loss are not a result to save as the best, nor to finish on.
-      if (!std::isfinite(ev.loss)) step->sync_scaler_state();  // for the count of skipped steps
-      RN_CHECK(std::isfinite(ev.loss) || ev.samples == 0)
-          << "the validation loss after epoch " << done_epoch + 1 << " is " << ev.loss << " (" << scaler.skipped_steps()
-          << " of " << st.step << " steps were skipped for inf/NaN gradients): training diverged; lower "
-          << "optimizer.base_lr or lengthen schedule.warmup_epochs";
+      // The run that most needs its report gets one first (the loss-scale history, the skipped
+      // steps and the gradient monitor's NaN counts are in metrics.jsonl), and its log says so.
+      if (!std::isfinite(ev.loss) && ev.samples > 0) {
+        step->sync_scaler_state();  // for the count of skipped steps
+        diag.finish(st.epoch, st.step);
+        if (writer) write_report(run_dir);
+        RN_FAIL() << "the validation loss after epoch " << done_epoch + 1 << " is not finite ("
+                  << (std::isnan(ev.loss) ? "NaN" : "inf") << "; " << scaler.skipped_steps() << " of " << st.step
+                  << " steps were skipped for inf/NaN gradients): training diverged; lower optimizer.base_lr or "
+                     "lengthen schedule.warmup_epochs"
+                  << (writer ? "; report: " + run_dir + "/report.html" : std::string());
+      }
       result.final_eval = ev;
       top1 = ev.top1;
       EvalMetrics em;

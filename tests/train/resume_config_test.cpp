@@ -256,6 +256,10 @@ TEST(ResumeConfig, ADivergedRunIsAnError) {
   cfg.validate();
   const std::string e = error_of_train(cfg, {});
   EXPECT_NE(e.find("diverged"), std::string::npos) << e;
+  EXPECT_NE(e.find("is not finite (NaN"), std::string::npos) << e;
+  // The run that most needs its report has one, and the error names it.
+  EXPECT_TRUE(std::filesystem::exists(dir.file("run/report.html"))) << e;
+  EXPECT_NE(e.find("; report: " + dir.file("run") + "/report.html"), std::string::npos) << e;
 }
 
 }  // namespace
