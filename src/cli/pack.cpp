@@ -102,14 +102,18 @@ int run_pack(const PackArgs& a) {
   o.progress = ProgressPrinter();
   const PackResult r = pack_shards(*src, o);
 
-  fmt::print("packed {} into {} ({} per shard, {} kept from an earlier run) in {:.1f} s, {:.0f} records/s\n",
+  // The rate and the bytes written are this run's: kept shards were packed by an earlier one.
+  fmt::print("packed {} into {} ({} per shard, {} kept from an earlier run) in {:.1f} s, {}\n",
              counted(r.records, "record"), counted(r.shards, "shard"), counted(r.records_per_shard, "record"),
-             r.shards_reused, r.seconds, r.records / std::max(r.seconds, 1e-9));
+             r.shards_reused, r.seconds,
+             r.records_packed > 0 ? fmt::format("{:.0f} records/s", r.records_packed / std::max(r.seconds, 1e-9))
+                                  : std::string("nothing repacked"));
   // Kept shards count their skips, which the run that packed them named.
   const int64_t skipped_before = r.skipped - static_cast<int64_t>(r.skipped_sources.size());
   fmt::print(
-      "read {}, wrote {}; skipped {}{}\n", human_bytes(static_cast<double>(r.bytes_in)),
-      human_bytes(static_cast<double>(r.bytes_out)), counted(r.skipped, "unreadable image"),
+      "read {}, wrote {} (the pack: {}); skipped {}{}\n", human_bytes(static_cast<double>(r.bytes_in)),
+      human_bytes(static_cast<double>(r.bytes_written)), human_bytes(static_cast<double>(r.bytes_out)),
+      counted(r.skipped, "unreadable image"),
       skipped_before > 0
           ? fmt::format(" ({} in shards kept from an earlier run, named by the run that packed them)", skipped_before)
           : std::string());

@@ -518,6 +518,10 @@ PackResult pack_shards(const EncodedDataset& src, const PackOptions& o) {
     result.shards_reused += out.reused ? 1 : 0;
     result.bytes_in += out.bytes_in;
     result.bytes_out += out.index.tar_bytes;
+    if (!out.reused) {
+      result.records_packed += static_cast<int64_t>(out.index.records.size());
+      result.bytes_written += out.index.tar_bytes;
+    }
     for (auto& s2 : out.skipped) result.skipped_sources.push_back(std::move(s2));
   }
   if (result.records == 0) {

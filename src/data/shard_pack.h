@@ -58,6 +58,8 @@ struct PackResult {
   std::vector<std::string> skipped_sources;  // this run's skips (reused shards only count theirs)
   uint64_t bytes_in = 0;                     // source bytes read by this run
   uint64_t bytes_out = 0;                    // bytes of all tars
+  int64_t records_packed = 0;                // by this run (records less those of kept shards)
+  uint64_t bytes_written = 0;                // by this run (bytes_out less the kept shards' tars)
   double seconds = 0;
 };
 

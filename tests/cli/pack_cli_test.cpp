@@ -67,6 +67,9 @@ TEST(PackCli, PacksAFolderIntoShardsThatReadBack) {
                        dir),
             0);
   EXPECT_THAT(read_all(dir.file("stdout")), HasSubstr("3 kept from an earlier run"));
+  // ... and says it wrote nothing and repacked nothing (it reported the whole pack as written
+  // and a rate for work it had not done).
+  EXPECT_THAT(read_all(dir.file("stdout")), HasSubstr("in 0.0 s, nothing repacked\nread 0 B, wrote 0 B (the pack: "));
 }
 
 TEST(PackCli, PacksAListFileAsRawPixels) {
