@@ -101,15 +101,18 @@ VarianceWarning StepVarianceAnalyser::explain(int64_t step, double spread) const
     std::string evidence;
   };
   std::vector<Candidate> c;
-  auto share = [&](auto field, const char* cause, const char* what) {
+  auto share = [&](auto field, const char* cause, const char* what, const char* note = "") {
     const double f = mean_of(fast, field), s = mean_of(slow, field);
     c.push_back({cause, s - f,
                  fmt::format("{} {:.1f}% of the step in the fastest half vs {:.1f}% in the slowest quarter "
-                             "({:+.1f} ms per step)",
-                             what, 100 * f / t_fast, 100 * s / t_slow, 1e3 * (s - f))});
+                             "({:+.1f} ms per step{})",
+                             what, 100 * f / t_fast, 100 * s / t_slow, 1e3 * (s - f), note)});
   };
   share([](const StepSample& s) { return s.data_wait; }, "input-bound", "data-wait share");
-  share([](const StepSample& s) { return s.comm; }, "communication", "communication share");
+  // An all-reduce ends when the slowest rank has joined it: its time includes waiting for a
+  // rank that is behind (starved of a core, a slow loader), not only the network.
+  share([](const StepSample& s) { return s.comm; }, "communication", "communication share",
+        "; an all-reduce also waits for the slowest rank: compare the ranks' step times");
   share([](const StepSample& s) { return s.host_sync; }, "host synchronisation", "host-sync share");
   {
     const double cf = mean_of(fast, [](const StepSample& s) { return s.clock_mhz; });

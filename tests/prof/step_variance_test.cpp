@@ -98,6 +98,8 @@ TEST(StepVariance, CommunicationAndHostSyncAreNamed) {
     const auto w = feed(v, samples);
     ASSERT_FALSE(w.empty());
     EXPECT_EQ(w[0].cause, which == 0 ? "communication" : "host synchronisation");
+    // Communication's evidence says that its time includes waiting for a slower rank.
+    EXPECT_EQ(w[0].evidence.find("also waits for the slowest rank") != std::string::npos, which == 0) << w[0].evidence;
   }
 }
 
