@@ -63,7 +63,8 @@ void DataLoader::init(const SampleGeometry&) {
                                             ? fmt::format("{} samples per epoch for rank {} of {}", samples_per_epoch_,
                                                           options.shard.rank, options.shard.world_size)
                                             : fmt::format("{} samples", samples_per_epoch_))
-                                    << ", fewer than one batch of " << bs << ": lower the batch size";
+                                    << ", fewer than one batch of " << bs
+                                    << ": lower the batch size (data.batch_size; --batch for resnet bench)";
 
   // One slot more than the prefetch depth: the consumer holds one batch while the workers
   // fill `prefetch` others.

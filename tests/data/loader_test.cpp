@@ -191,7 +191,7 @@ TEST(DataLoader, DropLastOrKeepPartialBatch) {
     DataLoader(ds, train_transform(), o);
     ADD_FAILURE() << "a loader without one whole batch";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("has 100 samples, fewer than one batch of 101: lower the batch size"),
+    EXPECT_NE(std::string(e.what()).find("has 100 samples, fewer than one batch of 101: lower the batch size (data.batch_size; --batch for resnet bench)"),
               std::string::npos)
         << e.what();
   }
