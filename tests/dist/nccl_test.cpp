@@ -159,6 +159,48 @@ TEST(Nccl, OneRankSynchronisedBatchNormMatchesPerRankStatistics) {
   }
 }
 
+// resnet20 on 16x16 inputs, batch 8, fp32, a step on the GPU backend; reduce() has a one-rank
+// NCCL communicator all-reduce its gradients in buckets of `threshold` bytes.
+Model resnet20_16px() {
+  ModelOptions o;
+  o.in_channels = 3, o.height = o.width = 16, o.num_classes = 10;
+  Model model(build_model("resnet20", o));
+  model.init(5);
+  return model;
+}
+PlanOptions batch8_nhwc() {
+  PlanOptions po;
+  po.batch = 8;
+  po.layout = Layout::nhwc;
+  return po;
+}
+struct OneRankTraining {
+  Model model = resnet20_16px();
+  std::unique_ptr<Communicator> local = make_local_communicator();
+  Plan plan;
+  Optimizer opt;
+  PrecisionPolicy policy;
+  LossScaler scaler;
+  TrainStep step;
+  std::unique_ptr<Communicator> nccl;
+  std::unique_ptr<GradientReducer> reducer;
+
+  OneRankTraining(Backend& gpu, int sink)
+      : plan(model, &gpu, batch8_nhwc()),
+        opt(OptimizerConfig{}, model.params()),
+        scaler(policy.loss_scale),
+        step(plan, opt, scaler, policy, sink) {}
+  ~OneRankTraining() { step.set_gradient_reducer(nullptr); }
+  void reduce(Backend& gpu, int64_t threshold) {
+    nccl = make_nccl_communicator(*local, 0, gpu.native_stream(), 30);
+    std::vector<GradRange> ranges;
+    for (const ParamView& v : model.params().params) ranges.push_back({v.offset, v.numel});
+    reducer = std::make_unique<GradientReducer>(*nccl, make_grad_buckets(ranges, threshold), model.compute_grad_data(),
+                                                static_cast<int>(ranges.size()));
+    step.set_gradient_reducer(reducer.get());
+  }
+};
+
 // The device data-parallel step end to end on one GPU: backward issues NCCL bucket averages
 // over the device gradients, the update joins them on the compute stream, the host waits
 // only in wait_for_gradients(); and in sink mode, with the all-reduces captured in the step
@@ -171,30 +213,14 @@ TEST(Nccl, OneRankDeviceReducerLeavesTrainingUnchanged) {
   RN_GPU_OR_SKIP(gpu, bo);
   // sink > 0: sink mode, the NCCL all-reduces captured in the step graph and replayed.
   auto train = [&](bool reduce, int sink) {
-    ModelOptions o;
-    o.in_channels = 3, o.height = o.width = 16, o.num_classes = 10;
-    Model model(build_model("resnet20", o));
-    model.init(5);
-    auto local = make_local_communicator();
-    std::unique_ptr<Communicator> nccl;
-    std::unique_ptr<GradientReducer> reducer;
-    PlanOptions po;
-    po.batch = 8;
-    po.layout = Layout::nhwc;
-    Plan plan(model, gpu.get(), po);
-    Optimizer opt(OptimizerConfig{}, model.params());
-    PrecisionPolicy policy;
-    LossScaler scaler(policy.loss_scale);
-    TrainStep step(plan, opt, scaler, policy, sink);
+    OneRankTraining t(*gpu, sink);
+    Model& model = t.model;
+    Plan& plan = t.plan;
+    TrainStep& step = t.step;
     if (sink > 0) step.set_lr_source([](int64_t) { return 0.05; }, 0);
     if (reduce) {
-      nccl = make_nccl_communicator(*local, 0, gpu->native_stream(), 30);
-      std::vector<GradRange> ranges;
-      for (const ParamView& v : model.params().params) ranges.push_back({v.offset, v.numel});
-      reducer = std::make_unique<GradientReducer>(*nccl, make_grad_buckets(ranges, 64 << 10),
-                                                  model.compute_grad_data(), static_cast<int>(ranges.size()));
-      EXPECT_GT(reducer->buckets().size(), 3u);
-      step.set_gradient_reducer(reducer.get());
+      t.reduce(*gpu, 64 << 10);
+      EXPECT_GT(t.reducer->buckets().size(), 3u);
     }
     Rng rng(3);
     std::vector<float> losses;
@@ -209,7 +235,7 @@ TEST(Nccl, OneRankDeviceReducerLeavesTrainingUnchanged) {
         // Each step's communication is timed from the communicator's CUDA events.
         const CommStats& c = step.last_comm();
         EXPECT_TRUE(c.timed) << "step " << k;
-        EXPECT_EQ(c.buckets, static_cast<int>(reducer->buckets().size()));
+        EXPECT_EQ(c.buckets, static_cast<int>(t.reducer->buckets().size()));
         EXPECT_GT(c.total, 0.0) << "step " << k;
         EXPECT_LE(c.exposed, c.total);
         EXPECT_NEAR(c.exposed + c.hidden, c.total, 1e-12);
@@ -237,25 +263,11 @@ TEST(Nccl, OneRankDeviceReducerLeavesTrainingUnchanged) {
 TEST(Nccl, OneRankDeviceTimingCountsTheLastBucketAsExposed) {
   RN_GPU_OR_SKIP(gpu, BackendOptions{});
   auto comm_of_step = [&](int64_t threshold) {
-    ModelOptions o;
-    o.in_channels = 3, o.height = o.width = 16, o.num_classes = 10;
-    Model model(build_model("resnet20", o));
-    model.init(5);
-    auto local = make_local_communicator();
-    PlanOptions po;
-    po.batch = 8;
-    po.layout = Layout::nhwc;
-    Plan plan(model, gpu.get(), po);
-    Optimizer opt(OptimizerConfig{}, model.params());
-    PrecisionPolicy policy;
-    LossScaler scaler(policy.loss_scale);
-    TrainStep step(plan, opt, scaler, policy, 0);
-    auto nccl = make_nccl_communicator(*local, 0, gpu->native_stream(), 30);
-    std::vector<GradRange> ranges;
-    for (const ParamView& v : model.params().params) ranges.push_back({v.offset, v.numel});
-    GradientReducer reducer(*nccl, make_grad_buckets(ranges, threshold), model.compute_grad_data(),
-                            static_cast<int>(ranges.size()));
-    step.set_gradient_reducer(&reducer);
+    OneRankTraining t(*gpu, 0);
+    Plan& plan = t.plan;
+    TrainStep& step = t.step;
+    t.reduce(*gpu, threshold);
+    const GradientReducer& reducer = *t.reducer;
     Rng rng(3);
     CommStats c;
     for (int k = 0; k < 2; ++k) {
