@@ -135,8 +135,11 @@ BenchResult bench_plan(const BenchSetup& s, int64_t batch, MemoryLevel level) {
   std::vector<double> times;
   if (a.sink > 0) {
     // Graph replays: the host waits once per window of `sink` steps; the step time is the
-    // window's time over its steps.
-    for (int i = 0; i < std::max(a.warmup, 1); ++i) step.run(0.01);
+    // window's time over its steps. The warm-up ends on a window boundary, so that each timed
+    // window is one of the step's own (its learning-rate table is uploaded and its losses
+    // read back between windows, not inside a timed one).
+    const int warm = (std::max(a.warmup, 1) + a.sink - 1) / a.sink * a.sink;
+    for (int i = 0; i < warm; ++i) step.run(0.01);
     s.backend.synchronize();
     for (int done = 0; done < a.steps;) {
       const int n = std::min(a.sink, a.steps - done);
@@ -340,7 +343,9 @@ Runner add_bench_command(CLI::App& app) {
   cmd->add_option("--memory-cap", a->memory_cap,
                   "Memory budget for --find-max-batch: bytes, or with a binary unit (8G, 1.5GiB, 512MiB)");
   cmd->add_option("--steps", a->steps, "Timed steps")->capture_default_str()->check(positive_number());
-  cmd->add_option("--warmup", a->warmup, "Untimed steps first")->capture_default_str()->check(non_negative_number());
+  cmd->add_option("--warmup", a->warmup, "Untimed steps first (with --sink, rounded up to a multiple of it)")
+      ->capture_default_str()
+      ->check(non_negative_number());
   cmd->add_option("--threads", a->threads, "Host threads (0: all cores)")
       ->capture_default_str()
       ->check(non_negative_number());
