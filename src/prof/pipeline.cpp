@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <string_view>
 
 #include "core/plural.h"
 
@@ -89,17 +90,16 @@ std::string format_pipeline(const PipelineSpan& s, const PipelineVerdict& v) {
   worker_row("collate", s.loader.collate);
   if (s.compute == 0 && s.copy == 0) return out.substr(0, out.size() - 1);  // the loader alone: no step to compare
   const double wall = std::max(s.wall, 1e-12);
-  auto step_row = [&](const char* name, double sec) {
-    out += fmt::format("  {:<10} {:>9.2f} ms/batch  {:>5.1f}% of wall time\n", name, 1e3 * sec / batches,
-                       100 * sec / wall);
+  auto step_row = [&](const char* name, double sec, std::string_view note = "") {
+    out += fmt::format("  {:<10} {:>9.2f} ms/batch  {:>5.1f}% of wall time{}\n", name, 1e3 * sec / batches,
+                       100 * sec / wall, note);
   };
   step_row("copy", s.copy);
   step_row("wait", s.wait);
   step_row("step", s.compute);
   // What the loop does besides (gradient monitor, checkpoints, log lines and records): in the
   // wall time, so that the rows add up to it and lost throughput has a name.
-  step_row("other", s.other());
-  out.insert(out.size() - 1, " (gradient monitor, checkpoints, logging)");
+  step_row("other", s.other(), " (gradient monitor, checkpoints, logging)");
   out += "  verdict: " + v.text;
   return out;
 }
