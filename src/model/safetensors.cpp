@@ -207,6 +207,22 @@ void check_coverage(const std::string& path, std::vector<SafetensorsEntry>& entr
                                  << ") at the end of the data section are not covered by any tensor";
 }
 
+// Where the 8 hex digits of the header's CRC field start in a header's text, or npos. A string
+// value cannot hold this sequence (its quotes would be escaped), so the first match is the field.
+size_t header_crc_digits(const std::string& header) {
+  const std::string field = "\"" + std::string(kHeaderCrc32Key) + "\":\"";
+  const size_t at = header.find(field);
+  if (at == std::string::npos || at + field.size() + 8 > header.size()) return std::string::npos;
+  return at + field.size();
+}
+
+// The CRC-32 of `header` with its CRC digits (at `digits`) read as "00000000".
+uint32_t header_crc(std::string header, size_t digits) {
+  header.replace(digits, 8, "00000000");
+  return static_cast<uint32_t>(
+      ::crc32_z(::crc32_z(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(header.data()), header.size()));
+}
+
 }  // namespace
 
 std::string_view safetensors_dtype_tag(DType t) {
@@ -268,6 +284,12 @@ SafetensorsFile SafetensorsFile::load(const std::string& path) {
   RN_CHECK(read_exact(file.fd, f.data_.data(), f.data_.bytes(), &err))
       << where << "cannot read the " << data_bytes << "-byte data section: "
       << (err ? errno_text(err) : std::string("file shrank while reading"));
+  if (auto it = f.metadata_.find(std::string(kHeaderCrc32Key)); it != f.metadata_.end()) {
+    const size_t at = header_crc_digits(text);
+    const std::string crc = at == std::string::npos ? "(no field)" : fmt::format("{:08x}", header_crc(text, at));
+    RN_CHECK(crc == it->second) << where << "the header is damaged: its CRC-32 is " << crc << ", the header recorded "
+                                << it->second << " when the file was written";
+  }
   if (auto it = f.metadata_.find(std::string(kDataCrc32Key)); it != f.metadata_.end()) {
     const auto crc = static_cast<uint32_t>(
         ::crc32_z(::crc32_z(0L, Z_NULL, 0), static_cast<const Bytef*>(f.data_.data()), f.data_.bytes()));
@@ -414,7 +436,11 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   uLong crc = ::crc32_z(0L, Z_NULL, 0);
   for (const Planned& p : plan) crc = ::crc32_z(crc, static_cast<const Bytef*>(p.tensor->data), p.tensor->bytes());
   metadata[std::string(kDataCrc32Key)] = fmt::format("{:08x}", static_cast<uint32_t>(crc));
-  const std::string header = build_header(path, plan, metadata);
+  metadata[std::string(kHeaderCrc32Key)] = "00000000";
+  std::string header = build_header(path, plan, metadata);
+  const size_t at = header_crc_digits(header);
+  RN_CHECK(at != std::string::npos) << "writing safetensors file '" << path << "': the header's CRC field is missing";
+  header.replace(at, 8, fmt::format("{:08x}", header_crc(header, at)));
 
   std::string tmp;
   Fd file{create_temporary(path, &tmp)};

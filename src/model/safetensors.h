@@ -82,6 +82,10 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
 // The metadata key write_safetensors() adds: the CRC-32 of the data section, as 8 hex digits.
 // load() checks it where present (files from elsewhere have none).
 inline constexpr std::string_view kDataCrc32Key = "rn.data_crc32";
+// And the CRC-32 of the header text as written (its padding included), computed with this
+// field's own 8 digits as "00000000": a flipped bit in a metadata value (a checkpoint's step, its
+// loss scale) or in a tensor's entry is damage found, not a value believed.
+inline constexpr std::string_view kHeaderCrc32Key = "rn.header_crc32";
 
 // The safetensors dtype tag for `t` ("F32", "BF16", "F16", "I32", "U8").
 std::string_view safetensors_dtype_tag(DType t);

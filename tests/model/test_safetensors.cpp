@@ -119,8 +119,10 @@ TEST_F(SafetensorsTest, RoundTripDtypesAndShapes) {
 
   SafetensorsFile f = SafetensorsFile::load(file);
   EXPECT_EQ(f.path(), file);
-  ASSERT_EQ(f.metadata().size(), 1u);  // only the data's CRC-32, which the writer adds
-  EXPECT_EQ(f.metadata().begin()->first, kDataCrc32Key);
+  // Only the data's and the header's CRC-32, which the writer adds.
+  ASSERT_EQ(f.metadata().size(), 2u);
+  EXPECT_EQ(f.metadata().count(std::string(kDataCrc32Key)), 1u);
+  EXPECT_EQ(f.metadata().count(std::string(kHeaderCrc32Key)), 1u);
   ASSERT_EQ(f.entries().size(), owned.size());
   EXPECT_EQ(f.find("absent"), nullptr);
   for (const auto& [name, t] : owned) {
@@ -167,6 +169,7 @@ TEST_F(SafetensorsTest, MetadataRoundTrip) {
   SafetensorsFile f = SafetensorsFile::load(file);
   const auto without_crc = [](std::map<std::string, std::string> m) {
     EXPECT_EQ(m.erase(std::string(kDataCrc32Key)), 1u);
+    EXPECT_EQ(m.erase(std::string(kHeaderCrc32Key)), 1u);
     return m;
   };
   EXPECT_EQ(without_crc(f.metadata()), metadata);
