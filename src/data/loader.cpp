@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <string>
+#include <system_error>
 
 #include "core/check.h"
 #include "core/log.h"
@@ -82,16 +83,25 @@ void DataLoader::init(const SampleGeometry&) {
   }
   workers_.reserve(static_cast<size_t>(options.workers));
   for (int i = 0; i < options.workers; ++i) {
-    workers_.emplace_back([this, i] {
-      const std::string name = options_.name + " worker " + std::to_string(i);
-      nvtx::name_this_thread(name.c_str());
-      if (options_.trace) options_.trace->name_thread(name);
-      worker_loop();
-    });
+    try {
+      workers_.emplace_back([this, i] {
+        const std::string name = options_.name + " worker " + std::to_string(i);
+        nvtx::name_this_thread(name.c_str());
+        if (options_.trace) options_.trace->name_thread(name);
+        worker_loop();
+      });
+    } catch (const std::system_error& e) {
+      // The threads already started are joined before the error leaves (a joinable thread
+      // destroyed would end the process without a word).
+      stop_workers();
+      RN_FAIL() << "cannot start worker thread " << i + 1 << " of " << options.workers << " for the " << options_.name
+                << " (" << e.what() << "): the system's thread or memory limit (ulimit -u, -v) is reached; lower "
+                << "data.workers";
+    }
   }
 }
 
-DataLoader::~DataLoader() {
+void DataLoader::stop_workers() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
@@ -99,7 +109,10 @@ DataLoader::~DataLoader() {
   }
   work_cv_.notify_all();
   for (std::thread& t : workers_) t.join();
+  workers_.clear();
 }
+
+DataLoader::~DataLoader() { stop_workers(); }
 
 void DataLoader::start_epoch(int64_t epoch, int64_t skip_batches) {
   RN_CHECK(epoch >= 0) << "epoch " << epoch;

@@ -190,6 +190,7 @@ class DataLoader {
   int held_ = -1;             // slot the consumer holds
   std::vector<std::thread> workers_;
   WorkerState inline_state_;  // workers = 0
+  void stop_workers();        // tells the workers to stop and joins them
 
   double epoch_wait_seconds_ = 0;  // consumer thread only
   double total_wait_seconds_ = 0;
