@@ -46,6 +46,7 @@ std::unique_ptr<Backend> make_backend(const std::string& name, [[maybe_unused]] 
   if (name == "cuda") {
     CudaBackendOptions o;
     o.mode = options.high_precision ? CudaImplMode::high_precision : CudaImplMode::high_performance;
+    o.deterministic = options.deterministic;
     o.device = options.device;
     return make_cuda_backend(o);
   }

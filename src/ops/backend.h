@@ -88,6 +88,9 @@ class Backend {
 // the ref backend ignores it.
 struct BackendOptions {
   bool high_precision = false;
+  // Only algorithms with a fixed summation order (run.deterministic; high_precision implies it).
+  // The CPU's oneDNN kernels have one already; on a GPU it limits cuDNN's choice.
+  bool deterministic = false;
   int device = 0;  // the accelerator's index (a data-parallel rank's World::device)
 };
 

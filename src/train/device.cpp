@@ -32,6 +32,7 @@ std::unique_ptr<Backend> make_backend_for(DeviceChoice choice, const BackendOpti
 BackendOptions backend_options_for(const RunConfig& run) {
   BackendOptions o;
   o.high_precision = run.implementation_mode == ImplementationMode::high_precision;
+  o.deterministic = run.deterministic;
   return o;
 }
 

@@ -125,6 +125,7 @@ cudaStream_t make_stream(int device) {
 Context::Context(const CudaBackendOptions& o)
     : device_(o.device),
       mode_(o.mode),
+      deterministic_(o.deterministic || o.mode == CudaImplMode::high_precision),
       stream_(make_stream(o.device)),
       memory_(device_memory_for(stream_)),
       algo_cache_(o.algo_cache_path) {

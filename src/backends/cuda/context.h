@@ -50,6 +50,8 @@ class Context {
   cudnnHandle_t cudnn() const { return cudnn_; }
   cublasHandle_t cublas() const { return cublas_; }
   CudaImplMode mode() const { return mode_; }
+  // Deterministic cuDNN algorithms only: high_precision mode, or run.deterministic.
+  bool deterministic() const { return deterministic_; }
   const std::string& gpu_name() const { return gpu_name_; }
   int sm_version() const { return sm_; }
   MemorySpace& memory() { return memory_; }
@@ -69,6 +71,7 @@ class Context {
  private:
   int device_ = 0;
   CudaImplMode mode_;
+  bool deterministic_;
   std::string gpu_name_;
   int sm_ = 0;
   cudaStream_t stream_ = nullptr;

@@ -6,7 +6,7 @@
 // Math: fp32 convolutions use CUDNN_FMA_MATH (no TF32: fp32 parity with PyTorch is a test);
 // fp16/bf16 use tensor-op math with fp32 accumulation (cuDNN's PSEUDO_HALF/BFLOAT16 configs).
 // Algorithms: cuDNN's measured search, once per key (cudnn_algo_cache.h); in high_precision
-// mode only deterministic algorithms are taken.
+// mode or with run.deterministic only deterministic algorithms are taken.
 #include <algorithm>
 #include <optional>
 #include <sstream>
@@ -113,7 +113,8 @@ std::string CudnnConv::key(Direction dir) const {
     << d.in_h << "w" << d.in_w << "|k" << p.out_channels << "r" << p.kernel_h << "s" << p.kernel_w << "|st"
     << p.stride_h << "x" << p.stride_w << "|pad" << p.pad_h << "x" << p.pad_w << "|dil" << p.dilation_h << "x"
     << p.dilation_w << "|g" << p.groups << "|math" << static_cast<int>(math_) << "|"
-    << cuda_impl_mode_name(ctx_->mode()) << "|cudnn" << cudnnGetVersion() << "|" << ctx_->gpu_name();
+    << cuda_impl_mode_name(ctx_->mode()) << (ctx_->deterministic() ? "|det" : "") << "|cudnn" << cudnnGetVersion()
+    << "|" << ctx_->gpu_name();
   return s.str();
 }
 
@@ -166,7 +167,7 @@ CudnnAlgoChoice CudnnConv::choose(Direction dir) {
   // A cached choice over the workspace limit (a file from an older build) is searched again.
   if (auto hit = ctx_->algo_cache().find(k); hit && hit->workspace <= kMaxAlgoWorkspace) return *hit;
   const std::string what = std::string(direction_name(dir)) + " " + desc_.str();
-  const bool det = ctx_->mode() == CudaImplMode::high_precision;
+  const bool det = ctx_->deterministic();
   const bool fp32 = desc_.dtype == DType::f32;
   cudnnHandle_t h = ctx_->cudnn();
   constexpr int kAsk = 16;
@@ -211,7 +212,7 @@ CudnnAlgoChoice CudnnConv::choose(Direction dir) {
   RN_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_, math_));  // the search may have changed it
   if (!chosen)
     RN_UNSUPPORTED() << "cuda backend: cuDNN has no usable algorithm for " << what
-                     << (det ? " (deterministic algorithms only: high_precision mode)" : "")
+                     << (det ? " (deterministic algorithms only: high_precision mode or run.deterministic)" : "")
                      << (fp32 ? " (fp32: FMA math only, no TF32)" : "")
                      << (no_fma ? "; " + std::to_string(no_fma) + " ran only without FMA math" : "")
                      << (over_limit ? "; " + std::to_string(over_limit) + " need over the " +

@@ -40,7 +40,8 @@ class CudaBackend final : public Backend {
   }
   std::unique_ptr<Uploader> make_uploader(size_t bytes) override { return cuda::make_uploader(ctx_, bytes); }
   std::string describe() const override {
-    return ctx_->gpu_name() + ", implementation mode " + std::string(cuda_impl_mode_name(ctx_->mode()));
+    return ctx_->gpu_name() + ", implementation mode " + std::string(cuda_impl_mode_name(ctx_->mode())) +
+           (ctx_->deterministic() && ctx_->mode() != CudaImplMode::high_precision ? ", deterministic algorithms" : "");
   }
 
   std::string tuning_state() const override {

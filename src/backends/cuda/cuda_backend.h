@@ -25,6 +25,7 @@ std::string_view cuda_impl_mode_name(CudaImplMode m);
 struct CudaBackendOptions {
   int device = 0;
   CudaImplMode mode = CudaImplMode::high_performance;
+  bool deterministic = false;   // deterministic cuDNN algorithms only (high_precision implies it)
   std::string algo_cache_path;  // empty: $RN_CUDNN_ALGO_CACHE, else ~/.cache/resnet.cpp/cudnn_algos.tsv
 };
 
