@@ -72,6 +72,8 @@ void put_train_state(std::map<std::string, std::string>& md, const TrainState& s
   md["train.batch_in_epoch"] = std::to_string(st.batch_in_epoch);
   md["train.best_top1"] = format_double(st.best_top1);
   md["train.global_batch"] = std::to_string(st.global_batch);
+  md["train.samples"] = std::to_string(st.train_samples);
+  md["train.steps_per_epoch"] = std::to_string(st.steps_per_epoch);
   md["train.rng"] = std::to_string(st.rng[0]) + " " + std::to_string(st.rng[1]) + " " + std::to_string(st.rng[2]) +
                     " " + std::to_string(st.rng[3]);
   md["scaler.scale"] = format_double(st.scaler.scale);
@@ -130,6 +132,8 @@ TrainState read_train_state(const std::string& path, const std::map<std::string,
   st.batch_in_epoch = r.integer<int64_t>("train.batch_in_epoch");
   st.best_top1 = r.real("train.best_top1");
   if (md.count("train.global_batch")) st.global_batch = r.integer<int64_t>("train.global_batch");
+  if (md.count("train.samples")) st.train_samples = r.integer<int64_t>("train.samples");
+  if (md.count("train.steps_per_epoch")) st.steps_per_epoch = r.integer<int64_t>("train.steps_per_epoch");
   std::istringstream words(r.text("train.rng"));
   std::string word;
   size_t n = 0;

@@ -36,6 +36,10 @@ struct TrainState {
   // Samples per optimizer step over all ranks (data.batch_size x world size); 0 in
   // checkpoints written before it was recorded (then: data.batch_size, one rank).
   int64_t global_batch = 0;
+  // The training set the schedule was laid out on: its samples and the steps of an epoch; 0 in
+  // checkpoints written before they were recorded.
+  int64_t train_samples = 0;
+  int64_t steps_per_epoch = 0;
   std::array<uint64_t, 4> rng{};
   LossScaler::State scaler;
   std::string config_yaml;  // the resolved config, for checking a resume

@@ -174,6 +174,19 @@ Range closed(double lo, double hi) { return Range{lo, hi, false, false}; }
 Range half_open(double lo, double hi) { return Range{lo, hi, false, true}; }    // [lo, hi)
 Range open_closed(double lo, double hi) { return Range{lo, hi, true, false}; }  // (lo, hi]
 
+// Upper bounds where a larger value is certainly a mistake and would otherwise overflow the
+// int the value is passed on as, or a product of it (epochs x steps per epoch).
+constexpr double kMaxExtent = 1 << 16;              // pixels or channels of an image
+constexpr double kMaxClasses = 1 << 24;             // classifier outputs
+constexpr double kMaxThreads = 4096;                // host threads, loader workers, prefetched batches
+constexpr double kMaxEpochs = 1e6;                  // schedule lengths and milestones, in epochs
+constexpr double kMaxSinkSize = 1e6;                // steps per host synchronisation
+constexpr double kMaxVarianceWindow = 1e6;          // steps
+constexpr double kMinDeviceMonitorInterval = 0.01;  // s: 100 samples a second at most
+// The loss scale and its inverse must both be normal floats (3.4e38 > x > 1.2e-38).
+constexpr double kMinLossScale = 1e-30;
+constexpr double kMaxLossScale = 1e30;
+
 // ---------------------------------------------------------------------------------------
 // Codecs: YAML <-> typed value, one per value type. decode() returns false on a type
 // mismatch; the caller reports it with the key and the value.
@@ -447,9 +460,11 @@ std::vector<Field> build_fields() {
                               "network from the zoo; resnet20..110 are the CIFAR-style ResNets for "
                               "small images, resnet50_gdw the hardware-adapted ResNet-50",
                               {}, models));
-  f.push_back(RN_CONFIG_FIELD(model.num_classes, "outputs of the classifier", at_least(2)));
-  f.push_back(RN_CONFIG_FIELD(model.in_channels, "input image channels (1 for Fashion-MNIST, 3 for RGB)", at_least(1)));
-  f.push_back(RN_CONFIG_FIELD(model.image_size, "[h, w] of the images the network sees, after cropping", at_least(1)));
+  f.push_back(RN_CONFIG_FIELD(model.num_classes, "outputs of the classifier", closed(2, kMaxClasses)));
+  f.push_back(RN_CONFIG_FIELD(model.in_channels, "input image channels (1 for Fashion-MNIST, 3 for RGB)",
+                              closed(1, kMaxExtent)));
+  f.push_back(RN_CONFIG_FIELD(model.image_size, "[h, w] of the images the network sees, after cropping",
+                              closed(1, kMaxExtent)));
   f.push_back(RN_CONFIG_FIELD(model.zero_init_residual, "start the last BN gamma of every residual branch at 0"));
   f.push_back(RN_CONFIG_FIELD(model.pretrained,
                               "start from these weights instead of a random initialisation: a resnet.cpp checkpoint "
@@ -471,8 +486,8 @@ std::vector<Field> build_fields() {
                               at_least(0)));
   f.push_back(
       RN_CONFIG_FIELD(data.batch_size, "batch per rank; the global batch is batch_size x world size", at_least(1)));
-  f.push_back(RN_CONFIG_FIELD(data.workers, "threads decoding and augmenting samples", at_least(0)));
-  f.push_back(RN_CONFIG_FIELD(data.prefetch, "batches prepared ahead of the training step", at_least(0)));
+  f.push_back(RN_CONFIG_FIELD(data.workers, "threads decoding and augmenting samples", closed(0, kMaxThreads)));
+  f.push_back(RN_CONFIG_FIELD(data.prefetch, "batches prepared ahead of the training step", closed(0, kMaxThreads)));
   f.push_back(RN_CONFIG_FIELD(data.drop_last,
                               "drop the last incomplete training batch of an epoch; false needs a batch size that "
                               "divides each rank's samples"));
@@ -491,11 +506,11 @@ std::vector<Field> build_fields() {
                               "imagefolder: keep decoded, downscaled training images in memory up to this many MiB, "
                               "so later epochs skip reading and decoding (validation reads past it); 0: off",
                               at_least(0)));
-  f.push_back(
-      RN_CONFIG_FIELD(data.cache_short_side, "imagefolder: cached images keep at most this shorter side", at_least(1)));
+  f.push_back(RN_CONFIG_FIELD(data.cache_short_side, "imagefolder: cached images keep at most this shorter side",
+                              closed(1, kMaxExtent)));
   f.push_back(RN_CONFIG_FIELD(data.augment.random_crop_padding,
                               "pad by this many pixels then crop image_size at a random place; 0: no crop",
-                              at_least(0)));
+                              closed(0, kMaxExtent)));
   f.push_back(RN_CONFIG_FIELD(data.augment.flip, "random horizontal flip"));
   f.push_back(RN_CONFIG_FIELD(data.augment.scale,
                               "imagefolder: RandomResizedCrop area range [min, max], fractions of the image"));
@@ -503,7 +518,7 @@ std::vector<Field> build_fields() {
   f.push_back(RN_CONFIG_FIELD(data.augment.eval_resize,
                               "imagefolder: evaluation resizes the shorter side to this, then takes the centre "
                               "model.image_size",
-                              at_least(1)));
+                              closed(1, kMaxExtent)));
   f.push_back(RN_CONFIG_FIELD(data.augment.dct_scaling,
                               "imagefolder: decode JPEGs at the smallest n/8 scale that still covers the crop "
                               "(much faster; false decodes at full size, bit-exact with PIL)"));
@@ -527,9 +542,9 @@ std::vector<Field> build_fields() {
   f.push_back(RN_CONFIG_FIELD(schedule.name,
                               "decay after warmup: cosine to min_lr, step (x step_gamma at each "
                               "milestone), poly ((1 - t)^poly_power to min_lr), constant"));
-  f.push_back(RN_CONFIG_FIELD(schedule.epochs, "training length in epochs", at_least(1)));
-  f.push_back(
-      RN_CONFIG_FIELD(schedule.warmup_epochs, "linear warmup length in epochs (may be fractional)", at_least(0)));
+  f.push_back(RN_CONFIG_FIELD(schedule.epochs, "training length in epochs", closed(1, kMaxEpochs)));
+  f.push_back(RN_CONFIG_FIELD(schedule.warmup_epochs, "linear warmup length in epochs (may be fractional)",
+                              closed(0, kMaxEpochs)));
   f.push_back(RN_CONFIG_FIELD(schedule.warmup_steps, "linear warmup length in steps; wins over warmup_epochs if > 0",
                               at_least(0)));
   f.push_back(
@@ -538,7 +553,7 @@ std::vector<Field> build_fields() {
   f.push_back(RN_CONFIG_FIELD(schedule.step_milestones,
                               "epochs at which the step schedule multiplies the lr by "
                               "step_gamma (increasing)",
-                              above(0)));
+                              open_closed(0, kMaxEpochs)));
   f.push_back(RN_CONFIG_FIELD(schedule.step_gamma, "factor applied at each milestone", open_closed(0, 1)));
   f.push_back(RN_CONFIG_FIELD(schedule.poly_power, "exponent of the poly decay", above(0)));
   // loss
@@ -551,21 +566,31 @@ std::vector<Field> build_fields() {
   f.push_back(RN_CONFIG_FIELD(precision.loss_scale.policy,
                               "dynamic: back off on overflow, grow after growth_interval clean steps; static: fixed "
                               "at initial; none: scale 1. Overflowing steps are skipped under every policy"));
-  f.push_back(RN_CONFIG_FIELD(precision.loss_scale.initial, "initial (or static) loss scale", above(0)));
+  f.push_back(RN_CONFIG_FIELD(precision.loss_scale.initial, "initial (or static) loss scale",
+                              closed(kMinLossScale, kMaxLossScale)));
   f.push_back(
       RN_CONFIG_FIELD(precision.loss_scale.growth_factor, "multiplier after growth_interval clean steps", at_least(1)));
   f.push_back(RN_CONFIG_FIELD(precision.loss_scale.backoff_factor, "multiplier on overflow", Range{0, 1, true, true}));
   f.push_back(RN_CONFIG_FIELD(precision.loss_scale.growth_interval, "clean steps before the scale grows", at_least(1)));
+  f.push_back(RN_CONFIG_FIELD(precision.loss_scale.max_skips_in_a_row,
+                              "overflowing (skipped) steps in a row after which training stops as diverged, counted "
+                              "past the backoffs a dynamic scale needs to fall from its highest value to its lowest "
+                              "(24 at the defaults): the weights no longer change, so more steps cannot recover; 0: "
+                              "never stop",
+                              at_least(0)));
   // run
   f.push_back(RN_CONFIG_FIELD(run.device,
                               "where to train; auto: CUDA if present, else cpu (oneDNN); ref: the "
                               "naive reference backend"));
-  f.push_back(RN_CONFIG_FIELD(run.threads, "host threads; 0: all cores", at_least(0)));
+  f.push_back(RN_CONFIG_FIELD(run.threads, "host threads; 0: all cores", closed(0, kMaxThreads)));
   f.push_back(RN_CONFIG_FIELD(run.trace,
                               "write trace.json in the run folder: loader batches and training steps as spans "
                               "that chrome://tracing and Perfetto open"));
   f.push_back(RN_CONFIG_FIELD(run.seed, "seed of weights init, data order and augmentation", at_least(0)));
-  f.push_back(RN_CONFIG_FIELD(run.deterministic, "bitwise reproducible kernels (possibly slower)"));
+  f.push_back(RN_CONFIG_FIELD(run.deterministic,
+                              "kernels with a fixed summation order, so that the same machine, "
+                              "build and thread count give bit-identical runs (GPU: deterministic cuDNN algorithms "
+                              "only, possibly slower; the CPU's kernels have a fixed order already)"));
   f.push_back(
       RN_CONFIG_FIELD(run.implementation_mode,
                       "kernels: high_performance takes the fastest (GPU: the fastest measured cuDNN "
@@ -580,7 +605,7 @@ std::vector<Field> build_fields() {
                               "synchronising with the host (loss read-back, next learning rates) every sink_size "
                               "steps; every step's loss is recorded on the device and read at those "
                               "synchronisations and at log lines; 0: eager steps",
-                              at_least(0)));
+                              closed(0, kMaxSinkSize)));
   f.push_back(RN_CONFIG_FIELD(run.out_dir, "run folder: train.log, metrics.jsonl, config.yaml, checkpoints"));
   f.push_back(RN_CONFIG_FIELD(run.log_interval_steps,
                               "steps between progress lines and train records (also written at each epoch's last step)",
@@ -627,13 +652,14 @@ std::vector<Field> build_fields() {
                               "sample the device while training (GPU: power, clocks, temperature, utilisation, "
                               "memory via NVML; CPU: per-core utilisation, frequency, resident memory) into "
                               "metrics.jsonl"));
-  f.push_back(RN_CONFIG_FIELD(diagnostics.device_monitor_interval, "seconds between device samples", above(0)));
+  f.push_back(RN_CONFIG_FIELD(diagnostics.device_monitor_interval, "seconds between device samples",
+                              at_least(kMinDeviceMonitorInterval)));
   f.push_back(RN_CONFIG_FIELD(diagnostics.variance_threshold,
                               "spread of step times (robust coefficient of variation over variance_window steps) "
                               "past which one warning names the likely cause",
                               above(0)));
-  f.push_back(
-      RN_CONFIG_FIELD(diagnostics.variance_window, "steps in the variance analysis' rolling window", at_least(8)));
+  f.push_back(RN_CONFIG_FIELD(diagnostics.variance_window, "steps in the variance analysis' rolling window",
+                              closed(8, kMaxVarianceWindow)));
   f.push_back(RN_CONFIG_FIELD(diagnostics.doctor_max_grad_diff,
                               "resnet doctor fails when the whole gradient (all tensors) differs from fp32 by more "
                               "than this (relative L2 norm, first step)",

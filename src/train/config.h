@@ -131,6 +131,9 @@ struct LossScaleConfig {
   double growth_factor = 2;
   double backoff_factor = 0.5;
   int64_t growth_interval = 2000;  // steps without overflow before the scale grows
+  // Skipped steps in a row past which the run stops as diverged (beyond the backoffs a dynamic
+  // scale needs to fall from its highest value to its lowest); 0: never.
+  int64_t max_skips_in_a_row = 50;
   bool operator==(const LossScaleConfig&) const = default;
 };
 

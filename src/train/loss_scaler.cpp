@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 
 #include "core/check.h"
@@ -73,6 +74,28 @@ fused::LossScaleRule LossScaler::rule() const {
   return r;
 }
 
+int64_t LossScaler::skip_limit() const {
+  if (cfg_.max_skips_in_a_row <= 0) return 0;
+  int64_t to_floor = 0;
+  if (cfg_.policy == LossScalePolicy::dynamic) {
+    const fused::LossScaleRule r = rule();
+    to_floor = static_cast<int64_t>(std::ceil(std::log(r.max_scale / r.min_scale) / -std::log(cfg_.backoff_factor)));
+  }
+  return cfg_.max_skips_in_a_row + to_floor;
+}
+
+std::string LossScaler::skip_reason() const {
+  switch (cfg_.policy) {
+    case LossScalePolicy::none:
+      return "no loss scaling";
+    case LossScalePolicy::static_scale:
+      return fmt::format("static loss scale {:.9g}", state_.scale);
+    case LossScalePolicy::dynamic:
+      break;
+  }
+  return state_.scale <= rule().min_scale ? fmt::format("at the lowest loss scale {:.9g}", state_.scale) : "";
+}
+
 // The arithmetic is fused::loss_scale_update, the same function the device's fused step
 // runs; here it is wrapped with the log lines.
 bool LossScaler::update(bool overflow) {
@@ -82,10 +105,9 @@ bool LossScaler::update(bool overflow) {
   const bool applied = fused::loss_scale_update(c, rule(), overflow);
   // The device's fused step records its changes as the same entries (ops/fused_math.h).
   if (c.scale != before.scale) RN_LOG_INFO("{}", change_text(fused::scale_change(before, c, overflow)));
-  if (overflow && cfg_.policy != LossScalePolicy::dynamic)
-    RN_LOG_WARN("step {} skipped: inf/NaN gradients ({})", state_.step + 1,
-                cfg_.policy == LossScalePolicy::none ? std::string("no loss scaling")
-                                                     : fmt::format("static loss scale {:.9g}", state_.scale));
+  // A skip the scale did not answer with a backoff: it cannot be helped by the scale.
+  if (const std::string why = skip_reason(); overflow && !why.empty())
+    RN_LOG_WARN("step {} skipped: inf/NaN gradients ({}; {} in a row)", state_.step + 1, why, c.consecutive_skips);
   state_.scale = c.scale;
   state_.step = c.step;
   state_.clean_steps = c.clean_steps;

@@ -49,6 +49,16 @@ class LossScaler {
   int64_t skipped_steps() const { return state_.skipped_steps; }
   // Skips in a row: a trainer may stop when this keeps growing (NaN in the model itself).
   int64_t consecutive_skips() const { return state_.consecutive_skips; }
+  // Skips in a row at which training stops as diverged (0: never): max_skips_in_a_row, plus
+  // under the dynamic policy the backoffs from the highest scale to the lowest.
+  int64_t skip_limit() const;
+  bool skipping_without_end() const {
+    const int64_t limit = skip_limit();
+    return limit > 0 && state_.consecutive_skips >= limit;
+  }
+  // Why a skipped step could not be helped by the scale: "static loss scale 128", "no loss
+  // scaling", "at the lowest loss scale 1"; empty while a dynamic scale can still back off.
+  std::string skip_reason() const;
   LossScalePolicy policy() const { return cfg_.policy; }
 
   const State& state() const { return state_; }

@@ -227,7 +227,12 @@ void TrainStep::sync_scaler_state() {
   for (int64_t i = kept; i < log.count; ++i)
     RN_LOG_INFO("{}", LossScaler::change_text(log.entries[i % fused::kScaleChangeLog]));
   scale_changes_logged_ = log.count;
+  const int64_t new_skips = s.skipped_steps - scaler_.state().skipped_steps;
   scaler_.set_state_quietly(s);
+  // The host's update() warns at each such skip; the device's are seen here, together.
+  if (const std::string why = scaler_.skip_reason(); new_skips > 0 && !why.empty())
+    RN_LOG_WARN("{} skipped by step {}: inf/NaN gradients ({}; {} in a row)",
+                counted(new_skips, "step was", "steps were"), s.step, why, s.consecutive_skips);
 }
 
 void round_weights_to(float* w, int64_t n, DType half) {

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <limits>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "core/log.h"
@@ -69,6 +70,7 @@ bool may_differ_on_resume(const std::string& key) {
                                       "run.implementation_mode",
                                       "run.deterministic",
                                       "run.sink_size",
+                                      "precision.loss_scale.max_skips_in_a_row",
                                       "data.root",
                                       "data.val_root",
                                       "data.workers",
@@ -96,9 +98,20 @@ void check_resume_config(const std::string& checkpoint_path, const std::string& 
                 checkpoint_path, e.what());
     return;
   }
-  std::string changed;
-  for (const std::string& d : config_differences(trained, now))
-    if (!may_differ_on_resume(d.substr(0, d.find(':')))) changed += (changed.empty() ? "" : "; ") + d;
+  std::string changed, rounding;
+  // Keys that keep the recipe but not the rounding (sink mode replays the same kernels).
+  static const std::set<std::string> kRounding = {"run.threads", "run.device", "run.implementation_mode",
+                                                  "run.deterministic"};
+  for (const std::string& d : config_differences(trained, now)) {
+    const std::string key = d.substr(0, d.find(':'));
+    if (!may_differ_on_resume(key)) changed += (changed.empty() ? "" : "; ") + d;
+    if (kRounding.count(key)) rounding += (rounding.empty() ? "" : "; ") + d;
+  }
+  if (!rounding.empty())
+    RN_LOG_WARN(
+        "resuming with other kernels or threads than {} was trained with ({}): the run goes on with the same "
+        "recipe, but it may not match an uninterrupted run bit for bit",
+        checkpoint_path, rounding);
   RN_CHECK(changed.empty()) << "cannot resume " << run_dir << ": its config.yaml differs from the configuration "
                             << checkpoint_path << " was trained with, in keys that change results (" << changed
                             << "). Put them back, or start a new run from these weights with --set model.pretrained="
@@ -106,6 +119,16 @@ void check_resume_config(const std::string& checkpoint_path, const std::string& 
 }
 
 namespace fs = std::filesystem;
+
+// The name of the first parameter or state tensor (BN statistics) holding an inf or NaN on
+// the host, or empty.
+std::string first_non_finite_tensor(const Model& model) {
+  for (const ParamView& p : model.params().params)
+    if (any_inf_or_nan(model.param_data() + p.offset, p.numel)) return p.name;
+  for (const StateView& v : model.state_views())
+    if (any_inf_or_nan(model.state_data() + v.offset, v.numel)) return v.name;
+  return "";
+}
 
 // The planned and the measured memory of a training plan, as a log line and a "memory"
 // record in metrics.jsonl (bytes; level 0, 1, 2 for O0, O1, O2).
@@ -237,6 +260,9 @@ ModelOptions model_options(const ModelConfig& m) {
 }
 
 void install_stop_signal_handlers() {
+  // Cleared here, not when train() starts: a signal during the set-up (an MPI start-up can
+  // take seconds) is a stop request the first step answers.
+  g_stop = false;
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
 }
@@ -310,13 +336,14 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
   // A resume's --set overrides go into config.yaml once the run is under way: a resume that
   // fails (a mistyped data.root, a step limit already reached) leaves the file as it was.
   std::optional<std::string> resumed_yaml;
+  // The data folders as absolute paths, so that the recorded config (config.yaml and every
+  // checkpoint's) reads the same data from any working directory: resnet eval, a resume (whose
+  // --set data.root may be relative as well).
+  for (std::string* path : {&cfg.data.root, &cfg.data.val_root})
+    if (!path->empty()) *path = fs::absolute(*path).lexically_normal().string();
   if (resuming) {
     if (writer && (!options.resume_overrides.empty() || moved_folder)) resumed_yaml = cfg.to_yaml();
   } else {
-    // The data folders as absolute paths, so that the recorded config (config.yaml and every
-    // checkpoint's) reads the same data from any working directory: resnet eval, a resume.
-    for (std::string* path : {&cfg.data.root, &cfg.data.val_root})
-      if (!path->empty()) *path = fs::absolute(*path).lexically_normal().string();
     if (writer) {
       run_dir = fresh_run_dir(cfg.run.out_dir);
       fresh_folder.emplace(run_dir);
@@ -335,16 +362,22 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
     set_log_level("warn");
   }
   int threads = static_cast<int>(cfg.run.threads);
-  if (threads == 0 && world.local_size > 1)  // share the cores among the ranks on this host
-    threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world.local_size);
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
-  if (writer && threads > 0 && threads <= cores && world.local_size > 1 && threads * world.local_size > cores)
-    RN_LOG_WARN(
-        "run.threads {} on each of this host's {} ranks asks for {} threads on {} cores: they take turns and "
-        "slow every step down (run.threads 0 shares the cores among the ranks)",
-        threads, world.local_size, threads * world.local_size, cores);
+  const bool shared = threads == 0 && world.local_size > 1;
+  if (shared) threads = std::max(1, cores / world.local_size);  // share the cores among the ranks on this host
+  if (writer && threads > 0 && threads <= cores && world.local_size > 1 && threads * world.local_size > cores) {
+    if (shared)
+      RN_LOG_WARN(
+          "{} ranks on this host's {} cores: one thread each, and still they take turns and slow every step "
+          "down; start at most {} ranks per host",
+          world.local_size, cores, cores);
+    else
+      RN_LOG_WARN(
+          "run.threads {} on each of this host's {} ranks asks for {} threads on {} cores: they take turns and "
+          "slow every step down (run.threads 0 shares the cores among the ranks)",
+          threads, world.local_size, threads * world.local_size, cores);
+  }
   set_host_threads(threads);
-  g_stop = false;
 
   RN_LOG_INFO("{} run in {}", resuming ? "resuming" : "starting", run_dir);
   RN_LOG_INFO("{}", software_description());
@@ -412,7 +445,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
       if (!st.config_yaml.empty()) check_resume_config(loaded->path, st.config_yaml, cfg, run_dir);
       scaler.set_state(st.scaler);
       rng.set_state(st.rng);
-      RN_LOG_INFO("resumed from {}: epoch {}, step {}, batch {} of the epoch", loaded->path, st.epoch, st.step,
+      RN_LOG_INFO("resumed from {}: epoch {}, step {}, batch {} of the epoch", loaded->path, st.epoch + 1, st.step,
                   st.batch_in_epoch);
       RN_CHECK(options.max_steps <= 0 || st.step < options.max_steps)
           << "the step limit (--max-steps) is " << options.max_steps << " but " << run_dir << " is at step " << st.step
@@ -491,6 +524,24 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
   const int64_t steps_per_epoch = train_loader.batches_per_epoch();
   RN_CHECK(steps_per_epoch > 0) << "the training set (" << train_loader.dataset().size()
                                 << " samples) has no full batch of " << cfg.data.batch_size;
+  // A resume lays the schedule (warmup, decay, milestones) and its place in the epoch out on
+  // the steps of an epoch: data.root may move, but not to a training set of another size.
+  const int64_t train_samples = train_loader.dataset().size();
+  if (from_checkpoint && st.steps_per_epoch > 0) {
+    RN_CHECK(st.steps_per_epoch == steps_per_epoch)
+        << "cannot resume " << run_dir << ": it was trained on " << st.train_samples << " samples, "
+        << counted(st.steps_per_epoch, "step") << " an epoch, and data.root '" << cfg.data.root << "' now gives "
+        << train_samples << ", " << counted(steps_per_epoch, "step")
+        << " an epoch; the learning-rate schedule and the place in the epoch are laid out on them. Point data.root "
+           "at the same data, or start a new run from these weights with --set model.pretrained=CHECKPOINT";
+    if (st.train_samples != train_samples)
+      RN_LOG_WARN(
+          "the run was trained on {} samples and data.root '{}' now gives {}: the steps of an epoch are the "
+          "same, but the samples of each step are not those an uninterrupted run would see",
+          st.train_samples, cfg.data.root, train_samples);
+  }
+  st.train_samples = train_samples;
+  st.steps_per_epoch = steps_per_epoch;
   // Every training step runs a whole batch: the plans (and the sink-mode graph) are built for
   // one batch size. A last partial batch is refused here, not when the first epoch ends.
   RN_CHECK(cfg.data.drop_last || train_loader.samples_per_epoch() % cfg.data.batch_size == 0)
@@ -635,6 +686,14 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
     st.rng = rng.state();
     st.scaler = scaler.state();
     if (!writer) return;
+    // A diverged model's checkpoint would rotate out the good ones it is no use against.
+    if (const std::string bad = first_non_finite_tensor(model); !bad.empty()) {
+      RN_LOG_WARN(
+          "no checkpoint at step {}: '{}' holds inf or NaN values (training is diverging); the earlier "
+          "checkpoints are kept",
+          st.step, bad);
+      return;
+    }
     set_activity("writing a checkpoint");
     const std::string path = checkpoints.save(model, optimizer, st, epoch_end, top1);
     RN_LOG_INFO("checkpoint {}", path);
@@ -776,6 +835,19 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
       pf.loss = interval_losses > 0 ? interval_loss / static_cast<double>(interval_losses) : static_cast<double>(loss);
       pf.lr = lr;
       if (step->on_device() && log_point) step->sync_scaler_state();
+      // Skips in a row past the limit: the weights no longer change and the scale cannot help,
+      // so more steps would only spend time (and write checkpoints of a diverged model). A
+      // device's counters are read at log lines and non-finite losses; the host's are current.
+      if (scaler.skipping_without_end()) {
+        diag.finish(st.epoch, st.step);
+        if (writer) write_report(run_dir);
+        RN_FAIL() << scaler.consecutive_skips() << " steps in a row, up to step " << st.step
+                  << ", were skipped for inf/NaN gradients (" << scaler.skip_reason()
+                  << "): training diverged; lower optimizer.base_lr or lengthen schedule.warmup_epochs "
+                     "(precision.loss_scale.max_skips_in_a_row="
+                  << cfg.precision.loss_scale.max_skips_in_a_row << " sets when this stops a run)"
+                  << (writer ? "; report: " + run_dir + "/report.html" : std::string());
+      }
       pf.loss_scale = scaler.scale();
       pf.images_per_sec = dt > 0 ? static_cast<double>(interval_images) / dt : 0;
       pf.data_wait_share = dt > 0 ? (train_loader.epoch_wait_seconds() - interval_wait0) / dt : 0;

@@ -203,7 +203,28 @@ TEST(Config, OutOfRangeNamesKeyAndValue) {
   EXPECT_TRUE(contains(e, "precision.loss_scale.backoff_factor")) << e;
 
   e = error_of([] { load_config("", {"model.num_classes=1"}); });  // the zoo's classifier needs two
-  EXPECT_TRUE(contains(e, "key 'model.num_classes' = 1 is out of range: expected value >= 2")) << e;
+  EXPECT_TRUE(contains(e, "key 'model.num_classes' = 1 is out of range: expected 2 <= value <= 16777216")) << e;
+
+  // Values that would overflow the int they are passed on as, or a product of them (epochs x
+  // steps per epoch), have upper bounds: they were silently changed (sink_size 2^32 + 1 ran as
+  // 1) or named no key (data.workers 2^31).
+  for (const char* set :
+       {"run.sink_size=4294967297", "data.workers=2147483648", "diagnostics.variance_window=1000000000000",
+        "schedule.epochs=2305843009213693952", "schedule.step_milestones=[1e300]", "schedule.warmup_epochs=1e300",
+        "model.image_size=[4294967297,28]", "run.threads=10000000000"}) {
+    const std::string key = std::string(set).substr(0, std::string(set).find('='));
+    e = error_of([&] { load_config("", {set}); });
+    EXPECT_TRUE(contains(e, "key '" + key + "'") && contains(e, "is out of range: expected")) << set << ": " << e;
+  }
+  // The loss scale and its inverse must be normal floats: 1e39 became an infinite scale (every
+  // step skipped), 1e-40 an infinite inverse (NaN weights after one step).
+  for (const char* set : {"precision.loss_scale.initial=1e39", "precision.loss_scale.initial=1e-40"}) {
+    e = error_of([&] { load_config("", {set}); });
+    EXPECT_TRUE(contains(e, "key 'precision.loss_scale.initial'") && contains(e, "is out of range: expected 1e-30"))
+        << set << ": " << e;
+  }
+  e = error_of([] { load_config("", {"diagnostics.device_monitor_interval=1e-300"}); });
+  EXPECT_TRUE(contains(e, "expected value >= 0.01")) << e;
 
   e = error_of([] { load_config("", {"optimizer.weight_decay=.nan"}); });
   EXPECT_TRUE(contains(e, "optimizer.weight_decay")) << e;

@@ -4,10 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "core/check.h"
 #include "data/encoded_dataset.h"
 #include "data/image_folder_files.h"
 #include "log_capture.h"
@@ -199,6 +202,45 @@ TEST(ImageFolderPaths, ValidationFolderNamesAndTheTestSetHint) {
                             (dir.path() / "data/test").string() + ")"),
             std::string::npos)
       << log.text();
+}
+
+// A resume may move data.root (the run's config.yaml records it, made absolute as a fresh run's
+// is, so that a later resume or eval from elsewhere finds it), but not to a training set of
+// another size: the schedule and the place in the epoch are laid out on its steps.
+TEST(ImageFolderPaths, AResumeMayMoveTheDataButNotToAnotherSize) {
+  TestDir dir;
+  test::write_image_folder(dir.path() / "a/train", 3, 4);  // 12 images: 6 steps of 2
+  test::write_image_folder(dir.path() / "a/val", 3, 1);
+  fs::copy(dir.path() / "a", dir.path() / "b", fs::copy_options::recursive);
+  test::write_image_folder(dir.path() / "c/train", 3, 3);  // 9 images: 4 steps
+  test::write_image_folder(dir.path() / "c/val", 3, 1);
+  const Config cfg = folder_config(dir.file("a"), dir.file("run"));
+  TrainOptions first;
+  first.max_steps = 2;
+  const TrainResult r = train(cfg, first);
+  ASSERT_EQ(r.steps, 2);
+  TrainOptions resume;
+  resume.resume_dir = r.run_dir;
+  resume.max_steps = 3;
+  resume.resume_overrides = {"data.root=" + dir.file("c")};
+  try {
+    train(cfg, resume);
+    ADD_FAILURE() << "resumed on a training set of another size";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("it was trained on 12 samples, 6 steps an epoch, and data.root '" +
+                                         dir.file("c") + "' now gives 9, 4 steps an epoch"),
+              std::string::npos)
+        << e.what();
+  }
+  const fs::path here = fs::current_path();
+  fs::current_path(dir.path());
+  resume.resume_overrides = {"data.root=b"};
+  const int64_t steps = train(cfg, resume).steps;
+  fs::current_path(here);
+  EXPECT_EQ(steps, 3);
+  std::ifstream in(r.run_dir + "/config.yaml");
+  const std::string yaml((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_NE(yaml.find("root: " + dir.file("b") + "\n"), std::string::npos) << yaml;
 }
 
 }  // namespace

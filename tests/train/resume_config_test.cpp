@@ -222,6 +222,61 @@ TEST(ResumeConfig, AFlippedBitInACheckpointIsDamage) {
   EXPECT_NE(e.find("none of its checkpoints loads (set aside: " + ckpt + ".damaged)"), std::string::npos) << e;
 }
 
+// So is one in its header: a step "2" read as "3" would resume at the wrong place in the
+// schedule with no word said (the header's CRC-32 finds it).
+TEST(ResumeConfig, AFlippedBitInACheckpointHeaderIsDamage) {
+  TestDir dir;
+  const Config cfg = test::small_run_config(dir.file("run"));
+  const TrainResult a = test::train_until(cfg, 2);
+  const std::string ckpt = a.run_dir + "/checkpoints/step-00000002.safetensors";
+  {
+    std::string bytes = read_file(ckpt);
+    const size_t at = bytes.find("\"train.step\":\"2\"");
+    ASSERT_NE(at, std::string::npos);
+    bytes[at + 14] = '3';  // '2' ^ 0x01
+    std::ofstream(ckpt, std::ios::binary | std::ios::trunc) << bytes;
+  }
+  TrainOptions resume;
+  resume.resume_dir = a.run_dir;
+  const std::string e = error_of_train(cfg, resume);
+  EXPECT_NE(e.find("none of its checkpoints loads (set aside: " + ckpt + ".damaged)"), std::string::npos) << e;
+  EXPECT_NE(read_file(a.run_dir + "/train.log").find("the header is damaged"), std::string::npos);
+}
+
+// A run whose every step overflows changes nothing any more: it stops after
+// precision.loss_scale.max_skips_in_a_row skips in a row, not at the next evaluation (or the
+// end of the schedule), and writes no checkpoint of weights that are no longer finite.
+TEST(ResumeConfig, StepsSkippedWithoutEndStopTheRun) {
+  TestDir dir;
+  Config cfg = test::small_run_config(dir.file("run"));
+  cfg.optimizer.base_lr = 1e8;
+  cfg.precision.level = PrecisionLevel::O2;
+  cfg.precision.loss_scale.policy = LossScalePolicy::none;
+  cfg.precision.loss_scale.max_skips_in_a_row = 3;
+  cfg.data.train_subset = 96;  // 12 steps an epoch
+  cfg.schedule.warmup_epochs = 0;
+  cfg.schedule.epochs = 2;
+  cfg.run.log_interval_steps = 1;
+  cfg.run.checkpoint.every_steps = 1;
+  cfg.validate();
+  const std::string e = error_of_train(cfg, {});
+  EXPECT_NE(e.find("3 steps in a row, up to step "), std::string::npos) << e;
+  EXPECT_NE(e.find("were skipped for inf/NaN gradients (no loss scaling): training diverged"), std::string::npos) << e;
+  EXPECT_NE(e.find("precision.loss_scale.max_skips_in_a_row=3"), std::string::npos) << e;
+  EXPECT_TRUE(std::filesystem::exists(dir.file("run/report.html"))) << e;
+  const std::string log = read_file(dir.file("run/train.log"));
+  EXPECT_NE(log.find("skipped: inf/NaN gradients (no loss scaling; 1 in a row)"), std::string::npos) << log;
+  EXPECT_EQ(log.find("epoch 2/2"), std::string::npos) << "ran on past the limit";
+  EXPECT_NE(log.find("no checkpoint at step 3: 'layer1.0.bn1.running_var' holds inf or NaN values"), std::string::npos)
+      << log;
+  EXPECT_FALSE(std::filesystem::exists(dir.file("run/checkpoints/step-00000003.safetensors")));
+  // 0: never stop. Here the run then "finishes" (an infinite running variance normalises to 0,
+  // so even the evaluation's loss is finite): what the limit is there for.
+  cfg.precision.loss_scale.max_skips_in_a_row = 0;
+  cfg.run.out_dir = dir.file("run0");
+  EXPECT_EQ(train(cfg).steps, 24);
+}
+
 // A fresh run does not write into a folder of other files (it would replace their report.html,
 // config.yaml, ...); an empty folder is fine. A run stopped mid-epoch leaves its trace.
 TEST(ResumeConfig, AFreshRunNeedsANewOrEmptyFolder) {
