@@ -13,6 +13,10 @@
 # processes such as python3 keep the machine's own libraries). OUT_DIR is git-ignored so
 # that the device tool can carry it (its limit is 64 MiB; the archive is about 15 MiB).
 set -euo pipefail
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then
+  sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
+  exit 0
+fi
 cd "$(dirname "$0")/.."
 build=${1:-build}
 out=${2:-gpu-bundle}

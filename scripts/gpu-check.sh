@@ -461,5 +461,10 @@ checks 2>&1 | tee "$out/gpu-check.log"
 rc=${PIPESTATUS[0]}
 kill "$pub_pid" 2>/dev/null; wait "$pub_pid" 2>/dev/null
 publish
+if [[ $rc == 3 ]]; then  # no GPU: nothing in the scratch folder but the log, copied already
+  rm -rf "$out"
+  echo "gpu-check: results in $result ($(ls "$result" | tr '\n' ' '))"
+  exit $rc
+fi
 echo "gpu-check: results in $result ($(ls "$result" | tr '\n' ' ')); scratch $out"
 exit $rc

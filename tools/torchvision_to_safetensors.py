@@ -169,7 +169,11 @@ def to_safetensors(args):
 
 
 def from_safetensors(args):
-    tensors, _ = read_safetensors(args.reverse)
+    tensors, metadata = read_safetensors(args.reverse)
+    held = (metadata or {}).get("model", "")
+    if held and held not in MODELS:
+        fail(f"{args.reverse} holds {held}, which torchvision does not have (it has {', '.join(MODELS)}; "
+             "the CIFAR ResNets resnet20..110 are resnet.cpp's own): such weights stay safetensors")
     model = build_model(args.model, classes_of(tensors, args.num_classes))
     expected = model.state_dict()
     extra = sorted(set(tensors) - set(expected))
