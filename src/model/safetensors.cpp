@@ -225,6 +225,18 @@ uint32_t header_crc(std::string header, size_t digits) {
 
 }  // namespace
 
+bool reseal_header_crc(std::string& bytes) {
+  if (bytes.size() < 8) return false;
+  uint64_t header_bytes = 0;
+  for (int i = 7; i >= 0; --i) header_bytes = (header_bytes << 8) | static_cast<unsigned char>(bytes[i]);
+  if (header_bytes > bytes.size() - 8) return false;
+  std::string header = bytes.substr(8, header_bytes);
+  const size_t at = header_crc_digits(header);
+  if (at == std::string::npos) return false;
+  bytes.replace(8 + at, 8, fmt::format("{:08x}", header_crc(header, at)));
+  return true;
+}
+
 std::string_view safetensors_dtype_tag(DType t) {
   switch (t) {
     case DType::f32: return "F32";

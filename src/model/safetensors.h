@@ -86,6 +86,9 @@ inline constexpr std::string_view kDataCrc32Key = "rn.data_crc32";
 // field's own 8 digits as "00000000": a flipped bit in a metadata value (a checkpoint's step, its
 // loss scale) or in a tensor's entry is damage found, not a value believed.
 inline constexpr std::string_view kHeaderCrc32Key = "rn.header_crc32";
+// For tests and tools that edit a header on purpose: sets the header CRC field of a whole file
+// held in `bytes` to match its header as it now is. False if it has no such field.
+bool reseal_header_crc(std::string& bytes);
 
 // The safetensors dtype tag for `t` ("F32", "BF16", "F16", "I32", "U8").
 std::string_view safetensors_dtype_tag(DType t);

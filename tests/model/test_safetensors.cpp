@@ -1,7 +1,5 @@
 // safetensors reader and writer: round trips, the writer's atomicity, one test per malformed
 // input the reader must refuse, and interop with tools/torchvision_to_safetensors.py.
-#include "model/safetensors.h"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -14,10 +12,13 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include "model/safetensors.h"
 
 namespace rn {
 namespace {
@@ -156,6 +157,32 @@ TEST_F(SafetensorsTest, RoundTripDtypesAndShapes) {
   Tensor before = f.view("conv.weight");
   SafetensorsFile g = std::move(f);
   EXPECT_EQ(g.view("conv.weight").data, before.data);
+}
+
+// A flipped bit in a metadata value leaves valid JSON and a plausible value: the header's CRC-32
+// finds it. An edit made on purpose is resealed.
+TEST_F(SafetensorsTest, AFlippedBitInTheHeaderIsDamage) {
+  const std::string file = path("meta.safetensors");
+  write_safetensors(file, {}, {{"train.step", "6"}});
+  std::string bytes;
+  {
+    std::ifstream in(file, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const size_t at = bytes.find("\"train.step\":\"6\"");
+  ASSERT_NE(at, std::string::npos);
+  bytes[at + 14] = '7';  // '6' ^ 0x01
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
+  try {
+    SafetensorsFile::load(file);
+    ADD_FAILURE() << "loaded a header with a flipped bit";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr(file));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("the header is damaged: its CRC-32 is"));
+  }
+  ASSERT_TRUE(reseal_header_crc(bytes));
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
+  EXPECT_EQ(SafetensorsFile::load(file).metadata().at("train.step"), "7");
 }
 
 TEST_F(SafetensorsTest, MetadataRoundTrip) {
