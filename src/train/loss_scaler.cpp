@@ -52,6 +52,7 @@ LossScaler::LossScaler(const LossScaleConfig& cfg) : cfg_(cfg) {
            (cfg.backoff_factor > 0 && cfg.backoff_factor < 1 && cfg.growth_factor >= 1 && cfg.growth_interval >= 1))
       << "LossScaler: backoff_factor " << cfg.backoff_factor << ", growth_factor " << cfg.growth_factor
       << ", growth_interval " << cfg.growth_interval;
+  skip_limit_ = compute_skip_limit();
   RN_LOG_INFO("loss scale {:.9g} (policy {}, initial)", state_.scale, enum_name(cfg.policy));
 }
 
@@ -74,7 +75,7 @@ fused::LossScaleRule LossScaler::rule() const {
   return r;
 }
 
-int64_t LossScaler::skip_limit() const {
+int64_t LossScaler::compute_skip_limit() const {
   if (cfg_.max_skips_in_a_row <= 0) return 0;
   int64_t to_floor = 0;
   if (cfg_.policy == LossScalePolicy::dynamic) {
@@ -106,8 +107,9 @@ bool LossScaler::update(bool overflow) {
   // The device's fused step records its changes as the same entries (ops/fused_math.h).
   if (c.scale != before.scale) RN_LOG_INFO("{}", change_text(fused::scale_change(before, c, overflow)));
   // A skip the scale did not answer with a backoff: it cannot be helped by the scale.
-  if (const std::string why = skip_reason(); overflow && !why.empty())
-    RN_LOG_WARN("step {} skipped: inf/NaN gradients ({}; {} in a row)", state_.step + 1, why, c.consecutive_skips);
+  if (overflow)
+    if (const std::string why = skip_reason(); !why.empty())
+      RN_LOG_WARN("step {} skipped: inf/NaN gradients ({}; {} in a row)", state_.step + 1, why, c.consecutive_skips);
   state_.scale = c.scale;
   state_.step = c.step;
   state_.clean_steps = c.clean_steps;

@@ -51,11 +51,8 @@ class LossScaler {
   int64_t consecutive_skips() const { return state_.consecutive_skips; }
   // Skips in a row at which training stops as diverged (0: never): max_skips_in_a_row, plus
   // under the dynamic policy the backoffs from the highest scale to the lowest.
-  int64_t skip_limit() const;
-  bool skipping_without_end() const {
-    const int64_t limit = skip_limit();
-    return limit > 0 && state_.consecutive_skips >= limit;
-  }
+  int64_t skip_limit() const { return skip_limit_; }
+  bool skipping_without_end() const { return skip_limit_ > 0 && state_.consecutive_skips >= skip_limit_; }
   // Why a skipped step could not be helped by the scale: "static loss scale 128", "no loss
   // scaling", "at the lowest loss scale 1"; empty while a dynamic scale can still back off.
   std::string skip_reason() const;
@@ -76,8 +73,11 @@ class LossScaler {
   static constexpr double kMaxScale = 16777216.0;  // 2^24
 
  private:
+  int64_t compute_skip_limit() const;
+
   LossScaleConfig cfg_;
   State state_;
+  int64_t skip_limit_ = 0;  // fixed by the configuration
 };
 
 // True if any of x[0, n) is inf or NaN; parallel, exact (no false negatives).
