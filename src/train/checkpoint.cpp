@@ -646,6 +646,16 @@ std::optional<LoadedCheckpoint> CheckpointManager::latest_loadable(Model& model,
       skip(*it, e.what());
       continue;
     }
+    // A format this build does not read is not damage (a newer resnet.cpp wrote it): thrown.
+    check_kind_and_version(*it, file->metadata(), kKindCheckpoint);
+    // A position that does not parse is (files without a header CRC, as older builds wrote,
+    // can hold a flipped bit there).
+    try {
+      read_train_state(*it, file->metadata());
+    } catch (const Error& e) {
+      skip(*it, e.what());
+      continue;
+    }
     // An intact file that does not fit the model is the caller's problem, not damage: thrown.
     TrainState st = load_checkpoint_file(*file, model, opt);
     return LoadedCheckpoint{*it, std::move(st)};
