@@ -36,12 +36,19 @@ LogFile::~LogFile() {
   sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
 }
 
-void LogFile::open(const std::string& path) {
+void LogFile::open(const std::string& path) { open_sink(path, "", spdlog::level::trace); }
+
+void LogFile::open_for_errors(const std::string& path, const std::string& label) {
+  open_sink(path, label + " ", spdlog::level::err);
+}
+
+void LogFile::open_sink(const std::string& path, const std::string& label, spdlog::level::level_enum level) {
   RN_CHECK(!sink_) << "log file '" << path << "': this LogFile is open already";
   std::lock_guard<std::mutex> lock(sinks_mutex());
   try {
     auto sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>(path, /*truncate=*/false);
-    sink->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%l] %v");
+    sink->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%l] " + label + "%v");
+    sink->set_level(level);
     logger()->sinks().push_back(sink);
     sink_ = std::move(sink);
   } catch (const spdlog::spdlog_ex& e) {

@@ -24,12 +24,16 @@ class LogFile {
   ~LogFile();
 
   void open(const std::string& path);  // appends; throws rn::Error naming the path
+  // Errors only, each line marked with `label` ("[rank 1]"), into a file that another process
+  // writes (a data-parallel rank's into rank 0's train.log: every line one append).
+  void open_for_errors(const std::string& path, const std::string& label);
   bool is_open() const { return sink_ != nullptr; }
   // The error that ends a run, into the file only: the console shows it from whoever
   // catches it, and without it the log would stop mid-startup with no reason given.
   void write_error(std::string_view text);
 
  private:
+  void open_sink(const std::string& path, const std::string& label, spdlog::level::level_enum level);
   std::shared_ptr<spdlog::sinks::sink> sink_;
 };
 

@@ -107,9 +107,24 @@ class MpiCommunicator final : public Communicator {
     RN_CHECK(o.timeout_s > 0) << "dist.timeout_s must be positive, not " << o.timeout_s;
     RN_CHECK(o.heartbeat_s > 0) << "the heartbeat period must be positive, not " << o.heartbeat_s;
     grace_s_ = std::max(5.0, 0.2 * o.timeout_s);
+    // At least 4 heartbeats within the timeout, so that a short one is not a healthy rank's
+    // heartbeat period.
+    opt_.heartbeat_s = std::min(o.heartbeat_s, o.timeout_s / 4);
     thread_ = std::thread([this] { thread_main(); });
     std::unique_lock lk(mu_);
-    cv_.wait(lk, [&] { return init_done_; });
+    // MPI_Init returns when every rank has called it: a rank that never does (stalled before it,
+    // reading its config or the rank table from a hung file system) would keep this one waiting
+    // for ever. The thread in MPI_Init cannot be joined, so the process ends, and mpirun with it
+    // the job.
+    if (!cv_.wait_for(lk, std::chrono::duration<double>(o.timeout_s + grace_s_), [&] { return init_done_; })) {
+      RN_LOG_ERROR(
+          "MPI did not start within {:.0f} s (dist.timeout_s {} + {:.0f} s grace): some rank has not reached "
+          "MPI_Init (stalled before it, for example reading its configuration from a file system that hangs)",
+          o.timeout_s + grace_s_, o.timeout_s, grace_s_);
+      logger()->flush();
+      std::fflush(stderr);
+      std::_Exit(1);
+    }
     if (!init_error_.empty()) {
       lk.unlock();
       thread_.join();
@@ -375,6 +390,26 @@ class MpiCommunicator final : public Communicator {
       }
     }
     if (size_ == 1) return;
+    // A process that did not run (stopped, a paused machine, swapped out) finds every other rank
+    // silent for as long as it was away itself: that time is not held against them (they get
+    // it back, and the heartbeats that arrived meanwhile are read before the watchdog looks),
+    // and the log says what happened. This thread makes no blocking MPI call, so a gap this
+    // long is time the process was not running.
+    const double gap = last_service_ > 0 ? t - last_service_ : 0;
+    last_service_ = t;
+    if (gap > 4 * opt_.heartbeat_s) {
+      for (PeerStatus& p : peers_) p.received = std::min(t, p.received + gap);
+      {
+        std::lock_guard lk(status_mu_);
+        if (op_start_ > 0) op_start_ = std::min(t, op_start_ + gap);
+      }
+      while (receive_heartbeats(t)) {
+      }
+      RN_LOG_WARN(
+          "rank {}: this process did not run for {:.1f} s (stopped, a paused machine, swapping?); the other ranks' "
+          "silence over that time is not held against them",
+          rank_, gap);
+    }
     if (t - last_beat_ >= opt_.heartbeat_s) {
       send_heartbeats(t);
       last_beat_ = t;
@@ -418,20 +453,22 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
-  void receive_heartbeats(double t) {
+  // Reads the heartbeats that have arrived, 4 per rank at most; true when there may be more.
+  bool receive_heartbeats(double t) {
     for (int i = 0; i < 4 * size_; ++i) {
       int flag = 0;
       MPI_Status st;
-      if (MPI_Iprobe(MPI_ANY_SOURCE, kHeartbeatTag, hb_, &flag, &st) != MPI_SUCCESS || !flag) return;
+      if (MPI_Iprobe(MPI_ANY_SOURCE, kHeartbeatTag, hb_, &flag, &st) != MPI_SUCCESS || !flag) return false;
       Heartbeat hb;
       if (MPI_Recv(&hb, sizeof hb, MPI_BYTE, st.MPI_SOURCE, kHeartbeatTag, hb_, MPI_STATUS_IGNORE) != MPI_SUCCESS)
-        return;
+        return false;
       if (st.MPI_SOURCE < 0 || st.MPI_SOURCE >= size_) continue;
       PeerStatus& p = peers_[static_cast<size_t>(st.MPI_SOURCE)];
       p.hb = hb;
       p.received = t;
       p.heard = true;
     }
+    return true;
   }
 
   std::string rank_line(int r, double t) {
@@ -530,8 +567,15 @@ class MpiCommunicator final : public Communicator {
   }
 
   [[noreturn]] void fail_mpi(int rc, const Op& op) {
-    die(fmt::format("MPI error in {} at step {}: {} (a rank has probably died; mpirun names it)", describe(op),
-                    current_activity().step, mpi_error_text(rc)),
+    // A truncated message is a collective of another size on another rank: the ranks disagree
+    // (the trainer compares their configurations and builds at start-up; a program that does not
+    // may reach this).
+    int error_class = rc;
+    MPI_Error_class(rc, &error_class);
+    const bool truncated = error_class == MPI_ERR_TRUNCATE;
+    die(fmt::format("MPI error in {} at step {}: {} ({})", describe(op), current_activity().step, mpi_error_text(rc),
+                    truncated ? "the ranks issued collectives of different sizes: different configurations or builds?"
+                              : "a rank has probably died; mpirun names it"),
         1);
   }
 
@@ -598,6 +642,7 @@ class MpiCommunicator final : public Communicator {
   std::vector<PeerStatus> peers_;
   std::vector<SendSlot> sends_;
   double last_beat_ = 0;
+  double last_service_ = 0;  // when service() last ran
   // Status of the collective in progress (read by own_heartbeat()).
   std::mutex status_mu_;
   std::string current_op_;

@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -84,6 +86,9 @@ RankTable parse_rank_table(const std::string& text, const std::string& source) {
     RankTableHost host;
     host.name = get_string(h, "name", hw, true);
     RN_CHECK(!host.name.empty()) << hw << ": empty \"name\"";
+    RN_CHECK(host.name.find_first_of(",: \t") == std::string::npos)
+        << hw << ": host name '" << host.name << "' holds ',', ':' or a space, which mpirun's host list reads as "
+        << "separators";
     host.address = get_string(h, "address", hw, false);
     host.interface = get_string(h, "interface", hw, false);
     if (host.interface.empty()) host.interface = default_iface;
@@ -147,6 +152,8 @@ RankTable parse_rank_table(const std::string& text, const std::string& source) {
 }
 
 RankTable load_rank_table(const std::string& path) {
+  std::error_code ec;
+  RN_CHECK(!std::filesystem::is_directory(path, ec)) << "rank table '" << path << "' is a folder, not a JSON file";
   std::ifstream f(path);
   RN_CHECK(f) << "cannot open rank table '" << path << "'";
   std::stringstream ss;
@@ -164,10 +171,15 @@ void check_rank_placement(const RankTable& t, int rank, int world, const std::st
       !h.address.empty() && std::find(local_addresses.begin(), local_addresses.end(), h.address) != local_addresses.end();
   const bool name_is_address =
       std::find(local_addresses.begin(), local_addresses.end(), h.name) != local_addresses.end();
-  RN_CHECK(by_name || by_address || name_is_address)
+  // "localhost" is whichever machine reads it: a table for one machine, which mpirun starts there.
+  const bool loopback = h.name == "localhost" || h.name == "localhost.localdomain";
+  const bool launched = std::getenv("RN_RANK_TABLE") != nullptr;  // by `resnet launch`
+  RN_CHECK(by_name || by_address || name_is_address || loopback)
       << "rank table " << t.source << ": rank " << rank << " belongs on host '" << h.name << "'"
-      << (h.address.empty() ? "" : " (" + h.address + ")") << " but was started on '" << hostname
-      << "'; launch with `resnet launch --rank-table " << t.source << "` or match the launcher's host list";
+      << (h.address.empty() ? "" : " (" + h.address + ")") << " but was started on '" << hostname << "'"
+      << (launched ? "; the table's name for this host is neither its host name (as `hostname` prints it) nor one "
+                     "of its addresses: write one of those as \"name\", or the address as \"address\""
+                   : "; launch with `resnet launch --rank-table " + t.source + "` or match the launcher's host list");
 }
 
 std::string local_hostname() {

@@ -638,8 +638,9 @@ std::vector<Field> build_fields() {
                               "layer in forward and in backward) instead of per rank"));
   f.push_back(RN_CONFIG_FIELD(dist.timeout_s,
                               "data-parallel: a collective that waits this long, or a rank silent this long, ends "
-                              "the job with a message naming the rank and what it was doing",
-                              above(0)));
+                              "the job with a message naming the rank and what it was doing (at least 1 s: "
+                              "heartbeats and scheduling need a few tenths of a second)",
+                              at_least(1)));
   f.push_back(RN_CONFIG_FIELD(dist.rank_table,
                               "data-parallel: JSON file mapping ranks to hosts, devices and the network interface "
                               "(docs/distributed.md); empty: the launcher's placement"));

@@ -11,6 +11,12 @@ namespace rn {
 GradientSync make_gradient_sync(Model& model, Backend& backend, Communicator& host, int device, const DistConfig& dist,
                                 const DeviceCommunicatorFactory& make_device_comm) {
   GradientSync s;
+  std::vector<GradRange> ranges;
+  for (const ParamView& v : model.params().params) ranges.push_back({v.offset, v.numel});
+  std::vector<int> boundaries(dist.bucket_boundaries.begin(), dist.bucket_boundaries.end());
+  std::vector<GradBucket> buckets = make_grad_buckets(ranges, dist.fusion_threshold, boundaries);
+  // Checked on one rank too: config.yaml records the settings, and a resume on several ranks
+  // would find them wrong only then.
   if (host.size() == 1) return s;
   float* grads = model.grad_data();
   s.comm = &host;
@@ -21,10 +27,6 @@ GradientSync make_gradient_sync(Model& model, Backend& backend, Communicator& ho
     s.comm = s.device_comm.get();
     grads = model.compute_grad_data();
   }
-  std::vector<GradRange> ranges;
-  for (const ParamView& v : model.params().params) ranges.push_back({v.offset, v.numel});
-  std::vector<int> boundaries(dist.bucket_boundaries.begin(), dist.bucket_boundaries.end());
-  std::vector<GradBucket> buckets = make_grad_buckets(ranges, dist.fusion_threshold, boundaries);
   int64_t largest = 0;
   for (const GradBucket& b : buckets) largest = std::max(largest, b.bytes());
   RN_LOG_INFO("gradient fusion: {} ({}), largest {:.2f} MiB, all-reduced during backward{}",

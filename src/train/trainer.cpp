@@ -259,6 +259,44 @@ ModelOptions model_options(const ModelConfig& m) {
   return o;
 }
 
+// Keys each rank may hold its own value of: where its data lives and how its host reads it.
+// Everything else must be rank 0's: a learning rate or a seed of its own trains a replica that
+// drifts away (or shards that overlap), and a batch, a bucket size or a model of its own issues
+// collectives of other sizes than the other ranks'.
+bool may_differ_between_ranks(const std::string& key) {
+  static const std::set<std::string> kKeys = {"data.root",     "data.val_root", "data.workers", "data.prefetch",
+                                              "data.cache_mb", "run.threads",   "run.out_dir",  "dist.rank_table"};
+  return kKeys.count(key) > 0;
+}
+
+// Each rank reads its own configuration (its own copy of the file, its own --set): every rank
+// compares its own with rank 0's, and its build too, and all stop, before any folder is made,
+// when one differs. The error names the keys and the ranks.
+void check_ranks_agree(const Config& cfg, Communicator& comm) {
+  const std::string mine = cfg.to_yaml();
+  const std::string theirs = comm.broadcast_string(mine, 0, "rank 0's configuration");
+  std::string differences;
+  if (theirs != mine) {
+    const Config rank0 = load_config_from_string(theirs, {}, "rank 0's configuration");
+    for (const std::string& d : config_differences(rank0, cfg))
+      if (!may_differ_between_ranks(d.substr(0, d.find(':')))) differences += (differences.empty() ? "" : "; ") + d;
+  }
+  const std::string build = comm.broadcast_string(build_description(), 0, "rank 0's build");
+  if (build != build_description())
+    differences += fmt::format("{}build: {} -> {}", differences.empty() ? "" : "; ", build, build_description());
+  const std::vector<double> differs = comm.all_gather(differences.empty() ? 0.0 : 1.0, "the configuration check");
+  std::string all;
+  for (int r = 1; r < comm.size(); ++r) {
+    if (differs[static_cast<size_t>(r)] == 0) continue;
+    const std::string d = comm.broadcast_string(differences, r, fmt::format("rank {}'s configuration", r));
+    all += fmt::format("{}rank {}: {}", all.empty() ? "" : "; ", r, d);
+  }
+  RN_CHECK(all.empty()) << "the ranks do not all run the same configuration (rank 0's value -> the rank's): " << all
+                        << ". Give every rank the same config file and --set options (only "
+                        << "data.root, data.val_root, data.workers, data.prefetch, data.cache_mb and run.threads "
+                        << "may differ) and the same resnet build";
+}
+
 void install_stop_signal_handlers() {
   // Cleared here, not when train() starts: a signal during the set-up (an MPI start-up can
   // take seconds) is a stop request the first step answers.
@@ -333,16 +371,18 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
   Communicator& comm = *world.comm;
   const bool writer = world.writer();
   set_activity("setting up", -1);
-  // A resume's --set overrides go into config.yaml once the run is under way: a resume that
-  // fails (a mistyped data.root, a step limit already reached) leaves the file as it was.
-  std::optional<std::string> resumed_yaml;
   // The data folders as absolute paths, so that the recorded config (config.yaml and every
   // checkpoint's) reads the same data from any working directory: resnet eval, a resume (whose
   // --set data.root may be relative as well).
   for (std::string* path : {&cfg.data.root, &cfg.data.val_root})
     if (!path->empty()) *path = fs::absolute(*path).lexically_normal().string();
+  if (world.size > 1) check_ranks_agree(cfg, comm);
+  // A resume's changes to config.yaml (--set overrides, a moved folder, the per-rank batch on
+  // other ranks) are written once the run is under way: a resume that fails (a mistyped
+  // data.root, a step limit already reached) leaves the file as it was.
+  bool rewrite_config = false;
   if (resuming) {
-    if (writer && (!options.resume_overrides.empty() || moved_folder)) resumed_yaml = cfg.to_yaml();
+    rewrite_config = writer && (!options.resume_overrides.empty() || moved_folder);
   } else {
     if (writer) {
       run_dir = fresh_run_dir(cfg.run.out_dir);
@@ -357,9 +397,15 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
   if (writer) {
     log_file.open(run_dir + "/train.log");
   } else {
-    // Other ranks print warnings and errors only, marked with their rank.
+    // Other ranks print warnings and errors only, marked with their rank, and their errors go
+    // into train.log too: the run's record says why it ended whichever rank ended it.
     logger()->set_pattern(fmt::format("[%Y-%m-%d %H:%M:%S.%e] [%l] [rank {}] %v", world.rank));
     set_log_level("warn");
+    try {
+      log_file.open_for_errors(run_dir + "/train.log", fmt::format("[rank {}]", world.rank));
+    } catch (const Error& e) {
+      RN_LOG_WARN("{}: this rank's errors go to its console only", e.what());
+    }
   }
   int threads = static_cast<int>(cfg.run.threads);
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
@@ -397,7 +443,14 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
   int device = world.device;
   if (!world.table && accelerator_count() > 0) device %= accelerator_count();
   backend_options.device = device;
-  auto backend = make_backend_for(cfg.run.device, backend_options);
+  std::unique_ptr<Backend> backend;
+  try {
+    backend = make_backend_for(cfg.run.device, backend_options);
+  } catch (const Error& e) {
+    if (!world.table) throw;
+    RN_FAIL() << e.what() << " (rank " << world.rank << "'s device " << device << " comes from the rank table "
+              << world.table->source << ")";
+  }
   if (world.size > 1) {  // every rank on the same kind of backend, or none trains (no mixed collectives)
     const std::vector<double> on_device = comm.all_gather(backend->device() == Device::cpu ? 0.0 : 1.0, "backends");
     if (std::any_of(on_device.begin(), on_device.end(), [&](double v) { return v != on_device[0]; })) {
@@ -438,7 +491,24 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
   bool from_checkpoint = false;
   if (resuming) {
     set_activity("loading the checkpoint", -1);
-    auto loaded = checkpoints.latest_loadable(model, &optimizer, /*set_aside_damaged=*/writer);
+    // Rank 0 chooses, and every rank takes its step, position and random state from that file:
+    // a rank that looked for itself could see another newest file (a copy of the folder, a
+    // file system's stale cache) and train on the wrong samples with rank 0's weights.
+    std::optional<LoadedCheckpoint> loaded;
+    if (writer) loaded = checkpoints.latest_loadable(model, &optimizer, /*set_aside_damaged=*/true);
+    if (world.size > 1) {
+      const std::string chosen = comm.broadcast_string(loaded ? loaded->path : "", 0, "the checkpoint to resume from");
+      if (!writer && !chosen.empty()) {
+        try {
+          loaded = LoadedCheckpoint{chosen, load_checkpoint(chosen, model, &optimizer)};
+        } catch (const Error& e) {
+          RN_FAIL() << "rank " << world.rank << " cannot read " << chosen
+                    << ", the checkpoint rank 0 resumes from (every rank reads it: the run folder must be on a file "
+                       "system they all see): "
+                    << e.what();
+        }
+      }
+    }
     if (loaded) {
       from_checkpoint = true;
       st = loaded->state;
@@ -467,7 +537,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
                     "learning rate, the steps per epoch and the samples of every step)",
                     world.size, cfg.data.batch_size, saved_global / world.size, saved_global);
         cfg.data.batch_size = saved_global / world.size;
-        if (writer) write_file_atomic(run_dir + "/config.yaml", cfg.to_yaml());
+        rewrite_config = writer;
       }
     } else {
       // A run whose checkpoints all failed is not one to start again in place: the new run
@@ -516,7 +586,10 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
     // The training folder's class names, label = position, into config.yaml and every
     // checkpoint: validation folders, `resnet eval` and a resume then label by name.
     cfg.data.classes = loaders.classes;
-    if (writer) write_file_atomic(run_dir + "/config.yaml", cfg.to_yaml());
+    if (writer && resuming)
+      rewrite_config = true;
+    else if (writer)
+      write_file_atomic(run_dir + "/config.yaml", cfg.to_yaml());
   }
   BatchFeeder feeder(loaders.train->options().mean, loaders.train->options().std);
   DataLoader& train_loader = *loaders.train;
@@ -702,7 +775,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
   const int64_t epochs = cfg.schedule.epochs;
   bool stop = false;
   if (fresh_folder) fresh_folder->keep();
-  if (resumed_yaml) write_file_atomic(run_dir + "/config.yaml", *resumed_yaml);
+  if (rewrite_config) write_file_atomic(run_dir + "/config.yaml", cfg.to_yaml());
   while (st.epoch < epochs && !stop) {
     if (const MemoryLevel level = memory_level_at_epoch(cfg.memory, st.epoch); level != po.memory) {
       plan_at(level, st.epoch);
@@ -918,7 +991,8 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
                          .add("timed", false));
     } else if (reducer) {
       RN_LOG_INFO(
-          "epoch {} communication: {}, {:.2f} MiB per step, {:.2f} ms/step all-reducing, {:.0f}% of it "
+          "epoch {} communication: {}, {:.2f} MiB per step, {:.2f} ms/step in all-reduces (waiting for other ranks "
+          "included), {:.0f}% of it "
           "hidden behind backward ({:.2f} ms/step exposed)",
           st.epoch + 1, counted(static_cast<int64_t>(reducer->buckets().size()), "bucket"),
           static_cast<double>(model.params().total) * 4 / 1048576.0, comm_epoch.ms_per_step(comm_epoch.total),

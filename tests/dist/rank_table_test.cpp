@@ -92,12 +92,20 @@ TEST(RankTable, MistakesAreErrorsThatSayWhatIsWrong) {
                 .find("\"name\" must be a string, not [[[[[...]]]]]"),
             std::string::npos);
   EXPECT_NE(error_of(R"({"hosts": [], "ranks": []})").find("\"hosts\" must be a non-empty list"), std::string::npos);
+  // mpirun would read "a,b" as two hosts and "a:4" as four slots on one.
+  EXPECT_NE(error_of(R"({"hosts": [{"name": "a,b"}], "ranks": [{"rank": 0, "host": "a,b"}]})")
+                .find("host name 'a,b' holds ',', ':' or a space"),
+            std::string::npos);
 }
 
 TEST(RankTable, PlacementIsChecked) {
   const RankTable t = parse_rank_table(kGood, "t.json");
   EXPECT_NO_THROW(check_rank_placement(t, 0, 3, "node1", {}));
   EXPECT_NO_THROW(check_rank_placement(t, 2, 3, "somewhere", {"127.0.0.1", "10.0.0.2"}));  // by address
+  // "localhost" is any machine (mpirun starts such ranks where it runs).
+  const RankTable local =
+      parse_rank_table(R"({"hosts": [{"name": "localhost"}], "ranks": [{"rank": 0, "host": "localhost"}]})", "l.json");
+  EXPECT_NO_THROW(check_rank_placement(local, 0, 1, "vm7", {"10.1.2.3"}));
   try {
     check_rank_placement(t, 2, 3, "node1", {"10.0.0.1"});
     FAIL();
