@@ -61,6 +61,17 @@ def main():
     rgb.convert("CMYK").save(p, quality=90)
     decode_case("cmyk", p, "jpeg")
 
+    # The same without Adobe's APP14 marker (as some writers leave it out): PIL still takes the
+    # storage as Adobe-inverted, so must we.
+    data = open(p, "rb").read()
+    at = data.find(b"\xff\xee")
+    assert at > 0, "PIL wrote no APP14 marker"
+    length = int.from_bytes(data[at + 2:at + 4], "big")
+    p = os.path.join(out, "cmyk_no_adobe.jpg")
+    with open(p, "wb") as f:
+        f.write(data[:at] + data[at + 2 + length:])
+    decode_case("cmyk_no_adobe", p, "jpeg")
+
     # ImageNet has PNGs named .JPEG: the decoder must go by content.
     p = os.path.join(out, "png_as_jpeg.JPEG")
     rgb.save(p, format="PNG")

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <nlohmann/json.hpp>
 
 #include "cli/format.h"
 #include "core/check.h"
@@ -78,10 +79,9 @@ int run_data_bench(const DataBenchArgs& a) {
     while (const Batch* b = loader.next()) {
       ++k;
       if (!timed_epoch) continue;
-      if (k == a.warmup) {
-        t0 = Clock::now();
-        before = loader.epoch_times();
-      }
+      if (k == a.warmup) t0 = Clock::now();
+      // The stage times cover the counted batches only, as the image count does.
+      if (k == skipped) before = loader.epoch_times();
       if (k > skipped) {
         images += b->size;
         ++seen;
@@ -98,12 +98,13 @@ int run_data_bench(const DataBenchArgs& a) {
   if (!a.trace.empty()) lo.trace->write(a.trace);
   if (a.json) {
     fmt::print(
-        "{{\"system\":\"resnet.cpp\",\"path\":\"{}\",\"workers\":{},\"batch\":{},\"images\":{},\"seconds\":{:.4f},"
+        "{{\"system\":\"resnet.cpp\",\"path\":{},\"workers\":{},\"batch\":{},\"images\":{},\"seconds\":{:.4f},"
         "\"images_per_sec\":{:.2f},\"images_per_sec_per_worker\":{:.2f},\"uncounted_batches\":{},\"eval\":{},\"cache_"
         "hits\":{},"
         "\"read_s\":{:.4f},\"decode_s\":{:.4f},\"augment_s\":{:.4f},\"collate_s\":{:.4f}}}\n",
-        a.path, workers, a.batch, images, seconds, rate, rate / workers, lo.prefetch, a.eval, times.cache_hits,
-        times.read, times.decode, times.augment, times.collate);
+        nlohmann::json(a.path).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), workers, a.batch, images,
+        seconds, rate, rate / workers, lo.prefetch, a.eval, times.cache_hits, times.read, times.decode, times.augment,
+        times.collate);
     return 0;
   }
   fmt::print(

@@ -120,7 +120,7 @@ inline uint8_t muldiv255(int a, int b) {
 }
 
 // CMYK to RGB as PIL converts it (R = (255 - K) - C * (255 - K) / 255, rounded), after
-// undoing Adobe's inverted storage when the file says so.
+// undoing Adobe's inverted storage (PIL assumes it for every CMYK JPEG, marker or not).
 void cmyk_row_to_rgb(const uint8_t* in, uint8_t* out, int n, bool inverted) {
   for (int i = 0; i < n; ++i, in += 4, out += 3) {
     int c = in[0], m = in[1], y = in[2], k = in[3];
@@ -201,7 +201,7 @@ int decode_jpeg_c(JpegJob* job, bool header_only) {
       jpeg_destroy_decompress(&cinfo);
       return 1;
     }
-    if (cmyk) cmyk_row_to_rgb(cmyk_row, dst, static_cast<int>(width), cinfo.saw_Adobe_marker);
+    if (cmyk) cmyk_row_to_rgb(cmyk_row, dst, static_cast<int>(width), /*inverted=*/true);
   }
   // The rows below the region are never decoded.
   jpeg_abort_decompress(&cinfo);

@@ -1,5 +1,9 @@
 #include "data/image_folder.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -12,6 +16,7 @@
 
 #include "core/check.h"
 #include "core/log.h"
+#include "core/utf8.h"
 #include "data/shard_format.h"
 
 namespace rn {
@@ -41,21 +46,36 @@ bool is_image_file_name(const std::string& name) {
 }
 
 void read_file_bytes(const std::string& path, std::vector<uint8_t>& out) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  RN_CHECK(f != nullptr) << "cannot open " << path << ": " << std::strerror(errno);
+  // Non-blocking, so that a FIFO put where a file was listed is refused, not waited on for ever.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  RN_CHECK(fd >= 0) << "cannot open " << path << ": " << std::strerror(errno);
   struct Closer {
-    std::FILE* f;
-    ~Closer() { std::fclose(f); }
-  } closer{f};
-  RN_CHECK(std::fseek(f, 0, SEEK_END) == 0) << "cannot seek in " << path << ": " << std::strerror(errno);
-  const long size = std::ftell(f);
-  RN_CHECK(size >= 0) << "cannot size " << path << ": " << std::strerror(errno);
-  RN_CHECK(std::fseek(f, 0, SEEK_SET) == 0) << "cannot seek in " << path << ": " << std::strerror(errno);
-  out.resize(static_cast<size_t>(size));
-  if (size > 0) {
-    const size_t got = std::fread(out.data(), 1, out.size(), f);
-    RN_CHECK(got == out.size()) << "short read of " << path << ": " << got << " of " << size << " bytes";
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  RN_CHECK(::fstat(fd, &st) == 0) << "cannot stat " << path << ": " << std::strerror(errno);
+  RN_CHECK(S_ISREG(st.st_mode)) << path << " is not a regular file ("
+                                << (S_ISDIR(st.st_mode) ? "a folder" : "a device, pipe or socket") << ")";
+  // Read to the end, whatever the size said: a file that grows or shrinks meanwhile is read as
+  // it is then.
+  auto read_some = [&](void* dst, size_t n) -> size_t {
+    for (;;) {
+      const ssize_t r = ::read(fd, dst, n);
+      if (r >= 0) return static_cast<size_t>(r);
+      RN_CHECK(errno == EINTR) << "cannot read " << path << ": " << std::strerror(errno);
+    }
+  };
+  out.resize(static_cast<size_t>(st.st_size));
+  size_t got = 0;
+  while (got < out.size()) {
+    const size_t n = read_some(out.data() + got, out.size() - got);
+    if (n == 0) break;
+    got += n;
   }
+  out.resize(got);
+  uint8_t more[4096];
+  while (const size_t n = read_some(more, sizeof more)) out.insert(out.end(), more, more + n);
 }
 
 namespace {
@@ -140,12 +160,22 @@ ImageFolderDataset::ImageFolderDataset(const std::string& root) : root_(root) {
     if (entry.is_directory()) classes_.push_back(entry.path().filename().string());
   }
   std::sort(classes_.begin(), classes_.end());
+  // resnet pack stopped before its dataset.json: its shards are no class folders.
+  RN_CHECK(!classes_.empty() || !fs::exists(fs::path(root) / ".resnet-pack", ec))
+      << root << " is an unfinished pack (resnet pack stopped before it wrote " << kShardManifestName
+      << "): run the same resnet pack command again to finish it";
   RN_CHECK(!classes_.empty()) << "image folder " << root
                               << " has no class folders (expected root/<class>/<image files>, as torchvision's "
                                  "ImageFolder)";
   check_not_split_layout(root, classes_);
   std::vector<std::pair<fs::path, std::string>> class_dirs;
   for (const std::string& c : classes_) {
+    // Class names are recorded in UTF-8 text (config.yaml, checkpoints, dataset.json), which
+    // could not hold them: found here, not at the first checkpoint.
+    if (const size_t at = invalid_utf8_at(c); at != std::string::npos)
+      RN_FAIL() << "image folder " << root << ": the class folder name '" << c << "' is not UTF-8 (byte "
+                << fmt::format("0x{:02x}", static_cast<unsigned char>(c[at])) << " at " << at
+                << "); rename it: class names are recorded in UTF-8 text (config.yaml, checkpoints)";
     // torchvision's ImageFolder makes a class of a hidden folder too; it shifts every label
     // after it, which is seldom what was meant.
     if (c.starts_with("."))
@@ -154,7 +184,18 @@ ImageFolderDataset::ImageFolderDataset(const std::string& root) : root_(root) {
           "labels of the classes after it; remove it unless it is one",
           root, c);
     const fs::path real = fs::canonical(fs::path(root) / c, ec);
-    if (!ec) class_dirs.emplace_back(real, c);
+    if (ec) continue;
+    // A class folder that is (a link to) another class folder, or lies inside one: its images
+    // are labelled twice.
+    for (const auto& [other_real, other] : class_dirs) {
+      const auto [a, b] = std::mismatch(other_real.begin(), other_real.end(), real.begin(), real.end());
+      if (a == other_real.end() || b == real.end())
+        RN_LOG_WARN(
+            "image folder {}: the class folders '{}' and '{}' lead to the same images ({}): they are "
+            "labelled as both classes",
+            root, other, c, (a == other_real.end() ? real : other_real).string());
+    }
+    class_dirs.emplace_back(real, c);
   }
   for (size_t c = 0; c < classes_.size(); ++c) {
     std::vector<std::string> files;

@@ -65,7 +65,10 @@ void DataLoader::init(const SampleGeometry&) {
                                                           options.shard.rank, options.shard.world_size)
                                             : fmt::format("{} samples", samples_per_epoch_))
                                     << ", fewer than one batch of " << bs
-                                    << ": lower the batch size (data.batch_size; --batch for resnet bench)";
+                                    << (options.shard.world_size > 1 && samples_per_epoch_ == 0
+                                            ? fmt::format(": it has {} in all, fewer than the {} ranks; give it more",
+                                                          dataset_->size(), options.shard.world_size)
+                                            : ": lower the batch size (data.batch_size; --batch for resnet bench)");
 
   // One slot more than the prefetch depth: the consumer holds one batch while the workers
   // fill `prefetch` others.
@@ -227,11 +230,6 @@ void DataLoader::fill(Slot& slot, WorkerState& state) {
   }
 }
 
-bool DataLoader::known_bad(int64_t index) const {
-  std::lock_guard<std::mutex> lock(bad_mu_);
-  return bad_.count(index) != 0;
-}
-
 void DataLoader::mark_bad(int64_t index, const std::string& message) {
   bool first = false;
   {
@@ -332,10 +330,10 @@ void DataLoader::fill_encoded(Slot& slot, WorkerState& state, const Tensor& imag
       };
       for (int64_t tries = 0;; ++tries) {
         RN_CHECK(tries < n) << "no readable image in " << encoded_->name();
-        if (options_.bad_files == BadFilePolicy::skip && known_bad(index)) {
-          replace();
-          continue;
-        }
+        // A file that failed before is read again: whether a damaged JPEG decodes can depend on
+        // the crop (only its rows are decoded), and a batch must be a function of the seed, the
+        // epoch and the sample alone, or a resumed run (which has not met the failure) would
+        // take other batches than an uninterrupted one.
         Rng rng = sample_rng(options_.seed, slot.epoch, index);
         try {
           const int label = load_encoded(index, rng, raw + image_bytes * static_cast<size_t>(i),
@@ -344,9 +342,16 @@ void DataLoader::fill_encoded(Slot& slot, WorkerState& state, const Tensor& imag
               << encoded_->source(index) << ": label " << label << " outside [0, " << num_classes << ")";
           labels[i] = label;
           break;
-        } catch (const Error& e) {
-          if (options_.bad_files == BadFilePolicy::error) throw;
-          mark_bad(index, e.what());
+        } catch (const std::exception& e) {
+          // Any failure of one file is that file's (a size from a damaged header that cannot be
+          // allocated, a file that became a folder), and named as such.
+          const bool ours = dynamic_cast<const Error*>(&e) != nullptr;
+          const std::string what = ours ? e.what() : encoded_->source(index) + ": " + e.what();
+          if (options_.bad_files == BadFilePolicy::error) {
+            if (ours) throw;
+            throw Error(what);
+          }
+          mark_bad(index, what);
           replace();
         }
       }

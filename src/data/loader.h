@@ -157,7 +157,6 @@ class DataLoader {
   int load_encoded(int64_t index, Rng& rng, uint8_t* out, int32_t* crop, WorkerState& state,
                    PipelineTimes& times) const;
   static int32_t* crop_of(Slot& slot, int64_t i);  // image i's (y0, x0, flip)
-  bool known_bad(int64_t index) const;
   void mark_bad(int64_t index, const std::string& message);
   void finish(Slot& slot, uint64_t generation);  // under mu_
   void worker_loop();

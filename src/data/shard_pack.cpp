@@ -195,9 +195,11 @@ struct ShardOutcome {
 // The index of a complete shard from an earlier run that this run would write the same
 // way, or nothing (the shard is then packed again).
 // The sizes and modification times of a shard's source files, hashed (FNV-1a): a rerun
-// repacks a shard whose files were edited in place. A source that is not a file (a record of a
-// pack being packed again) counts as unchanged.
+// repacks a shard whose files were edited in place. A record of a pack being packed again
+// counts by what its index says of it (CRC-32, size, label): a source pack packed again with
+// other labels or pixels under the same keys is not taken for the one packed before.
 std::string source_fingerprint(const EncodedDataset& src, int64_t first, int64_t count) {
+  const auto* pack = dynamic_cast<const ShardDataset*>(&src);
   uint64_t h = 14695981039346656037ull;
   const auto mix = [&h](uint64_t v) {
     for (int b = 0; b < 8; ++b) {
@@ -206,6 +208,10 @@ std::string source_fingerprint(const EncodedDataset& src, int64_t first, int64_t
     }
   };
   for (int64_t i = first; i < first + count; ++i) {
+    if (pack) {
+      mix(pack->content_hash(i));
+      continue;
+    }
     struct stat st {};
     if (::stat(src.source(i).c_str(), &st) != 0) {
       mix(0);
@@ -270,7 +276,7 @@ ShardOutcome write_shard(const Plan& plan, int64_t shard, RecordPacker& packer, 
     std::span<const uint8_t> bytes;
     try {
       bytes = packer.pack(plan.src, i, rec, out.bytes_in);
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {  // any failure of one file is that file's
       if (plan.options.strict) RN_FAIL() << plan.src.source(i) << ": " << e.what();
       RN_LOG_WARN("pack: skipping {}: {}", plan.src.source(i), e.what());
       out.skipped.push_back(plan.src.source(i));

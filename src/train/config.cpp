@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "core/check.h"
+#include "core/utf8.h"
 #include "core/edit_distance.h"
 #include "train/checkpoint_file.h"
 
@@ -107,42 +108,6 @@ std::string shown(const YAML::Node& node) {
 }
 
 std::string format_number(double v) { return fmt::format("{}", v); }
-
-// The offset of the first byte of `text` that does not belong to well-formed UTF-8 (RFC 3629:
-// no overlong forms, no surrogates, nothing above U+10FFFF), or npos. A YAML file is UTF-8
-// text: yaml-cpp reads other bytes as they are but writes U+FFFD for them, so a string value
-// holding them would not survive the run folder's config.yaml.
-size_t invalid_utf8_at(std::string_view text) {
-  const auto byte = [text](size_t k) { return static_cast<unsigned char>(text[k]); };
-  size_t i = 0;
-  while (i < text.size()) {
-    const unsigned char b = byte(i);
-    size_t len = 0;
-    unsigned char lo = 0x80, hi = 0xBF;  // the range of the second byte
-    if (b < 0x80) {
-      ++i;
-      continue;
-    } else if (b >= 0xC2 && b <= 0xDF) {
-      len = 2;
-    } else if (b >= 0xE0 && b <= 0xEF) {
-      len = 3;
-      if (b == 0xE0) lo = 0xA0;  // overlong below U+0800
-      if (b == 0xED) hi = 0x9F;  // surrogates
-    } else if (b >= 0xF0 && b <= 0xF4) {
-      len = 4;
-      if (b == 0xF0) lo = 0x90;  // overlong below U+10000
-      if (b == 0xF4) hi = 0x8F;  // above U+10FFFF
-    } else {
-      return i;
-    }
-    if (i + len > text.size() || byte(i + 1) < lo || byte(i + 1) > hi) return i;
-    for (size_t k = 2; k < len; ++k) {
-      if ((byte(i + k) & 0xC0) != 0x80) return i;
-    }
-    i += len;
-  }
-  return std::string_view::npos;
-}
 
 // ---------------------------------------------------------------------------------------
 // Ranges of numeric values

@@ -3,6 +3,7 @@
 #include "data/image_folder.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -207,6 +208,38 @@ TEST(ImageFolder, ARootOfPackedSplitsIsNamed) {
   EXPECT_EQ(e.find("remove it"), std::string::npos) << e;
 }
 
+// A class name that is not UTF-8 is named at the listing: it could not be recorded in
+// config.yaml or a checkpoint, and a run found that out at its first checkpoint.
+TEST(ImageFolder, AClassNameThatIsNotUtf8IsNamed) {
+  TestDir dir;
+  make_folder(dir.path() / "root", 1, 1);
+  make_folder(dir.path() / "tmp", 1, 1);
+  fs::rename(dir.path() / "tmp" / "class_0", dir.path() / "root" / "d\xf6g");
+  const std::string e = error_of([&] { ImageFolderDataset((dir.path() / "root").string()); });
+  EXPECT_NE(e.find("is not UTF-8 (byte 0xf6 at 1); rename it"), std::string::npos) << e;
+}
+
+// A class folder that is a link to another class folder is said to label its images twice, as
+// a link inside a class folder is.
+TEST(ImageFolder, AClassFolderLinkedToAnotherIsWarnedAbout) {
+  TestDir dir;
+  make_folder(dir.path() / "root", 2, 1);
+  fs::create_directory_symlink(dir.path() / "root" / "class_0", dir.path() / "root" / "kitty");
+  LogCapture log;
+  EXPECT_EQ(ImageFolderDataset((dir.path() / "root").string()).size(), 3);
+  EXPECT_NE(log.text().find("the class folders 'class_0' and 'kitty' lead to the same images"), std::string::npos)
+      << log.text();
+}
+
+// A folder that resnet pack left unfinished is named as such, not as a folder without classes.
+TEST(ImageFolder, AnUnfinishedPackIsNamed) {
+  TestDir dir;
+  write_bytes(dir.path() / "out" / ".resnet-pack", {});
+  write_bytes(dir.path() / "out" / "shard-00000.tar", {});
+  const std::string e = error_of([&] { ImageFolderDataset((dir.path() / "out").string()); });
+  EXPECT_NE(e.find("is an unfinished pack"), std::string::npos) << e;
+}
+
 TEST(ImageFolder, ListFileWithErrorsNamingTheLine) {
   TestDir dir;
   make_folder(dir.path() / "root", 2, 2);
@@ -402,6 +435,11 @@ TEST(ImageLoader, BadFilesAreSkippedCountedAndLoggedOnce) {
     for (size_t p = text.find(name); p != std::string::npos; p = text.find(name, p + 1)) ++count;
     EXPECT_EQ(count, 1u) << name << " should be logged exactly once:\n" << text;  // ... logged once
   }
+  // ... and read again every epoch: a batch depends on the seed, the epoch and the sample only
+  // (whether a damaged JPEG decodes can depend on the crop), as a resumed run needs.
+  write_bytes(root / "class_0" / "zero.jpg", jpeg_image(40, 30, 9));
+  run_epoch(loader, 2);
+  EXPECT_EQ(loader.epoch_times().skipped, 2);
 
   DataLoaderOptions strict = options(13, 2);
   strict.bad_files = BadFilePolicy::error;
@@ -411,6 +449,31 @@ TEST(ImageLoader, BadFilesAreSkippedCountedAndLoggedOnce) {
   EXPECT_TRUE(e.find("zero.jpg") != std::string::npos || e.find("truncated.jpg") != std::string::npos ||
               e.find("text.jpg") != std::string::npos)
       << e;
+}
+
+// A listed file that is something else when it is read (a folder, a FIFO) is a bad file like any
+// other: a FIFO used to block its worker and the loader's shutdown for ever, a folder to stop
+// the run with a bad_alloc that named no file.
+TEST(ImageLoader, AFileThatBecameAFolderOrAFifoIsABadFile) {
+  TestDir dir;
+  make_folder(dir.path() / "root", 2, 3);
+  const fs::path root = dir.path() / "root";
+  auto ds = std::make_shared<ImageFolderDataset>(root.string());
+  fs::remove(root / "class_0" / "img_1.jpg");
+  fs::create_directory(root / "class_0" / "img_1.jpg");
+  fs::remove(root / "class_1" / "img_2.jpg");
+  ASSERT_EQ(mkfifo((root / "class_1" / "img_2.jpg").c_str(), 0600), 0);
+  {
+    DataLoader loader(ds, train_augment(16), options(6, 2));
+    run_epoch(loader, 0);
+    EXPECT_EQ(loader.epoch_times().skipped, 2);
+  }
+  DataLoaderOptions strict = options(6, 0);
+  strict.bad_files = BadFilePolicy::error;
+  DataLoader failing(ds, train_augment(16), strict);
+  failing.start_epoch(0);
+  const std::string e = error_of([&] { failing.next(); });
+  EXPECT_NE(e.find("img_1.jpg is not a regular file (a folder)"), std::string::npos) << e;
 }
 
 TEST(ImageLoader, CacheHitsGiveIdenticalPixelsWithinTheCap) {

@@ -267,6 +267,24 @@ TEST_F(ShardTest, ARerunRepacksAShardWhoseSourceFileChanged) {
   EXPECT_THAT(read_text(dir_.file("out/shard-00001.idx")), HasSubstr("\n#sources "));
 }
 
+// A pack of a pack knows its source's records by their index entries (CRC-32, size, label): the
+// source packed again with another image under the same key makes the shard holding it be
+// packed again (it used to be kept, with the old image and label, and nothing said).
+TEST_F(ShardTest, ARerunOfAPackOfAPackRepacksWhatChangedInTheSourcePack) {
+  pack_shards(src_, options("a"));
+  pack_shards(ShardDataset(dir_.file("a")), options("b"));
+  test::write_bytes(src_paths_[6], test::synthetic_jpeg(50, 40, 999));  // record 6 is in shard 1 of 3
+  pack_shards(src_, options("a"));
+  const PackResult r = pack_shards(ShardDataset(dir_.file("a")), options("b"));
+  EXPECT_EQ(r.shards_reused, 2);
+  const ShardDataset b(dir_.file("b"));
+  EncodedImage image;  // its bytes lie in b's mapping
+  b.read(6, image);
+  const auto now = file_bytes(src_paths_[6]);
+  EXPECT_TRUE(std::equal(image.bytes.begin(), image.bytes.end(), now.begin(), now.end())) << "the old image was kept";
+  EXPECT_EQ(pack_shards(ShardDataset(dir_.file("a")), options("b")).shards_reused, 3) << "nothing changed since";
+}
+
 // Every image unreadable: an error, and no empty shards or marker left behind.
 TEST_F(ShardTest, APackOfNothingReadableLeavesNothing) {
   test::write_bytes(dir_.path() / "bad/c/a.jpg", std::vector<uint8_t>(300, 0x5a));
