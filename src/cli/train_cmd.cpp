@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <set>
 
 #include "cli/commands.h"
@@ -27,6 +28,7 @@
 #include "model/model.h"
 #include "model/onnx_export.h"
 #include "model/safetensors.h"
+#include "model/torch_file.h"
 #include "model/zoo.h"
 #include "ops/backend.h"
 #include "prof/tensor_stats.h"
@@ -156,6 +158,31 @@ void check_weights_exist(const std::string& path, const char* what) {
       << what << " '" << path << "' " << (std::filesystem::exists(path, ec) ? "is not a file" : "does not exist");
 }
 
+// The number of classes of the classifier in a weights file for `model`: the rows of its
+// fc.weight when that is a matrix as wide as the model's features (whatever the rest of the file
+// is, which the strict load checks), else nothing.
+std::optional<int64_t> classes_in_file(const std::string& path, const std::string& model) {
+  // An unknown name is left to the config, which says what the names are.
+  const std::vector<std::string> known = model_names();
+  if (std::find(known.begin(), known.end(), model) == known.end()) return std::nullopt;
+  const Graph g = build_model(model, default_model_options(model));
+  int64_t features = 0;
+  for (const Node& n : g.nodes())
+    if (const auto* l = attrs_if<LinearAttrs>(n); l && n.name == "fc") features = l->in_features;
+  std::vector<int64_t> fc;
+  if (is_pytorch_file(path)) {
+    for (const auto& [name, t] : read_torch_state_dict(path).tensors)
+      if (name == "fc.weight" || name == "module.fc.weight") fc = t.shape;
+  } else {
+    const SafetensorsFile f = SafetensorsFile::load(path);
+    for (const SafetensorsEntry& e : f.entries())
+      if (e.name == "fc.weight" || e.name == "module.fc.weight")
+        for (int i = 0; i < e.shape.rank(); ++i) fc.push_back(e.shape[i]);
+  }
+  if (fc.size() != 2 || fc[1] != features || features == 0) return std::nullopt;
+  return fc[0];
+}
+
 // torchvision's setting for one of its ImageNet ResNets: 224x224 RGB photos (resized to 256
 // for evaluation) with ImageNet's mean and std, from an image folder.
 std::vector<std::string> torchvision_sets(const std::string& model, int64_t num_classes, const std::string& source) {
@@ -214,21 +241,35 @@ Config config_for_weights(const EvalArgs& a, bool* recorded = nullptr) {
   return load_config("", sets);
 }
 
-// Weights holding a NaN or an infinity give a model whose every output is NaN: said when such
-// weights are loaded, converted or exported, naming the first few tensors.
+// Weights that can make the model's outputs NaN, said when they are loaded, converted or exported,
+// naming the first few tensors: a NaN or an infinity (which may: an infinite running variance only
+// makes its channel output beta), and a negative BN running variance, which does (its square root
+// is taken) though every value in the file is finite.
 void warn_non_finite(const Model& model, const std::string& source) {
-  std::vector<std::string> bad;
+  std::vector<std::string> bad, negative;
   for (const std::string& name : model.names()) {
     Tensor t = model.named(name);
-    const TensorStats s = tensor_stats(t.ptr<float>(), t.numel());
+    const float* v = t.ptr<float>();
+    const TensorStats s = tensor_stats(v, t.numel());
     if (s.infs + s.nans > 0) bad.push_back(fmt::format("'{}' ({} of {} values)", name, s.infs + s.nans, t.numel()));
+    if (name.ends_with("running_var")) {
+      const int64_t below = std::count_if(v, v + t.numel(), [](float x) { return x < 0.0f; });
+      if (below > 0) negative.push_back(fmt::format("'{}' ({} of {} channels)", name, below, t.numel()));
+    }
   }
-  if (bad.empty()) return;
-  const size_t shown = std::min<size_t>(bad.size(), 4);
-  RN_LOG_WARN("{}: {} values that are not finite (NaN or infinity): {}{}; the model's outputs will be NaN", source,
-              counted(static_cast<int64_t>(bad.size()), "tensor holds", "tensors hold"),
-              fmt::join(bad.begin(), bad.begin() + static_cast<std::ptrdiff_t>(shown), ", "),
-              bad.size() > shown ? ", ..." : "");
+  const auto first_few = [](const std::vector<std::string>& list) {
+    const size_t shown = std::min<size_t>(list.size(), 4);
+    return fmt::format("{}{}", fmt::join(list.begin(), list.begin() + static_cast<std::ptrdiff_t>(shown), ", "),
+                       list.size() > shown ? ", ..." : "");
+  };
+  if (!bad.empty())
+    RN_LOG_WARN("{}: {} values that are not finite (NaN or infinity): {}; they may make the model's outputs NaN",
+                source, counted(static_cast<int64_t>(bad.size()), "tensor holds", "tensors hold"), first_few(bad));
+  if (!negative.empty())
+    RN_LOG_WARN(
+        "{}: {} negative batch-norm running variances: {}; a variance is never negative, and every output of "
+        "those channels becomes NaN (or, for a variance between -eps and 0, huge): check how the file was written",
+        source, counted(static_cast<int64_t>(negative.size()), "tensor holds", "tensors hold"), first_few(negative));
 }
 
 // Our checkpoints and weights files; a PyTorch state dict through the same strict load as
@@ -454,11 +495,17 @@ int run_import(const ImportArgs& a) {
     // file's, when its classifier says so).
     static const std::set<std::string> kImageNet = {"resnet18",  "resnet34",  "resnet50",
                                                     "resnet101", "resnet152", "resnet50_gdw"};
+    const std::optional<int64_t> classes = classes_in_file(a.source, model_name);
     if (kImageNet.count(model_name)) {
-      if (!tv && model_name != "resnet50_gdw") tv = torchvision_resnet_in(a.source);
-      sets = torchvision_sets(model_name, tv && tv->name == model_name ? tv->num_classes : 1000, a.source);
+      sets = torchvision_sets(model_name, classes.value_or(1000), a.source);
     } else {
       sets.push_back("model.name=" + model_name);
+      if (classes) {
+        RN_CHECK(*classes >= 2) << a.source << " holds a " << model_name << " whose classifier has "
+                                << counted(*classes, "output", "outputs")
+                                << "; resnet.cpp's classifiers have at least 2 classes";
+        sets.push_back("model.num_classes=" + std::to_string(*classes));
+      }
     }
   }
   sets.insert(sets.end(), a.sets.begin(), a.sets.end());

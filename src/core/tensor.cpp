@@ -20,9 +20,29 @@ Shape::Shape(std::initializer_list<int64_t> dims) {
 }
 
 int64_t Shape::numel() const {
+  // Dims come from user input (batch, image size); a wrapped product would plan and allocate
+  // a wrong size rather than fail.
   int64_t n = 1;
-  for (int i = 0; i < rank_; ++i) n *= dims_[static_cast<size_t>(i)];
+  for (int i = 0; i < rank_; ++i)
+    if (__builtin_mul_overflow(n, dims_[static_cast<size_t>(i)], &n))
+      RN_FAIL() << "a tensor of shape " << str()
+                << " has more elements than a 64-bit count holds: lower the batch size or the input size";
   return n;
+}
+
+size_t shape_bytes(const Shape& shape, DType dtype) {
+  int64_t bytes = 0;
+  if (__builtin_mul_overflow(shape.numel(), static_cast<int64_t>(dtype_size(dtype)), &bytes))
+    RN_FAIL() << "a " << dtype_name(dtype) << " tensor of shape " << shape.str()
+              << " needs more bytes than a 64-bit size holds: lower the batch size or the input size";
+  return static_cast<size_t>(bytes);
+}
+
+bool shape_bytes_fit(const Shape& shape, DType dtype) {
+  int64_t n = static_cast<int64_t>(dtype_size(dtype));
+  for (int i = 0; i < shape.rank(); ++i)
+    if (__builtin_mul_overflow(n, shape[i], &n)) return false;
+  return true;
 }
 
 bool Shape::operator==(const Shape& o) const {

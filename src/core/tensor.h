@@ -35,6 +35,7 @@ class Shape {
   int rank() const { return rank_; }
   int64_t operator[](int i) const { return dims_[static_cast<size_t>(i)]; }
   int64_t& operator[](int i) { return dims_[static_cast<size_t>(i)]; }
+  // Throws rn::Error naming the shape when the product of the dims does not fit in int64_t.
   int64_t numel() const;
   bool operator==(const Shape& o) const;
   bool operator!=(const Shape& o) const { return !(*this == o); }
@@ -45,6 +46,12 @@ class Shape {
   int rank_ = 0;
 };
 
+// numel() * dtype_size(dtype): throws rn::Error naming the shape when the byte count does not
+// fit in int64_t (a batch or image size no memory could hold; every size computation wraps past it).
+size_t shape_bytes(const Shape& shape, DType dtype);
+// Whether shape_bytes(shape, dtype) fits, for checks that name the layer themselves.
+bool shape_bytes_fit(const Shape& shape, DType dtype);
+
 struct Tensor {
   void* data = nullptr;
   Shape shape;
@@ -53,7 +60,7 @@ struct Tensor {
   Device device = Device::cpu;
 
   int64_t numel() const { return shape.numel(); }
-  size_t bytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype); }
+  size_t bytes() const { return shape_bytes(shape, dtype); }
 
   template <typename T>
   T* ptr() const {

@@ -17,6 +17,11 @@ const Shape& Graph::shape_of(int v) const {
 int Graph::input(int64_t channels, int64_t height, int64_t width) {
   RN_CHECK(nodes_.empty()) << "the input must be the first node";
   RN_CHECK(channels > 0 && height > 0 && width > 0) << "input shape must be positive";
+  // The plan multiplies this by the batch size; one sample must fit at least (in fp32, the
+  // widest activation dtype).
+  RN_CHECK(shape_bytes_fit({channels, height, width}, DType::f32))
+      << "input shape " << channels << "x" << height << "x" << width
+      << " has more bytes than a 64-bit size holds: lower the input size";
   return add({"input", InputAttrs{}, {}, {channels, height, width}});
 }
 

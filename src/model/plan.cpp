@@ -37,6 +37,13 @@ Plan::Plan(Model& model, Backend* backend, const PlanOptions& options)
   build_forward();
   if (options_.mode == PlanMode::train) build_backward();
 
+  // Each buffer fits (add_buffer); their sum bounds the arena, so if it fits the memory plan's
+  // offsets cannot wrap.
+  int64_t all_bytes = 0;
+  for (const BufferSpec& b : buffers_)
+    if (__builtin_add_overflow(all_bytes, static_cast<int64_t>(align_up(b.bytes, Arena::kAlignment)), &all_bytes))
+      RN_FAIL() << "plan: the buffers of the plan for batch " << options_.batch
+                << " need more bytes than a 64-bit size holds: lower the batch size or the input size";
   arena_bytes_ = plan_memory(buffers_, options_.memory, num_steps());
   validate_plan(buffers_, arena_bytes_, num_steps());
   if (!backend_ || !options_.allocate) return;
@@ -66,9 +73,13 @@ Plan::~Plan() = default;
 
 int Plan::add_buffer(const std::string& name, Shape shape, DType dtype, Layout layout, BufferRole role,
                      bool persistent) {
+  // Every size past this point (the memory plan, views, kernels) assumes the bytes fit.
+  RN_CHECK(shape_bytes_fit(shape, dtype))
+      << "plan: '" << name << "' (" << dtype_name(dtype) << " " << shape.str() << ") at batch " << options_.batch
+      << " has more bytes than a 64-bit size holds: lower the batch size or the input size";
   BufferSpec b;
   b.name = name;
-  b.bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
+  b.bytes = shape_bytes(shape, dtype);
   b.persistent = persistent;
   buffers_.push_back(b);
   meta_.push_back({shape, dtype, layout, role});
@@ -220,7 +231,7 @@ void Plan::emit_forward(int id) {
     MaxPoolDesc d{N, xs[1], xs[2], xs[3], p->kernel, p->stride, p->pad, dt, L};
     MaxPoolKernel* k = kernels_[static_cast<size_t>(id)].pool = backend_ ? keep(pools_, backend_->make_max_pool(d)) : nullptr;
     // A dry plan does not know the backend's workspace; int32 per output is an upper bound.
-    const size_t ws_bytes = k ? k->workspace_bytes() : static_cast<size_t>(d.y_shape().numel()) * 4;
+    const size_t ws_bytes = k ? k->workspace_bytes() : shape_bytes(d.y_shape(), DType::i32);
     const int ws = saved0_[static_cast<size_t>(id)] =
         add_buffer(n.name + ":workspace", {static_cast<int64_t>(ws_bytes)}, DType::u8, Layout::nchw,
                    BufferRole::saved);

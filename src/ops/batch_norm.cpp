@@ -21,6 +21,10 @@ void BatchNormDesc::validate() const {
   RN_CHECK(momentum >= 0.0f && momentum <= 1.0f) << "batch_norm: momentum must be in [0, 1] in " << str();
   RN_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16)
       << "batch_norm: dtype must be floating in " << str();
+  // Past this every size and offset computation wraps. The output has the input's shape.
+  RN_CHECK(shape_bytes_fit(x_shape(), dtype))
+      << "batch_norm: the input " << x_shape().str() << " has more bytes than a 64-bit size holds in " << str()
+      << ": lower the batch size or the input size";
 }
 
 std::string BatchNormDesc::str() const {

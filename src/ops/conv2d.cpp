@@ -22,6 +22,15 @@ void Conv2dDesc::validate() const {
   RN_CHECK(out_h() > 0 && out_w() > 0) << "conv2d: output would be empty in " << str();
   RN_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16)
       << "conv2d: dtype must be floating in " << str();
+  // Past this every size and offset computation (ours and the library's) wraps.
+  RN_CHECK(shape_bytes_fit(x_shape(), dtype) && shape_bytes_fit(y_shape(), dtype))
+      << "conv2d: the input " << x_shape().str() << " or output " << y_shape().str()
+      << " has more bytes than a 64-bit size holds in " << str() << ": lower the batch size or the input size";
+  int64_t m = 0;
+  RN_CHECK(!__builtin_mul_overflow(batch * p.out_channels * out_h() * out_w(),
+                                   (p.in_channels / p.groups) * p.kernel_h * p.kernel_w, &m))
+      << "conv2d: the multiply-add count does not fit in 64 bits in " << str()
+      << ": lower the batch size or the input size";
 }
 
 std::string Conv2dDesc::str() const {

@@ -11,6 +11,10 @@ void MaxPoolDesc::validate() const {
   RN_CHECK(kernel > 0 && stride > 0 && pad >= 0) << "max_pool: bad window in " << str();
   RN_CHECK(2 * pad <= kernel) << "max_pool: padding must be at most half the kernel in " << str();
   RN_CHECK(out_h() > 0 && out_w() > 0) << "max_pool: output would be empty in " << str();
+  // Past this every size and offset computation wraps (the output is smaller than the input).
+  RN_CHECK(shape_bytes_fit(x_shape(), dtype))
+      << "max_pool: the input " << x_shape().str() << " has more bytes than a 64-bit size holds in " << str()
+      << ": lower the batch size or the input size";
 }
 
 std::string MaxPoolDesc::str() const {
@@ -40,6 +44,9 @@ void MaxPoolKernel::backward(const Tensor& dx, const Tensor& dy, const Tensor& w
 
 void GlobalAvgPoolDesc::validate() const {
   RN_CHECK(batch > 0 && channels > 0 && h > 0 && w > 0) << "global_avg_pool: empty input in " << str();
+  RN_CHECK(shape_bytes_fit(x_shape(), dtype))
+      << "global_avg_pool: the input " << x_shape().str() << " has more bytes than a 64-bit size holds in " << str()
+      << ": lower the batch size or the input size";
 }
 
 std::string GlobalAvgPoolDesc::str() const {

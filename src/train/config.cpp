@@ -523,6 +523,25 @@ std::vector<Field> build_fields() {
   f.push_back(RN_CONFIG_FIELD(schedule.poly_power, "exponent of the poly decay", above(0)));
   // loss
   f.push_back(RN_CONFIG_FIELD(loss.label_smoothing, "label smoothing of the cross-entropy target", half_open(0, 1)));
+  {
+    // The loss computes in float: a value just below 1 passes [0, 1) here and becomes 1.0f, which
+    // the loss would refuse quoting a 1 the user never gave.
+    const auto below_one_as_float = [](const Config& c, const std::string& where) {
+      RN_CHECK(static_cast<float>(c.loss.label_smoothing) < 1.0f)
+          << where << "key 'loss.label_smoothing' = " << format_number(c.loss.label_smoothing)
+          << " rounds to 1 as a float, and the loss computes in float: expected a value of at most "
+          << format_number(std::nextafter(1.0f, 0.0f));
+    };
+    Field& ls = f.back();
+    ls.set = [set = ls.set, below_one_as_float](Config& c, const YAML::Node& n, const std::string& where) {
+      set(c, n, where);
+      below_one_as_float(c, where);
+    };
+    ls.check = [check = ls.check, below_one_as_float](const Config& c, const std::string& where) {
+      check(c, where);
+      below_one_as_float(c, where);
+    };
+  }
   // precision
   f.push_back(RN_CONFIG_FIELD(precision.level,
                               "O0 fp32; O1 half convs/matmuls, the rest fp32; O2 half model with "

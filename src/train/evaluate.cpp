@@ -53,14 +53,26 @@ EvalResult Evaluator::run(DataLoader& loader, int64_t epoch, std::vector<Predict
     plan.copy_to_host(probs_host.data(), probs_view);
     // An unreadable file's slot holds the next readable image (the loader's skip policy);
     // counting it would score that image twice and the bad file not at all. Its share of the
-    // batch's mean loss is taken back out: plain cross-entropy is -log p[label].
+    // batch's mean loss is taken back out: plain cross-entropy, log-sum-exp of the logits less
+    // the label's logit, in double as the loss kernel computes it (-log of a float probability
+    // would stop at its underflow).
     double batch_loss = static_cast<double>(plan.loss()) * static_cast<double>(b->size);
+    std::vector<float> logits_host;
+    if (!b->replaced.empty() && std::find(b->replaced.begin(), b->replaced.end(), 1) != b->replaced.end()) {
+      const Tensor logits = plan.logits();
+      logits_host.resize(static_cast<size_t>(logits.numel()));
+      plan.copy_to_host(logits_host.data(), logits);
+    }
     std::vector<int32_t> order(static_cast<size_t>(K));
     for (int64_t n = 0; n < b->size; ++n) {
       const float* p = probs_host.data() + n * K;
       const int32_t label = b->label_data()[n];
       if (!b->replaced.empty() && b->replaced[static_cast<size_t>(n)]) {
-        batch_loss += std::log(std::max(static_cast<double>(p[label]), 1e-30));
+        const float* z = logits_host.data() + n * K;
+        const double top = *std::max_element(z, z + K);
+        double sum = 0;
+        for (int64_t c = 0; c < K; ++c) sum += std::exp(static_cast<double>(z[c]) - top);
+        batch_loss -= top + std::log(sum) - static_cast<double>(z[label]);
         ++r.unreadable;
         continue;
       }
@@ -96,7 +108,7 @@ EvalResult Evaluator::run(DataLoader& loader, int64_t epoch, std::vector<Predict
   if (nonfinite > 0)
     RN_LOG_WARN(
         "evaluation: {} of {} samples{} have outputs that are not finite (NaN or infinity) and count as misses: "
-        "the model's weights (or its input) hold non-finite values",
+        "the model's weights or its input hold non-finite values, or a batch norm's running variance is negative",
         nonfinite, r.samples, comm && comm->size() > 1 ? fmt::format(" on rank {}", comm->rank()) : "");
   if (comm && comm->size() > 1) {
     double sums[5] = {loss_sum, static_cast<double>(top1), static_cast<double>(top5), static_cast<double>(r.samples),

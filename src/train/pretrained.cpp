@@ -243,9 +243,30 @@ PretrainedLoad load_pretrained(const std::string& path, Model& model, const std:
       msg +=
           ". To train from these weights with a new classifier, leave it out: model.pretrained_exclude=[fc] "
           "(beside model.pretrained, in resnet train)";
-      if (fc != src.end() && !fc->second.shape.empty())
-        msg += fmt::format("; to use the file as it is, give the model its {} classes: model.num_classes={}",
-                           fc->second.shape[0], fc->second.shape[0]);
+      // The file's class count helps only where its classifier reads the model's features and the
+      // count is one a model can have; else say what differs.
+      const bool model_has_fc = std::find(names.begin(), names.end(), "fc.weight") != names.end();
+      if (fc != src.end() && model_has_fc) {
+        const std::vector<int64_t>& file = fc->second.shape;
+        const std::vector<int64_t> ours = dims(model.named("fc.weight").shape);  // [classes, features]
+        if (file.size() != 2) {
+          msg += fmt::format(
+              "; the file's fc.weight has shape {}, not [classes, features]: it is not a classifier "
+              "this model can use",
+              shape_str(file));
+        } else if (file[1] != ours[1]) {
+          msg += fmt::format(
+              "; the file's classifier reads {} features and the model's {}: the weights are for "
+              "another network",
+              file[1], ours[1]);
+        } else if (file[0] < 2) {
+          msg += fmt::format("; the file's classifier has {}, and resnet.cpp's classifiers have at least 2 classes",
+                             counted(file[0], "output", "outputs"));
+        } else if (file[0] != ours[0]) {
+          msg += fmt::format("; to use the file as it is, give the model its {} classes: model.num_classes={}", file[0],
+                             file[0]);
+        }
+      }
     }
     RN_FAIL() << msg;
   }

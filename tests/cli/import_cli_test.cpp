@@ -4,11 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
 
+#include "model/model.h"
 #include "model/safetensors.h"
+#include "model/zoo.h"
 #include "python_for_tests.h"
 #include "resnet_process.h"
 
@@ -161,6 +164,121 @@ TEST_F(ImportCli, PickledModuleAndMisfitAreRefusedWithNothingWritten) {
       1);
   EXPECT_NE(log().find("model.pretrained_exclude=[fc]"), std::string::npos) << log();
   EXPECT_NE(log().find("give the model its 1000 classes: model.num_classes=1000"), std::string::npos) << log();
+}
+
+// Weights files written here, with no PyTorch: a model's own tensors, some of them changed.
+class ImportOwnFiles : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(RN_BINARY_DIR) / "test_runs" / "import_own_files" /
+           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  // `model`'s tensors with `num_classes`, `edit` applied to them, written (without a config) as
+  // `file`. The input channels are those `resnet import --model` gives the model: 3 for the
+  // ImageNet models, 1 (the built-in Fashion-MNIST recipe's) for the CIFAR ones.
+  template <class Edit>
+  fs::path write(const std::string& file, const std::string& model, int64_t num_classes, Edit edit) {
+    ModelOptions o = default_model_options(model);
+    o.in_channels = model == "resnet50_gdw" ? 3 : 1, o.num_classes = num_classes;
+    Model m(build_model(model, o));
+    std::vector<std::pair<std::string, Tensor>> tensors;
+    for (const std::string& n : m.names()) tensors.emplace_back(n, m.named(n));
+    edit(tensors);
+    write_safetensors((dir_ / file).string(), tensors);
+    return dir_ / file;
+  }
+  Tensor& find(std::vector<std::pair<std::string, Tensor>>& tensors, const std::string& name) {
+    const auto it = std::find_if(tensors.begin(), tensors.end(), [&](const auto& t) { return t.first == name; });
+    EXPECT_NE(it, tensors.end()) << name;
+    return it->second;
+  }
+  int resnet(const std::vector<std::string>& args) { return wait_for(spawn(args, dir_ / "log.txt")); }
+  std::string log() const { return read_all(dir_ / "log.txt"); }
+  std::string config_of(const fs::path& weights) const {
+    return SafetensorsFile::load(weights.string()).metadata().at("config_yaml");
+  }
+  fs::path dir_;
+};
+
+// The class count comes from the file's classifier for every model, not only for the torchvision
+// layouts recognised by their tensors: resnet50_gdw's and the CIFAR ResNets' too.
+TEST_F(ImportOwnFiles, ClassCountComesFromTheFileForEveryModel) {
+  for (const auto& [model, classes] :
+       std::vector<std::pair<std::string, int64_t>>{{"resnet50_gdw", 7}, {"resnet20", 100}}) {
+    SCOPED_TRACE(model);
+    ASSERT_NE(classes, default_model_options(model).num_classes);
+    const fs::path in = write(model + ".safetensors", model, classes, [](auto&) {});
+    const fs::path out = dir_ / (model + "_imported.safetensors");
+    ASSERT_EQ(resnet({"import", in.string(), "--model", model, "--out", out.string()}), 0) << log();
+    EXPECT_NE(config_of(out).find("num_classes: " + std::to_string(classes)), std::string::npos) << config_of(out);
+  }
+  // --set still has the last word.
+  const fs::path in = dir_ / "resnet20.safetensors", out = dir_ / "set.safetensors";
+  EXPECT_EQ(
+      resnet({"import", in.string(), "--model", "resnet20", "--set", "model.num_classes=10", "--out", out.string()}),
+      1);
+  EXPECT_NE(log().find("give the model its 100 classes: model.num_classes=100"), std::string::npos) << log();
+}
+
+// A negative running variance is finite, but makes every output of its channel NaN: said at
+// import, naming the tensor and the count. An infinite one is said to possibly make outputs NaN (it
+// does not always: the channel then outputs beta).
+TEST_F(ImportOwnFiles, NegativeRunningVarianceIsWarnedAbout) {
+  const fs::path neg = write("neg.safetensors", "resnet20", 10, [&](auto& t) {
+    Tensor& v = find(t, "layer2.1.bn1.running_var");
+    v.ptr<float>()[0] = -1.0f, v.ptr<float>()[3] = -0.5f;
+  });
+  ASSERT_EQ(resnet({"import", neg.string(), "--model", "resnet20", "--out", (dir_ / "a.safetensors").string()}), 0)
+      << log();
+  EXPECT_NE(log().find("1 tensor holds negative batch-norm running variances: 'layer2.1.bn1.running_var' (2 of 32 "
+                       "channels)"),
+            std::string::npos)
+      << log();
+  EXPECT_NE(log().find("every output of those channels becomes NaN"), std::string::npos) << log();
+  EXPECT_EQ(log().find("not finite"), std::string::npos) << log();
+  fs::remove(dir_ / "log.txt");
+  const fs::path inf = write("inf.safetensors", "resnet20", 10, [&](auto& t) {
+    Tensor& v = find(t, "bn1.running_var");
+    v.ptr<float>()[0] = INFINITY;
+  });
+  ASSERT_EQ(resnet({"import", inf.string(), "--model", "resnet20", "--out", (dir_ / "b.safetensors").string()}), 0)
+      << log();
+  EXPECT_NE(log().find("'bn1.running_var' (1 of 16 values); they may make the model's outputs NaN"), std::string::npos)
+      << log();
+  EXPECT_EQ(log().find("negative batch-norm"), std::string::npos) << log();
+}
+
+// A classifier that differs other than in its class count gets no model.num_classes advice
+// that cannot help; what differs is said instead.
+TEST_F(ImportOwnFiles, ClassifierMismatchAdviceSaysWhatDiffers) {
+  HostTensor narrow({10, 20}, DType::f32), flat({10}, DType::f32);
+  const fs::path a = write("narrow.safetensors", "resnet20", 10, [&](auto& t) { find(t, "fc.weight") = narrow; });
+  EXPECT_EQ(resnet({"import", a.string(), "--model", "resnet20", "--out", (dir_ / "x.safetensors").string()}), 1);
+  EXPECT_NE(log().find("the file's classifier reads 20 features and the model's 64"), std::string::npos) << log();
+  EXPECT_EQ(log().find("model.num_classes="), std::string::npos) << log();
+  fs::remove(dir_ / "log.txt");
+  const fs::path b = write("flat.safetensors", "resnet20", 10, [&](auto& t) { find(t, "fc.weight") = flat; });
+  EXPECT_EQ(resnet({"import", b.string(), "--model", "resnet20", "--out", (dir_ / "x.safetensors").string()}), 1);
+  EXPECT_NE(log().find("the file's fc.weight has shape [10], not [classes, features]"), std::string::npos) << log();
+  EXPECT_EQ(log().find("model.num_classes="), std::string::npos) << log();
+  EXPECT_FALSE(fs::exists(dir_ / "x.safetensors"));
+}
+
+// loss.label_smoothing is used as a float: a value that rounds to 1 is refused naming the key and
+// the value given, not by the loss quoting a 1 the user never wrote.
+TEST_F(ImportOwnFiles, LabelSmoothingThatRoundsToOneIsRefusedByTheConfig) {
+  const fs::path in = write("w.safetensors", "resnet20", 10, [](auto&) {});
+  EXPECT_EQ(resnet({"import", in.string(), "--model", "resnet20", "--set", "loss.label_smoothing=0.99999999", "--out",
+                    (dir_ / "x.safetensors").string()}),
+            1);
+  EXPECT_NE(log().find("key 'loss.label_smoothing' = 0.99999999 rounds to 1 as a float"), std::string::npos) << log();
+  fs::remove(dir_ / "log.txt");
+  ASSERT_EQ(resnet({"import", in.string(), "--model", "resnet20", "--set", "loss.label_smoothing=0.9999999", "--out",
+                    (dir_ / "x.safetensors").string()}),
+            0)
+      << log();
 }
 
 }  // namespace

@@ -75,5 +75,45 @@ TEST(MemoryPlanner, EveryZooModelPlansAndValidates) {
   }
 }
 
+// Batch x image sizes past int64 are refused naming the buffer and the batch; they used to wrap
+// into a plan of a few TiB (or a "negative dimension") and crash oneDNN.
+TEST(Plan, SizesPastInt64AreRefusedNotWrapped) {
+  ModelOptions o = default_model_options("resnet20");
+  o.in_channels = 1, o.height = o.width = 65536;
+  Model model(build_model("resnet20", o));
+  auto plan_error = [&](int64_t batch) {
+    PlanOptions po;
+    po.batch = batch;
+    try {
+      Plan plan(model, nullptr, po);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    ADD_FAILURE() << "batch " << batch << " planned";
+    return std::string();
+  };
+  // The input alone (2^64 elements) does not fit.
+  const int64_t input_wraps = int64_t{1} << 32;
+  std::string m = plan_error(input_wraps);
+  EXPECT_NE(m.find("'input'"), std::string::npos) << m;
+  EXPECT_NE(m.find("batch " + std::to_string(input_wraps)), std::string::npos) << m;
+  // Every buffer fits (the largest, 16 fp32 channels, takes 2^62 bytes) but not their sum.
+  const int64_t sum_wraps = int64_t{1} << 24;
+  ASSERT_TRUE(shape_bytes_fit({sum_wraps, 16, o.height, o.width}, DType::f32));
+  m = plan_error(sum_wraps);
+  EXPECT_NE(m.find("batch " + std::to_string(sum_wraps)), std::string::npos) << m;
+  // A batch that fits still plans.
+  PlanOptions po;
+  po.batch = 1;
+  EXPECT_NO_THROW(Plan(model, nullptr, po));
+}
+
+TEST(Plan, InputOfOneSamplePastInt64IsRefused) {
+  Graph g;
+  EXPECT_THROW(g.input(1, int64_t{1} << 31, int64_t{1} << 31), Error);
+  Graph fits;
+  EXPECT_NO_THROW(fits.input(3, 65536, 65536));
+}
+
 }  // namespace
 }  // namespace rn

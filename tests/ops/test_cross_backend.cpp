@@ -782,6 +782,63 @@ INSTANTIATE_TEST_SUITE_P(Ops, CrossBackendCuda, ::testing::ValuesIn(cases(/*with
                          [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 // ---------------------------------------------------------------------------------------
+// Sizes past int64: refused with the sizes named, never wrapped (a wrong plan) or handed to a
+// library (oneDNN died of SIGFPE on such a convolution).
+
+// The message of the rn::Error that `f` throws ("" and a test failure when it throws none).
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no rn::Error thrown";
+  return {};
+}
+
+TEST(SizeLimits, ShapesPastInt64AreRefusedNamingTheShape) {
+  const int64_t big = int64_t{1} << 32;
+  const Shape wraps = {big, 1, 65536, 65536};  // 2^64 elements
+  EXPECT_NE(error_of([&] { (void)wraps.numel(); }).find(wraps.str()), std::string::npos);
+  // The elements fit, their bytes do not.
+  const Shape elements_fit = {int64_t{1} << 31, int64_t{1} << 31};
+  EXPECT_GT(elements_fit.numel(), 0);
+  EXPECT_FALSE(shape_bytes_fit(elements_fit, DType::f32));
+  EXPECT_TRUE(shape_bytes_fit(elements_fit, DType::u8));
+  EXPECT_NE(error_of([&] { (void)shape_bytes(elements_fit, DType::f32); }).find(elements_fit.str()), std::string::npos);
+  Tensor t;
+  t.shape = wraps;
+  EXPECT_THROW((void)t.bytes(), Error);
+}
+
+TEST(SizeLimits, DescriptorsRefuseTensorsPastInt64) {
+  // A convolution whose input fits and whose output (16 times as many channels) does not.
+  Conv2dDesc conv;
+  conv.p.in_channels = 1, conv.p.out_channels = 16;
+  conv.p.kernel_h = conv.p.kernel_w = 3, conv.p.pad_h = conv.p.pad_w = 1;
+  conv.batch = int64_t{1} << 28, conv.in_h = conv.in_w = 65536;
+  ASSERT_TRUE(shape_bytes_fit(conv.x_shape(), conv.dtype));
+  const std::string m = error_of([&] { conv.validate(); });
+  EXPECT_NE(m.find("conv2d"), std::string::npos) << m;
+  EXPECT_NE(m.find("N=" + std::to_string(conv.batch)), std::string::npos) << m;
+  // The cpu backend refuses it before oneDNN sees it.
+  EXPECT_THROW(make_backend("cpu")->make_conv2d(conv), Error);
+  conv.batch = 1;
+  EXPECT_NO_THROW(conv.validate());
+
+  MaxPoolDesc pool;
+  pool.batch = int64_t{1} << 32, pool.channels = 1, pool.in_h = pool.in_w = 65536;
+  EXPECT_NE(error_of([&] { pool.validate(); }).find("max_pool"), std::string::npos);
+  GlobalAvgPoolDesc gap;
+  gap.batch = int64_t{1} << 32, gap.channels = 1, gap.h = gap.w = 65536;
+  EXPECT_NE(error_of([&] { gap.validate(); }).find("global_avg_pool"), std::string::npos);
+  BatchNormDesc bn;
+  bn.batch = int64_t{1} << 32, bn.channels = 1, bn.h = bn.w = 65536;
+  EXPECT_NE(error_of([&] { bn.validate(); }).find("batch_norm"), std::string::npos);
+}
+
+// ---------------------------------------------------------------------------------------
 // The CPU backend's dtype policy.
 
 TEST(CpuBackendPolicy, NameLayoutAndDtypes) {

@@ -86,6 +86,24 @@ TEST(Evaluator, LeavesUnreadableFilesOut) {
   EXPECT_EQ(bad.sources, clean.sources) << "a prediction row for a file that was never read";
 }
 
+// Also where a stand-in's label lies far below the top logit (a loss near 200 here): -log of its
+// float probability stopped at the underflow (69), so the bad file still moved the loss.
+TEST(Evaluator, LeavesUnreadableFilesOutOfALargeLoss) {
+  TestDir dir;
+  test::write_image_folder(dir.path() / "data/val", 3, 3);
+  const Config cfg = eval_config(dir.file("data"));
+  Model model(build_model(cfg.model.name, model_options(cfg.model)));
+  model.init(1);
+  static_cast<float*>(model.named("fc.bias").data)[1] = 200;
+  const Evaluated clean = evaluate(cfg, model);
+  ASSERT_GT(clean.result.loss, 100);
+  // The last file of the last class: its stand-in is the first image of class_0.
+  test::write_bytes(dir.path() / "data/val/class_2/zz_empty.jpg", {});
+  const Evaluated bad = evaluate(cfg, model);
+  EXPECT_EQ(bad.result.unreadable, 1);
+  EXPECT_NEAR(bad.result.loss, clean.result.loss, 1e-5 * clean.result.loss);
+}
+
 // Outputs that are not finite are misses, not a top-5 of 100%: with a NaN the ordering the sort
 // relies on breaks, and with three classes every finite row has its label in the top 5.
 TEST(Evaluator, NonFiniteOutputsAreMisses) {
