@@ -161,7 +161,7 @@ ImageFolderDataset::ImageFolderDataset(const std::string& root) : root_(root) {
   }
   std::sort(classes_.begin(), classes_.end());
   // resnet pack stopped before its dataset.json: its shards are no class folders.
-  RN_CHECK(!classes_.empty() || !fs::exists(fs::path(root) / ".resnet-pack", ec))
+  RN_CHECK(!classes_.empty() || !fs::exists(fs::path(root) / kPackMarker, ec))
       << root << " is an unfinished pack (resnet pack stopped before it wrote " << kShardManifestName
       << "): run the same resnet pack command again to finish it";
   RN_CHECK(!classes_.empty()) << "image folder " << root

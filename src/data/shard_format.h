@@ -16,6 +16,9 @@ namespace rn {
 inline constexpr std::string_view kShardFormatName = "rn-shards";
 inline constexpr int kShardFormatVersion = 1;
 inline constexpr std::string_view kShardManifestName = "dataset.json";
+// Written at the start of a pack and removed with its dataset.json in place: shard files
+// beside it are an unfinished pack's, which a rerun may finish.
+inline constexpr const char* kPackMarker = ".resnet-pack";
 inline constexpr uint64_t kTarBlock = 512;
 
 std::string shard_tar_name(int64_t shard);    // "shard-00003.tar"

@@ -390,10 +390,6 @@ std::string comparable_source(const std::string& source) {
   return ec ? source : source.substr(0, colon + 1) + p.string();
 }
 
-// Written at the start of a pack and removed with its dataset.json in place: shard files
-// beside it are an unfinished pack's, which a rerun may finish.
-constexpr const char* kPackMarker = ".resnet-pack";
-
 // What the output folder may already hold. Folders: never (a folder with dataset.json reads as
 // the pack, which would hide them). A finished pack of another source, or shard files that no
 // unfinished pack of ours left, would be replaced or deleted: that takes --overwrite. A pack of

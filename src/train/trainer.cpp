@@ -264,11 +264,12 @@ ModelOptions model_options(const ModelConfig& m) {
 // must be rank 0's: a learning rate or a seed of its own trains a replica that drifts away (or
 // shards that overlap), and a batch, a bucket size or a model of its own issues collectives of
 // other sizes than the other ranks'.
+constexpr const char* kPerRankKeys[] = {
+    "data.root",   "data.val_root", "data.workers",    "data.prefetch",    "data.cache_mb",
+    "run.threads", "run.out_dir",   "dist.rank_table", "model.pretrained", "model.pretrained_exclude"};
+
 bool may_differ_between_ranks(const std::string& key) {
-  static const std::set<std::string> kKeys = {
-      "data.root",   "data.val_root", "data.workers",    "data.prefetch",    "data.cache_mb",
-      "run.threads", "run.out_dir",   "dist.rank_table", "model.pretrained", "model.pretrained_exclude"};
-  return kKeys.count(key) > 0;
+  return std::find(std::begin(kPerRankKeys), std::end(kPerRankKeys), key) != std::end(kPerRankKeys);
 }
 
 // Each rank reads its own configuration (its own copy of the file, its own --set): every rank
@@ -295,8 +296,7 @@ void check_ranks_agree(const Config& cfg, Communicator& comm) {
   }
   RN_CHECK(all.empty()) << "the ranks do not all run the same configuration (rank 0's value -> the rank's): " << all
                         << ". Give every rank the same config file and --set options (only "
-                        << "data.root, data.val_root, data.workers, data.prefetch, data.cache_mb, run.threads and "
-                        << "model.pretrained may differ) and the same resnet build";
+                        << fmt::format("{}", fmt::join(kPerRankKeys, ", ")) << " may differ) and the same resnet build";
 }
 
 void install_stop_signal_handlers() {
