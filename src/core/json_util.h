@@ -5,6 +5,10 @@
 // of a larger integer truncates it (2^32 + 1 reads as 1), so a count or a version read
 // that way can be any value at all.
 //
+// parse_json_refusing_duplicates(): nlohmann::json::parse, but a key given twice in one object
+// (at any depth) is named in `duplicate` instead of the later value silently replacing the
+// earlier one: in a rank table or a header, which of two values was meant is not ours to guess.
+//
 // json_excerpt(): a short rendering of a JSON value for an error message about it.
 //
 // nlohmann::json::dump() recurses once per level of nesting, so dumping a value read from a
@@ -19,7 +23,9 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
+#include <vector>
 
 namespace rn {
 
@@ -42,6 +48,22 @@ inline std::optional<int64_t> json_integer(const nlohmann::json& v, int64_t lo, 
     return i;
   }
   return {};
+}
+
+// Throws what nlohmann::json::parse throws for text that is not JSON. `duplicate` receives the
+// first key found twice in one object (empty when none).
+inline nlohmann::json parse_json_refusing_duplicates(std::string_view text, std::string& duplicate) {
+  std::vector<std::set<std::string>> keys;  // one set per open object
+  duplicate.clear();
+  auto on_event = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    if (event == nlohmann::json::parse_event_t::object_start) keys.emplace_back();
+    if (event == nlohmann::json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
+    if (event == nlohmann::json::parse_event_t::key && !keys.empty() &&
+        !keys.back().insert(parsed.get<std::string>()).second && duplicate.empty())
+      duplicate = parsed.get<std::string>();
+    return true;
+  };
+  return nlohmann::json::parse(text, on_event);
 }
 
 inline constexpr int kJsonExcerptDepth = 4;

@@ -93,11 +93,13 @@ size_t parse_npy_header(std::span<const uint8_t> bytes, int height, int width) {
 
 ShardManifest parse_shard_manifest(std::string_view text, const std::string& file) {
   nlohmann::json j;
+  std::string duplicate;
   try {
-    j = nlohmann::json::parse(text);
+    j = parse_json_refusing_duplicates(text, duplicate);
   } catch (const nlohmann::json::exception& e) {
     RN_FAIL() << file << ": not valid JSON: " << e.what();
   }
+  RN_CHECK(duplicate.empty()) << file << ": the key '" << duplicate << "' is given twice in one object";
   // An integer field of `o` within [lo, hi] (json_util.h: no silent conversion of a double
   // or of a larger integer); `fallback` when absent and optional.
   auto integer = [&](const nlohmann::json& o, const char* key, int64_t lo, int64_t hi,

@@ -62,12 +62,15 @@ const RankTableHost& RankTable::host_of(int rank) const {
 
 RankTable parse_rank_table(const std::string& text, const std::string& source) {
   json j;
+  std::string duplicate;
   try {
-    j = json::parse(text);
+    j = parse_json_refusing_duplicates(text, duplicate);
   } catch (const json::exception& e) {  // parse_error, and out_of_range for a number too large
     RN_FAIL() << "rank table " << source << ": not valid JSON: " << e.what();
   }
   const std::string where = "rank table " + source;
+  RN_CHECK(duplicate.empty()) << where << ": the key \"" << duplicate
+                              << "\" is given twice in one object (which value is meant?)";
   RN_CHECK(j.is_object()) << where << ": the top level must be an object with \"hosts\" and \"ranks\"";
   check_keys(j, {"interface", "hosts", "ranks"}, where);
   RankTable t;

@@ -86,19 +86,10 @@ bool read_exact(int fd, void* dst, size_t n, int* err) {
 
 // Parses the header, refusing duplicate keys at any depth (nlohmann would keep the last one).
 json parse_header(const std::string& path, const std::string& text) {
-  std::vector<std::set<std::string>> keys;  // one set per open object
   std::string duplicate;
-  auto on_event = [&](int, json::parse_event_t event, json& parsed) {
-    if (event == json::parse_event_t::object_start) keys.emplace_back();
-    if (event == json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
-    if (event == json::parse_event_t::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second &&
-        duplicate.empty())
-      duplicate = parsed.get<std::string>();
-    return true;
-  };
   json header;
   try {
-    header = json::parse(text, on_event);
+    header = parse_json_refusing_duplicates(text, duplicate);
   } catch (const json::exception& e) {
     RN_FAIL() << "safetensors file '" << path << "': header is not valid JSON: " << e.what();
   }

@@ -398,6 +398,9 @@ TEST(ShardManifest, NumbersMustBeIntegersInRange) {
       std::regex_replace(good, std::regex("\"records_per_shard\": 0"), "\"records_per_shard\": 9223372036854775807"),
       "dataset.json"));
   expect_has(error_of("\"pack\": \\{", "\"pack\": 5, \"x\": {"), {"'pack' is 5, expected an object"});
+  // A key given twice in one object is named (nlohmann would keep the later value silently).
+  expect_has(error_of("\"records\": 3,", "\"records\": 3, \"records\": 2,"),
+             {"dataset.json: the key 'records' is given twice in one object"});
   expect_has(error_of("\"shards\": \\[", "\"shards\": [7,"), {"shard 0 is 7, expected an object"});
   expect_has(error_of("\"records\": 3,", "\"records\": 1e999,"), {"not valid JSON"});
 }

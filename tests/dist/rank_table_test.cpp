@@ -92,6 +92,17 @@ TEST(RankTable, MistakesAreErrorsThatSayWhatIsWrong) {
                 .find("\"name\" must be a string, not [[[[[...]]]]]"),
             std::string::npos);
   EXPECT_NE(error_of(R"({"hosts": [], "ranks": []})").find("\"hosts\" must be a non-empty list"), std::string::npos);
+  // A key given twice in one object: nlohmann keeps the last value, so the second "device"
+  // silently won (and a second "ranks" list replaced the first).
+  EXPECT_NE(error_of(R"({"hosts": [{"name": "a"}], "ranks": [{"rank": 0, "host": "a", "device": 0, "device": 1}]})")
+                .find("t.json: the key \"device\" is given twice in one object"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"hosts": [{"name": "a"}], "ranks": [{"rank": 0, "host": "a"}], "ranks": []})")
+                .find("the key \"ranks\" is given twice"),
+            std::string::npos);
+  // The same key in two objects is no duplicate.
+  EXPECT_EQ(error_of(R"({"hosts": [{"name": "a"}], "ranks": [{"rank": 0, "host": "a"}, {"rank": 1, "host": "a"}]})"),
+            "");
   // mpirun would read "a,b" as two hosts and "a:4" as four slots on one.
   EXPECT_NE(error_of(R"({"hosts": [{"name": "a,b"}], "ranks": [{"rank": 0, "host": "a,b"}]})")
                 .find("host name 'a,b' holds ',', ':' or a space"),
