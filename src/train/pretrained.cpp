@@ -1,6 +1,7 @@
 #include "train/pretrained.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cstring>
@@ -12,9 +13,11 @@
 
 #include "core/check.h"
 #include "core/dtype.h"
+#include "core/log.h"
 #include "core/plural.h"
 #include "model/safetensors.h"
 #include "model/torch_file.h"
+#include "prof/tensor_stats.h"
 
 namespace rn {
 namespace {
@@ -293,6 +296,37 @@ PretrainedLoad load_pretrained(const std::string& path, Model& model, const std:
   }
   r.converted.assign(converted.begin(), converted.end());
   return r;
+}
+
+// Weights that can make the model's outputs NaN, said when they are loaded, converted or exported,
+// naming the first few tensors: a NaN or an infinity (which may: an infinite running variance only
+// makes its channel output beta), and a negative BN running variance, which does (its square root
+// is taken) though every value in the file is finite.
+void warn_non_finite(const Model& model, const std::string& source) {
+  std::vector<std::string> bad, negative;
+  for (const std::string& name : model.names()) {
+    Tensor t = model.named(name);
+    const float* v = t.ptr<float>();
+    const TensorStats s = tensor_stats(v, t.numel());
+    if (s.infs + s.nans > 0) bad.push_back(fmt::format("'{}' ({} of {} values)", name, s.infs + s.nans, t.numel()));
+    if (name.ends_with("running_var")) {
+      const int64_t below = std::count_if(v, v + t.numel(), [](float x) { return x < 0.0f; });
+      if (below > 0) negative.push_back(fmt::format("'{}' ({} of {} channels)", name, below, t.numel()));
+    }
+  }
+  const auto first_few = [](const std::vector<std::string>& list) {
+    const size_t shown = std::min<size_t>(list.size(), 4);
+    return fmt::format("{}{}", fmt::join(list.begin(), list.begin() + static_cast<std::ptrdiff_t>(shown), ", "),
+                       list.size() > shown ? ", ..." : "");
+  };
+  if (!bad.empty())
+    RN_LOG_WARN("{}: {} values that are not finite (NaN or infinity): {}; they may make the model's outputs NaN",
+                source, counted(static_cast<int64_t>(bad.size()), "tensor holds", "tensors hold"), first_few(bad));
+  if (!negative.empty())
+    RN_LOG_WARN(
+        "{}: {} negative batch-norm running variances: {}; a variance is never negative, and every output of "
+        "those channels becomes NaN (or, for a variance between -eps and 0, huge): check how the file was written",
+        source, counted(static_cast<int64_t>(negative.size()), "tensor holds", "tensors hold"), first_few(negative));
 }
 
 }  // namespace rn

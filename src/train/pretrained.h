@@ -41,6 +41,11 @@ PretrainedLoad load_pretrained(const std::string& path, Model& model, const std:
 // True when `path` starts like a file torch.save wrote (model/torch_file.h), not safetensors.
 bool is_pytorch_file(const std::string& path);
 
+// Warns, naming the first few tensors, of loaded weights that can make the model's outputs NaN:
+// values that are not finite, and negative batch-norm running variances. `source` names where
+// they came from (a file, a checkpoint).
+void warn_non_finite(const Model& model, const std::string& source);
+
 // A torchvision ImageNet ResNet recognised by its tensors: which one, and its classifier size.
 struct TorchvisionResnet {
   std::string name;         // "resnet18", "resnet34", "resnet50", "resnet101" or "resnet152"

@@ -559,6 +559,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
     set_activity("loading the pretrained weights", -1);
     const PretrainedLoad p = load_pretrained(cfg.model.pretrained, model, cfg.model.pretrained_exclude);
     RN_LOG_INFO("model.pretrained {}: {}", cfg.model.pretrained, p.summary());
+    warn_non_finite(model, "model.pretrained " + cfg.model.pretrained);
   }
   if (world.size > 1) {
     // Every rank starts from rank 0's weights, running statistics and momentum.

@@ -16,6 +16,7 @@
 
 #include "core/check.h"
 #include "core/dtype.h"
+#include "log_capture.h"
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "model/zoo.h"
@@ -238,6 +239,26 @@ TEST(Pretrained, TrainingFromTheFileFollowsTrainingFromTheSameWeights) {
   c_cfg.model.zero_init_residual = true;
   const TrainResult c = train(c_cfg);
   EXPECT_FALSE(run_weights(a_cfg, a.run_dir) == run_weights(c_cfg, c.run_dir));
+}
+
+// Weights whose BN running variance is negative make every evaluated output of that channel NaN.
+// resnet eval and import warned of them; training from them as model.pretrained did not.
+TEST(Pretrained, ANegativeRunningVarianceInTheFileIsWarnedAboutWhenTrainingStarts) {
+  TestDir dir;
+  Config cfg = small_config((dir.path() / "run").string());
+  Model init(build_model(cfg.model.name, model_options(cfg.model)));
+  init.init(static_cast<uint64_t>(cfg.run.seed));
+  const std::string bn = "layer2.1.bn1.running_var";
+  const std::vector<std::string> names = init.names();
+  ASSERT_TRUE(std::find(names.begin(), names.end(), bn) != names.end());
+  init.named(bn).ptr<float>()[3] = -0.5f;
+  save_weights(dir.file("init.safetensors"), init);
+  cfg.model.pretrained = dir.file("init.safetensors");
+  LogCapture log;
+  test::train_until(cfg, 1);
+  EXPECT_NE(log.text().find("negative batch-norm running variances: '" + bn + "' (1 of"), std::string::npos)
+      << log.text();
+  EXPECT_NE(log.text().find("model.pretrained " + cfg.model.pretrained), std::string::npos) << log.text();
 }
 
 TEST(Pretrained, ConfigKeysParseAndCheck) {
