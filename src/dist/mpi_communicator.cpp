@@ -204,13 +204,14 @@ class MpiCommunicator final : public Communicator {
     return out;
   }
 
-  // From any thread: have the communication thread log and MPI_Abort.
-  void request_abort(const std::string& message, int code) {
+  // From any thread: have the communication thread log and MPI_Abort (abort_job()).
+  void request_abort(const std::string& message, int code, bool with_status) {
     {
       std::lock_guard lk(mu_);
       if (!abort_message_.empty()) return;
       abort_message_ = message;
       abort_code_ = code;
+      abort_with_status_ = with_status;
     }
     cv_.notify_all();
   }
@@ -270,12 +271,7 @@ class MpiCommunicator final : public Communicator {
         std::unique_lock lk(mu_);
         cv_.wait_for(lk, std::chrono::duration<double>(opt_.heartbeat_s / 4),
                      [&] { return stop_ || !queue_.empty() || !abort_message_.empty(); });
-        if (!abort_message_.empty()) {
-          const std::string m = abort_message_;
-          const int code = abort_code_;
-          lk.unlock();
-          die(m, code);
-        }
+        if (!abort_message_.empty()) die_as_requested(lk);
         if (!queue_.empty()) {
           op = std::move(queue_.front());
           queue_.pop_front();
@@ -382,12 +378,7 @@ class MpiCommunicator final : public Communicator {
   void service(double t) {
     {
       std::unique_lock lk(mu_);
-      if (!abort_message_.empty()) {
-        const std::string m = abort_message_;
-        const int code = abort_code_;
-        lk.unlock();
-        die(m, code);
-      }
+      if (!abort_message_.empty()) die_as_requested(lk);
     }
     if (size_ == 1) return;
     // A process that did not run (stopped, a paused machine, swapped out) finds every other rank
@@ -579,6 +570,22 @@ class MpiCommunicator final : public Communicator {
         1);
   }
 
+  // An abort_job() request: its message, with every rank's last known state when asked for (a
+  // wait outside MPI, such as an NCCL collective's, timed out: the heartbeats tell which rank
+  // is elsewhere). `lk` holds mu_. Communication thread only.
+  [[noreturn]] void die_as_requested(std::unique_lock<std::mutex>& lk) {
+    std::string m = abort_message_;
+    const int code = abort_code_;
+    const bool with_status = abort_with_status_;
+    lk.unlock();
+    if (with_status && size_ > 1) {
+      const double t = now_s();
+      receive_heartbeats(t);
+      m += "; " + diagnosis(t);
+    }
+    die(m, code);
+  }
+
   // Logs and ends the whole job. Communication thread only.
   [[noreturn]] void die(const std::string& message, int code) {
     RN_LOG_ERROR("rank {} of {} on {}: {}", rank_, size_, hosts_.empty() ? "?" : hosts_[static_cast<size_t>(rank_)],
@@ -634,6 +641,7 @@ class MpiCommunicator final : public Communicator {
   std::string init_error_;
   std::string abort_message_;
   int abort_code_ = 1;
+  bool abort_with_status_ = false;
   // Set at init, then read-only.
   int rank_ = 0, size_ = 1;
   std::vector<std::string> hosts_;
@@ -666,9 +674,9 @@ std::unique_ptr<Communicator> make_mpi_communicator(const MpiOptions& options) {
   return std::make_unique<MpiCommunicator>(options);
 }
 
-void abort_job(const std::string& message, int exit_code) {
+void abort_job(const std::string& message, int exit_code, bool with_status) {
   if (MpiCommunicator* c = g_live.load()) {
-    c->request_abort(message, exit_code);
+    c->request_abort(message, exit_code, with_status);
     // The communication thread logs and calls MPI_Abort, which ends this process; should it
     // be stuck, end it anyway.
     std::this_thread::sleep_for(std::chrono::seconds(20));

@@ -43,7 +43,9 @@ std::unique_ptr<Communicator> make_mpi_communicator(const MpiOptions& options);
 
 // Ends every rank of the job: logs `message` (naming this rank) and calls MPI_Abort on
 // the communication thread of the live MPI communicator, or exits the process when there is
-// none. Safe from any thread; does not return.
-[[noreturn]] void abort_job(const std::string& message, int exit_code = 1);
+// none. Safe from any thread; does not return. `with_status` adds every rank's last known state
+// (step, activity, collectives), as the watchdog's own messages have, for a wait that timed out
+// outside MPI (an NCCL collective) where that tells which rank is elsewhere.
+[[noreturn]] void abort_job(const std::string& message, int exit_code = 1, bool with_status = false);
 
 }  // namespace rn

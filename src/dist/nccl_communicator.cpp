@@ -233,7 +233,7 @@ class NcclCommunicator final : public Communicator {
                                                      : fmt::format("no completion after {:.1f} s", now_s() - t0);
         ncclCommAbort(comm_);
         comm_ = nullptr;
-        abort_job(fmt::format("NCCL {} on rank {}: {}", what, rank(), why));
+        abort_job(fmt::format("NCCL {} on rank {}: {}", what, rank(), why), 1, /*with_status=*/true);
       }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }

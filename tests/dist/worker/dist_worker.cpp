@@ -2,14 +2,18 @@
 // collectives against values it computes itself (what the sum over all ranks must be),
 // for many sizes, element types, reduce ops and gradient-bucket splits. Prints one line
 // per failure and "dist_worker: rank R OK (N checks)" at the end; exits non-zero on failure.
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/check.h"
+#include "dist/activity.h"
 #include "dist/grad_buckets.h"
+#include "dist/mpi_communicator.h"
 #include "dist/world.h"
 
 namespace {
@@ -138,6 +142,14 @@ int main(int argc, char** argv) {
         check_buckets(c, threshold, {});
       check_buckets(c, 1, {3, 8});
       check_buckets(c, 1, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});
+    } else if (mode == "abort-with-status") {
+      // Rank 1 is elsewhere (its main thread waiting for a batch, its heartbeats going on) while
+      // rank 0 gives up on a wait outside MPI, as the NCCL communicator's timeout does: rank 0's
+      // message must carry where rank 1 is. The job ends in MPI_Abort.
+      rn::set_activity(c.rank() == 1 ? "waiting for a batch" : "backward", 7);
+      std::this_thread::sleep_for(std::chrono::milliseconds(c.rank() == 0 ? 2500 : 60000));
+      if (c.rank() == 0) rn::abort_job("NCCL all-reduce of bucket 0 on rank 0: no completion after 2.5 s", 1, true);
+      expect(false, "rank " + std::to_string(c.rank()) + " was not ended by rank 0's abort");
     } else {
       std::fprintf(stderr, "dist_worker: unknown mode '%s'\n", mode.c_str());
       return 2;
