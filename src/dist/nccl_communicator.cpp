@@ -4,14 +4,15 @@
 
 #if RN_HAVE_NCCL
 #include <cuda_runtime.h>
+#include <fmt/format.h>
 #include <nccl.h>
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <map>
+#include <mutex>
 #include <thread>
-
-#include <fmt/format.h>
 
 #include "dist/mpi_communicator.h"
 #endif
@@ -62,7 +63,7 @@ class NcclCommunicator final : public Communicator {
     ncclUniqueId id{};
     if (host.rank() == 0) RN_NCCL_CHECK(ncclGetUniqueId(&id));
     host.broadcast(&id, sizeof id, 0, "the NCCL unique id");
-    RN_NCCL_CHECK(ncclCommInitRank(&comm_, host.size(), id, host.rank()));
+    init_under_deadline(id);
     RN_NCCL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     RN_NCCL_CUDA_CHECK(cudaEventCreate(&mark_));
   }
@@ -215,6 +216,33 @@ class NcclCommunicator final : public Communicator {
     cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
     RN_NCCL_CUDA_CHECK(cudaStreamIsCapturing(compute_, &st));
     return st != cudaStreamCaptureStatusNone;  // an invalidated capture is still one
+  }
+
+  // ncclCommInitRank returns once every rank has joined, and never when one does not or the hosts
+  // cannot reach each other over NCCL's network (a wrong NCCL_SOCKET_IFNAME, a firewall): after
+  // the timeout the job ends, with every rank's last heartbeat.
+  void init_under_deadline(const ncclUniqueId& id) {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    std::thread watch([&] {
+      std::unique_lock lk(mu);
+      if (cv.wait_for(lk, std::chrono::duration<double>(timeout_s_), [&] { return done; })) return;
+      abort_job(fmt::format("ncclCommInitRank on rank {} of {} has not returned after {:.0f} s (dist.timeout_s): a "
+                            "rank has not joined, or the hosts cannot reach each other over NCCL's network (check "
+                            "NCCL_SOCKET_IFNAME and NCCL_IB_HCA; NCCL_DEBUG=INFO shows what NCCL tried)",
+                            host_.rank(), host_.size(), timeout_s_),
+                1, /*with_status=*/true);
+    });
+    const ncclResult_t rc = ncclCommInitRank(&comm_, host_.size(), id, host_.rank());
+    {
+      std::lock_guard lk(mu);
+      done = true;
+    }
+    cv.notify_all();
+    watch.join();
+    RN_CHECK(rc == ncclSuccess) << "ncclCommInitRank failed: " << ncclGetErrorString(rc) << " ("
+                                << ncclGetLastError(nullptr) << ")";
   }
 
   // Polls `ev` until it completes, under the timeout; a hang or an asynchronous NCCL error

@@ -11,6 +11,7 @@
 #ifdef RN_HAVE_RESNET_SIM
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -69,6 +70,26 @@ TEST(EmulatedGpus, NcclRefusesOneDeviceTwiceAndAUniqueIdThatWasNotShared) {
     EXPECT_EQ(r.status, 0) << mode << "\n" << r.output;
     expect_both_ranks_ok(r);
   }
+}
+
+// ncclCommInitRank has no timeout of its own: a rank that does not join (or hosts that cannot
+// reach each other over NCCL's network) held the others in it for ever. Now rank 0 ends the job
+// after dist.timeout_s, with every rank's last heartbeat.
+TEST(EmulatedGpus, ARankThatDoesNotJoinNcclEndsTheJobAfterTheTimeout) {
+  const fs::path dir = fresh_dir("emulated_gpus/nccl_init");
+  std::vector<std::string> argv = mpirun_emulated(2);
+  argv.push_back(RN_BINARY_DIR "/tests/nccl_init_worker");
+  const auto start = std::chrono::steady_clock::now();
+  const RunResult r = run(argv, 300, dir / "out.log", kEnv);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_LT(took, 45) << "not ended by the timeout but by rank 1's return:\n" << r.output;
+  EXPECT_EQ(r.output.find("FAILED"), std::string::npos) << r.output;
+  const size_t at = r.output.find("ncclCommInitRank on rank 0 of 2 has not returned after 3 s");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const size_t status = r.output.find("Status:", at);
+  ASSERT_NE(status, std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("'loading the model'", status), std::string::npos) << r.output;
 }
 
 // resnet20 on 16x16 synthetic images, 64 of them: 4 steps of a global batch of 16.
