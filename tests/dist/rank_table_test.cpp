@@ -100,6 +100,14 @@ TEST(RankTable, MistakesAreErrorsThatSayWhatIsWrong) {
   EXPECT_NE(error_of(R"({"hosts": [{"name": "a"}], "ranks": [{"rank": 0, "host": "a"}], "ranks": []})")
                 .find("the key \"ranks\" is given twice"),
             std::string::npos);
+  // mpirun reaches a host by its address, else its name: host a's address "b" is host b.
+  EXPECT_NE(error_of(R"({"hosts": [{"name": "a", "address": "b"}, {"name": "b"}],
+            "ranks": [{"rank": 0, "host": "a"}, {"rank": 1, "host": "b"}]})")
+                .find("host 'a' has the address b, which is host 'b''s name"),
+            std::string::npos);
+  EXPECT_EQ(error_of(R"({"hosts": [{"name": "a", "address": "b"}, {"name": "b", "address": "10.0.0.2"}],
+            "ranks": [{"rank": 0, "host": "a"}, {"rank": 1, "host": "b"}]})"),
+            "");
   // The same key in two objects is no duplicate.
   EXPECT_EQ(error_of(R"({"hosts": [{"name": "a"}], "ranks": [{"rank": 0, "host": "a"}, {"rank": 1, "host": "a"}]})"),
             "");
