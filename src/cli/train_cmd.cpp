@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <sstream>
 
 #include "cli/commands.h"
 #include "cli/format.h"
@@ -187,8 +188,10 @@ std::optional<int64_t> classes_in_file(const std::string& path, const std::strin
 std::vector<std::string> torchvision_sets(const std::string& model, int64_t num_classes, const std::string& source) {
   RN_CHECK(num_classes >= 2) << source << " holds a " << model << " whose classifier has " << num_classes
                              << " output; resnet.cpp's classifiers have at least 2 classes";
+  // No data folder: the weights came without one (the built-in default is Fashion-MNIST's, which
+  // a file written by import or export would record as its data, and eval would then read).
   std::vector<std::string> sets = {"model.name=" + model, "model.num_classes=" + std::to_string(num_classes),
-                                   "model.image_size=224", "data.augment.eval_resize=256"};
+                                   "model.image_size=224", "data.augment.eval_resize=256", "data.root="};
   const std::vector<std::string> imagenet = imagenet_input_sets();
   sets.insert(sets.end(), imagenet.begin(), imagenet.end());
   return sets;
@@ -267,7 +270,7 @@ int run_eval(const EvalArgs& a) {
         << a.data << " has none (" << idx
         << "): give the folder of the IDX files, or weights trained on images like those in " << a.data;
     cfg.data.root = a.data;
-  } else if (!recorded && a.config.empty() && cfg.data.dataset == DatasetKind::imagefolder) {
+  } else if ((!recorded || cfg.data.root.empty()) && a.config.empty() && cfg.data.dataset == DatasetKind::imagefolder) {
     RN_FAIL() << "resnet eval: " << a.weights
               << " records no dataset (weights from elsewhere): give the images to evaluate with --data DIR (an image "
                  "folder of class folders, or a packed folder)";
@@ -290,12 +293,10 @@ int run_eval(const EvalArgs& a) {
   po.activation_dtype = policy.activation_dtype;
   po.layout = lo.layout;
   Evaluator ev(model, *backend, po);
-  // Opened before the evaluation: a path that cannot be written fails now, not after the work.
-  std::ofstream out;
-  if (!a.predictions.empty()) {
-    out.open(a.predictions);
-    RN_CHECK(out) << "cannot write predictions to '" << a.predictions << "': " << std::strerror(errno);
-  }
+  // Checked before the evaluation, so that a path that cannot be written fails now, not after the
+  // work; written (atomically) after it, so that an evaluation that fails leaves an existing file
+  // as it was.
+  if (!a.predictions.empty()) check_output_path(a.predictions, "--predictions");
   std::vector<Prediction> preds;
   const EvalResult r = ev.run(loader, 0, a.predictions.empty() ? nullptr : &preds);
   fmt::print("{} on {} ({} images{}): loss {:.4f}, top-1 {:.2f}%, top-5 {:.2f}%\n", a.weights, loader.dataset().name(),
@@ -322,6 +323,7 @@ int run_eval(const EvalArgs& a) {
       return label >= 0 && label < static_cast<int64_t>(names.size()) ? quoted(names[static_cast<size_t>(label)])
                                                                       : std::string();
     };
+    std::ostringstream out;
     out << "index,label";
     for (int j = 1; j <= 5; ++j) out << ",class" << j << ",prob" << j;
     out << ",source";
@@ -342,7 +344,7 @@ int run_eval(const EvalArgs& a) {
       }
       out << "\n";
     }
-    RN_CHECK(out.good()) << "error writing '" << a.predictions << "'";
+    write_file_atomic(a.predictions, out.str());
     fmt::print("wrote {} predictions to {}\n", preds.size(), a.predictions);
   }
   return 0;

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -136,6 +137,20 @@ TEST(ImageFolderE2E, TrainEvalAndBenchOnAGeneratedFolder) {
     EXPECT_NE(line.find(class2 ? "\",\"class2\"," : "\",\"class0\","), std::string::npos) << line;
   }
   EXPECT_EQ(rows, 16);
+  // An evaluation that fails (here on the broken file) leaves an existing predictions file as it
+  // was: it used to be emptied before the evaluation began.
+  preds.close();
+  std::ifstream before_stream(csv);
+  const std::string before((std::istreambuf_iterator<char>(before_stream)), std::istreambuf_iterator<char>());
+  ASSERT_FALSE(before.empty());
+  EXPECT_NE(run("eval --weights " + (run_dir / "checkpoints" / "best.safetensors").string() + " --data " +
+                    (root / "data" / "train").string() + " --set data.bad_files=error --predictions " + csv.string(),
+                &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("broken.jpg"), std::string::npos) << out;
+  std::ifstream after_stream(csv);
+  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(after_stream)), std::istreambuf_iterator<char>()), before);
 
   ASSERT_EQ(run("bench --data " + (root / "data" / "train").string() +
                     " --batch 16 --input 3x32x32 --threads 2 --warmup 1 --json",
@@ -146,7 +161,7 @@ TEST(ImageFolderE2E, TrainEvalAndBenchOnAGeneratedFolder) {
   // 128 images (one broken): 8 batches of 16; 1 warm-up and the 2 batches the 2 workers make
   // ahead are not counted (made before the clock started, they gave millions of images/s on
   // small folders), so 5 are: 80 images, 79 if the broken file's batch is among them.
-  EXPECT_NE(out.find("\"uncounted_batches\":2"), std::string::npos) << out;
+  EXPECT_NE(out.find("\"warmup_batches\":1,\"uncounted_batches\":2"), std::string::npos) << out;
   const auto images_at = out.find("\"images\":");
   ASSERT_NE(images_at, std::string::npos) << out;
   const int images = std::stoi(out.substr(images_at + 9));

@@ -75,6 +75,13 @@ TEST_F(ImportCli, TorchvisionStateDictBecomesAWeightsFileWithItsConfig) {
   EXPECT_NE(log().find("records no dataset (weights from elsewhere): give the images to evaluate with --data DIR"),
             std::string::npos)
       << log();
+  // So does the imported file, whose config records no data folder (it recorded the built-in
+  // Fashion-MNIST folder, and eval failed on that folder's lack of class folders).
+  EXPECT_EQ(yaml.find("fashion-mnist"), std::string::npos) << yaml;
+  EXPECT_EQ(resnet({"eval", "--weights", out.string()}), 1);
+  EXPECT_NE(log().find("records no dataset (weights from elsewhere): give the images to evaluate with --data DIR"),
+            std::string::npos)
+      << log();
   const SafetensorsFile d = SafetensorsFile::load(direct.string());
   ASSERT_EQ(d.entries().size(), f.entries().size());
   for (const SafetensorsEntry& e : f.entries()) {
