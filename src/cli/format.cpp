@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -45,6 +46,17 @@ void check_output_path(const std::string& path, const std::string& option) {
       << option << " '" << path << "': the folder '" << parent.string() << "' is not writable";
 }
 
+DType compute_dtype_from_name(const std::string& text, const std::string& option, bool half_only) {
+  std::optional<DType> dt;
+  try {
+    dt = dtype_from_name(text);
+  } catch (const Error&) {
+  }
+  RN_CHECK(dt && (*dt == DType::bf16 || *dt == DType::f16 || (*dt == DType::f32 && !half_only)))
+      << option << " must be " << (half_only ? "bf16 or fp16" : "fp32, bf16 or fp16") << ", got '" << text << "'";
+  return *dt;
+}
+
 size_t parse_bytes(const std::string& text, const std::string& what) {
   size_t used = 0;
   double v = -1;
@@ -77,6 +89,10 @@ size_t parse_bytes(const std::string& text, const std::string& what) {
   // "1.5" without a unit is a byte and a half, surely meant as 1.5 GiB or so.
   RN_CHECK(scale > 1 || v == std::floor(v))
       << what << ": '" << text << "' is a fraction of a byte; give a unit (examples: 1.5GiB, 512MiB)";
+  // Past 2^63 bytes the conversion would be undefined (x86 gives 0, "too small"): no memory or
+  // file is that large.
+  RN_CHECK(v * scale < 9.2e18) << what << ": '" << text << "' is more bytes than any memory or file holds (at most "
+                               << "8 EiB)";
   return static_cast<size_t>(v * scale);
 }
 

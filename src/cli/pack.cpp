@@ -8,6 +8,7 @@
 
 #include "cli/commands.h"
 #include "cli/format.h"
+#include "core/check.h"
 #include "core/plural.h"
 #include "data/image_folder.h"
 #include "data/shard_dataset.h"
@@ -95,6 +96,9 @@ int run_pack(const PackArgs& a) {
   o.quality = a.quality;
   o.raw = a.raw;
   o.records_per_shard = a.records_per_shard;
+  // Past 2^63 bytes the conversion is undefined (x86 gives 0, and then one record per shard).
+  RN_CHECK(a.shard_mb * (1 << 20) < 9.2e18)
+      << "--shard-mb " << a.shard_mb << " is more than any file holds (at most 8 EiB, 8796093022208 MiB)";
   o.target_shard_bytes = static_cast<uint64_t>(a.shard_mb * (1 << 20));
   o.workers = a.workers;
   o.strict = a.strict;

@@ -209,6 +209,9 @@ TEST(PackCli, AMissingSourceIsOneClearError) {
   // One class folder packs, with a warning: it is more often a class folder given by mistake.
   EXPECT_EQ(run_resnet("pack " + dir.file("src") + " " + dir.file("one"), dir), 0);
   EXPECT_THAT(read_all(dir.file("stderr")), HasSubstr("has one class ('class_0'); a classifier needs at least 2"));
+  // A shard size past 2^63 bytes converted to 0 and packed one record per shard.
+  EXPECT_EQ(run_resnet("pack " + dir.file("src") + " " + dir.file("huge") + " --shard-mb 1e30", dir), 1);
+  EXPECT_THAT(read_all(dir.file("stderr")), HasSubstr("--shard-mb 1e+30 is more than any file holds"));
 }
 
 }  // namespace
