@@ -315,7 +315,7 @@ int run_bench(const BenchArgs& a) {
   PrecisionConfig pc;
   pc.level = parse_enum(a.precision, {PrecisionLevel::O0, PrecisionLevel::O1, PrecisionLevel::O2, PrecisionLevel::O3},
                         "precision level");
-  pc.half_dtype = dtype_from_name(a.half);
+  pc.half_dtype = compute_dtype_from_name(a.half, "--half", /*half_only=*/true);
   const PrecisionPolicy policy = make_precision_policy(pc, *backend);
   const BenchSetup setup{model, *backend, policy, a};
   if (a.find_max_batch) return find_max_batch(setup, cap);

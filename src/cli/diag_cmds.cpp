@@ -64,9 +64,7 @@ int run_profile_cmd(const ProfileArgs& a) {
   o.channels = mo.in_channels, o.height = mo.height, o.width = mo.width;
   o.classes = mo.num_classes;
   o.batch = a.batch;
-  o.dtype = dtype_from_name(a.dtype);
-  RN_CHECK(o.dtype == DType::f32 || o.dtype == DType::bf16 || o.dtype == DType::f16)
-      << "--dtype must be fp32, bf16 or fp16, got '" << a.dtype << "'";
+  o.dtype = compute_dtype_from_name(a.dtype, "--dtype");
   o.precision = precision_level_for(a.precision, o.dtype);
   o.device = device_from_name(a.device);
   o.high_precision = a.high_precision;

@@ -28,6 +28,9 @@ ModelOptions model_options_for(const std::string& model, const std::string& inpu
 inline constexpr const char* kInputHelp =
     "Input shape CxHxW (default: the model's own, 3x224x224; 3x32x32 for resnet20..110)";
 inline constexpr const char* kClassesHelp = "Number of classes (default: the model's own, 1000; 10 for resnet20..110)";
+// The compute dtype an option names: fp32, bf16 or fp16 (with `half_only`, bf16 or fp16); throws
+// rn::Error naming `option` and the text for any other (int32 and uint8 are storage types).
+DType compute_dtype_from_name(const std::string& text, const std::string& option, bool half_only = false);
 // The precision level that `--precision` names, or, when it is empty, the one `--dtype`
 // implies (O0 for fp32, O2 for a half dtype); throws rn::Error for an unknown level, a half
 // dtype at O0 or fp32 at O1-O3.

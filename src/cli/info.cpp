@@ -78,7 +78,7 @@ int run_info(const InfoArgs& a) {
   const ModelStats st = model_stats(model.graph());
   // The precision level decides which tensors are half: --dtype bf16 alone plans O2 (bf16
   // activations), --precision O1 the bf16 convolutions between fp32 activations.
-  const DType dt = dtype_from_name(a.dtype);
+  const DType dt = compute_dtype_from_name(a.dtype, "--dtype");
   PrecisionConfig pc;
   pc.level = precision_level_for(a.precision, dt);
   if (dt != DType::f32) pc.half_dtype = dt;

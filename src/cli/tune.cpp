@@ -39,7 +39,7 @@ int run_tune(const TuneArgs& a) {
   PrecisionConfig pc;
   pc.level = parse_enum(a.precision, {PrecisionLevel::O0, PrecisionLevel::O1, PrecisionLevel::O2, PrecisionLevel::O3},
                         "precision level");
-  pc.half_dtype = dtype_from_name(a.half);
+  pc.half_dtype = compute_dtype_from_name(a.half, "--half", /*half_only=*/true);
   const PrecisionPolicy policy = make_precision_policy(pc, *backend);
   for (int64_t batch : a.batches) {
     const auto t0 = std::chrono::steady_clock::now();

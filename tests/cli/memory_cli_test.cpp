@@ -103,9 +103,13 @@ TEST(ResnetInfo, HalfDtypePlansTheRequestedPrecisionLevel) {
       {"--dtype bf16 --precision O0", "O0 is fp32 everywhere"},
       {"--precision O5", "unknown precision level 'O5' (expected O0, O1, O2, O3)"},
       {"--precision O2", "--precision O2 with --dtype fp32: name the half dtype"},
+      // A storage dtype is refused before anything is printed (it planned O2 "int32
+      // convolutions" and failed half-way through the report).
+      {"--dtype int32", "--dtype must be fp32, bf16 or fp16, got 'int32'"},
   };
   for (const Case& c : bad) {
     const Output o = run_resnet(base + " " + c.args);
+    EXPECT_EQ(o.text.find("parameters"), std::string::npos) << c.args << ": half a report\n" << o.text;
     EXPECT_NE(o.status, 0) << c.args;
     EXPECT_NE(o.text.find(c.message), std::string::npos) << c.args << ":\n" << o.text;
   }
@@ -141,6 +145,9 @@ TEST(ResnetBench, BadMemoryArgumentsAreClearErrors) {
   } cases[] = {
       {"--find-max-batch --memory-cap 1MiB", "too small for batch 1"},
       {"--find-max-batch --memory-cap 12X", "not a positive byte count"},
+      // Beyond 2^63 bytes: the conversion gave 0 ("too small for batch 1").
+      {"--find-max-batch --memory-cap 1e30", "--memory-cap: '1e30' is more bytes than any memory or file holds"},
+      {"--half int32", "--half must be bf16 or fp16, got 'int32'"},
       {"--find-max-batch", "needs --memory-cap"},
       {"--memory-level O5", "unknown memory level 'O5' (expected O0, O1 or O2)"},
       {"--batch 0", "--batch: must be > 0, got 0"},  // not CLI11's "not in range 0.000000 to 1797..."
