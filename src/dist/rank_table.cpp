@@ -97,6 +97,9 @@ RankTable parse_rank_table(const std::string& text, const std::string& source) {
     if (host.interface.empty()) host.interface = default_iface;
     RN_CHECK(names.insert(host.name).second) << hw << ": host '" << host.name << "' is listed twice";
     if (!host.address.empty()) {
+      RN_CHECK(host.address.find_first_of(",: \t") == std::string::npos)
+          << hw << ": address '" << host.address << "' holds ',', ':' or a space, which mpirun's host list reads as "
+          << "separators (an IPv6 address cannot be given there: use the host's name or an IPv4 address)";
       RN_CHECK(addresses.insert(host.address).second) << hw << ": address " << host.address << " is listed twice";
     }
     t.hosts.push_back(host);

@@ -100,6 +100,14 @@ TEST(RankTable, MistakesAreErrorsThatSayWhatIsWrong) {
   EXPECT_NE(error_of(R"({"hosts": [{"name": "a"}], "ranks": [{"rank": 0, "host": "a"}], "ranks": []})")
                 .find("the key \"ranks\" is given twice"),
             std::string::npos);
+  // The address is what mpirun's host list gets when there is one: the same separators.
+  EXPECT_NE(error_of(R"({"hosts": [{"name": "a", "address": "fe80::1"}], "ranks": [{"rank": 0, "host": "a"}]})")
+                .find("address 'fe80::1' holds ',', ':' or a space"),
+            std::string::npos);
+  EXPECT_NE(
+      error_of(R"({"hosts": [{"name": "a", "address": "10.0.0.2,10.0.0.3"}], "ranks": [{"rank": 0, "host": "a"}]})")
+          .find("address '10.0.0.2,10.0.0.3' holds"),
+      std::string::npos);
   // mpirun reaches a host by its address, else its name: host a's address "b" is host b.
   EXPECT_NE(error_of(R"({"hosts": [{"name": "a", "address": "b"}, {"name": "b"}],
             "ranks": [{"rank": 0, "host": "a"}, {"rank": 1, "host": "b"}]})")
