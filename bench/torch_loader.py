@@ -52,7 +52,7 @@ def main():
     print(json.dumps({"system": "pytorch", "torch": torch.__version__, "torchvision": torchvision.__version__,
                       "workers": a.workers, "batch": a.batch, "images": images, "seconds": round(seconds, 4),
                       "images_per_sec": round(rate, 2), "images_per_sec_per_worker": round(rate / a.workers, 2),
-                      "uncounted_batches": prefetched,
+                      "warmup_batches": a.warmup, "uncounted_batches": prefetched,
                       "eval": a.eval, "normalize": a.normalize}))
 
 

@@ -97,14 +97,17 @@ int run_data_bench(const DataBenchArgs& a) {
   const double rate = images / seconds;
   if (!a.trace.empty()) lo.trace->write(a.trace);
   if (a.json) {
+    // Neither the warm-up batches (before the clock) nor the uncounted ones (prefetched: taken in
+    // the timed window, begun before it) are in "images".
     fmt::print(
         "{{\"system\":\"resnet.cpp\",\"path\":{},\"workers\":{},\"batch\":{},\"images\":{},\"seconds\":{:.4f},"
-        "\"images_per_sec\":{:.2f},\"images_per_sec_per_worker\":{:.2f},\"uncounted_batches\":{},\"eval\":{},\"cache_"
+        "\"images_per_sec\":{:.2f},\"images_per_sec_per_worker\":{:.2f},\"warmup_batches\":{},\"uncounted_batches\":{},"
+        "\"eval\":{},\"cache_"
         "hits\":{},"
         "\"read_s\":{:.4f},\"decode_s\":{:.4f},\"augment_s\":{:.4f},\"collate_s\":{:.4f}}}\n",
         nlohmann::json(a.path).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), workers, a.batch, images,
-        seconds, rate, rate / workers, lo.prefetch, a.eval, times.cache_hits, times.read, times.decode, times.augment,
-        times.collate);
+        seconds, rate, rate / workers, a.warmup, lo.prefetch, a.eval, times.cache_hits, times.read, times.decode,
+        times.augment, times.collate);
     return 0;
   }
   fmt::print(
