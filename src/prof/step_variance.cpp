@@ -40,19 +40,29 @@ double robust_cv(std::vector<double> v) {
 }
 
 StepVarianceAnalyser::StepVarianceAnalyser(VarianceOptions options) : options_(options) {
-  RN_CHECK(options_.window >= 8) << "variance analysis: window of " << options_.window
-                                 << " steps is too short (8 or more)";
+  // P90 interpolates at 0.9 (n - 1): below 11 samples it reaches into the slowest one, and a
+  // lone slow step (a checkpoint) would count as spread.
+  RN_CHECK(options_.window >= 11) << "variance analysis: window of " << options_.window
+                                  << " steps is too short (11 or more)";
   RN_CHECK(options_.threshold > 0) << "variance analysis: threshold must be positive, got " << options_.threshold;
 }
 
-std::optional<VarianceWarning> StepVarianceAnalyser::add(int64_t step, const StepSample& s) {
-  if (++seen_ <= options_.warmup || !(s.seconds > 0)) return std::nullopt;
+std::optional<VarianceWarning> StepVarianceAnalyser::add(int64_t step, const StepSample& sample) {
+  if (++seen_ <= options_.warmup || !(sample.seconds > 0)) return std::nullopt;
   ++count_;
-  const double tp = s.images > 0 ? static_cast<double>(s.images) / s.seconds : 1.0 / s.seconds;
+  const double tp = sample.images > 0 ? static_cast<double>(sample.images) / sample.seconds : 1.0 / sample.seconds;
   const double d = tp - tp_mean_;
   tp_mean_ += d / static_cast<double>(count_);
   tp_m2_ += d * (tp - tp_mean_);
-  sec_sum_ += s.seconds;
+  sec_sum_ += sample.seconds;
+  steps_ += std::max<int64_t>(1, sample.steps);
+  // The window holds per-step figures: a sink-mode sample covers several steps.
+  StepSample s = sample;
+  if (sample.steps > 1) {
+    const double k = static_cast<double>(sample.steps);
+    for (double* v : {&s.seconds, &s.data_wait, &s.comm, &s.host_sync, &s.cpu_wait}) *v /= k;
+    s.steps = 1;
+  }
   window_.push_back(s);
   if (window_.size() > static_cast<size_t>(options_.window)) window_.pop_front();
   if (window_.size() < static_cast<size_t>(options_.window)) return std::nullopt;
@@ -113,7 +123,20 @@ VarianceWarning StepVarianceAnalyser::explain(int64_t step, double spread) const
   // rank that is behind (starved of a core, a slow loader), not only the network.
   share([](const StepSample& s) { return s.comm; }, "communication", "communication share",
         "; an all-reduce also waits for the slowest rank: compare the ranks' step times");
-  share([](const StepSample& s) { return s.host_sync; }, "host synchronisation", "host-sync share");
+  {
+    // On a device the host's wait for a step's results is mostly the device computing it (eager
+    // steps wait for every step), so it grows with any slower step: what counts is growth beyond
+    // the step's own stretch, a larger share of the step.
+    const auto hs = [](const StepSample& s) { return s.host_sync; };
+    const double f = mean_of(fast, hs), s = mean_of(slow, hs);
+    c.push_back({"host synchronisation", s - f * t_slow / t_fast,
+                 fmt::format("host-sync share {:.1f}% of the step in the fastest half vs {:.1f}% in the slowest "
+                             "quarter ({:+.1f} ms per step)",
+                             100 * f / t_fast, 100 * s / t_slow, 1e3 * (s - f))});
+  }
+  // The step's own work: what the host did and what it waited for the device to do (on a device
+  // the host's waits are the device's compute), less data waits and exposed communication.
+  const auto work = [](const StepSample& s) { return s.seconds - s.data_wait - s.comm; };
   {
     const double cf = mean_of(fast, [](const StepSample& s) { return s.clock_mhz; });
     const double cs = mean_of(slow, [](const StepSample& s) { return s.clock_mhz; });
@@ -121,8 +144,7 @@ VarianceWarning StepVarianceAnalyser::explain(int64_t step, double spread) const
     const double ps = mean_of(slow, [](const StepSample& s) { return s.power_w; });
     if (std::isfinite(cf) && std::isfinite(cs) && cs < 0.97 * cf) {
       // The compute part of the slow steps, stretched by the clock ratio.
-      const double compute_slow =
-          t_slow - mean_of(slow, [](const StepSample& s) { return s.data_wait + s.comm + s.host_sync; });
+      const double compute_slow = mean_of(slow, work);
       std::string ev = fmt::format("clock {:.0f} MHz in the fastest half vs {:.0f} MHz in the slowest quarter", cf, cs);
       if (std::isfinite(pf) && std::isfinite(ps)) ev += fmt::format(", power {:.0f} W vs {:.0f} W", pf, ps);
       c.push_back({"clocks or power", compute_slow * (1 - cs / cf), ev});
@@ -133,10 +155,7 @@ VarianceWarning StepVarianceAnalyser::explain(int64_t step, double spread) const
     // slowest thread), so a stretch whose threads waited far longer lost its time to others.
     const double wf = mean_of(fast, [](const StepSample& s) { return s.cpu_wait; });
     const double ws = mean_of(slow, [](const StepSample& s) { return s.cpu_wait; });
-    auto compute = [&](const std::vector<const StepSample*>& set, double t) {
-      return t - mean_of(set, [](const StepSample& s) { return s.data_wait + s.comm + s.host_sync; });
-    };
-    const double stretch = compute(slow, t_slow) - compute(fast, t_fast);
+    const double stretch = mean_of(slow, work) - mean_of(fast, work);
     if (std::isfinite(wf) && std::isfinite(ws) && stretch > 0 && ws - wf > 0.3 * stretch)
       c.push_back({"CPU contention", stretch,
                    fmt::format("the process's threads waited {:.1f} ms per step for a core in the fastest half vs "
@@ -173,11 +192,12 @@ double StepVarianceAnalyser::throughput_cv() const {
 }
 
 double StepVarianceAnalyser::mean_step_seconds() const {
-  return count_ > 0 ? sec_sum_ / static_cast<double>(count_) : 0;
+  return steps_ > 0 ? sec_sum_ / static_cast<double>(steps_) : 0;
 }
 
 nlohmann::json StepVarianceAnalyser::summary_json() const {
-  return {{"steps", count_},
+  return {{"steps", steps_},
+          {"samples", count_},
           {"mean_step_s", mean_step_seconds()},
           {"throughput_cv", throughput_cv()},
           {"max_window_spread", max_spread_},
@@ -189,11 +209,15 @@ std::string StepVarianceAnalyser::summary_text() const {
   std::string causes;
   for (const auto& [k, v] : causes_.items())
     causes += fmt::format("{}{} x{}", causes.empty() ? "" : ", ", k, v.get<int64_t>());
+  // Sink mode: one sample per host synchronisation, so the window counts synchronisations.
+  const bool per_sync = steps_ != count_;
+  const char* unit = per_sync ? "synchronisation" : "step";
   const std::string spread = count_ >= options_.window
-                                 ? fmt::format("largest {}-step spread {:.1f}%", options_.window, 100 * max_spread_)
-                                 : fmt::format("too few steps for the {}-step window", options_.window);
-  return fmt::format("step time {:.1f} ms mean, throughput CV {:.1f}% over {} steps ({}); {}",
-                     1e3 * mean_step_seconds(), 100 * throughput_cv(), count_, spread,
+                                 ? fmt::format("largest {}-{} spread {:.1f}%", options_.window, unit, 100 * max_spread_)
+                                 : fmt::format("too few {}s for the {}-{} window", unit, options_.window, unit);
+  return fmt::format("step time {:.1f} ms mean, throughput CV {:.1f}% over {} steps{} ({}); {}",
+                     1e3 * mean_step_seconds(), 100 * throughput_cv(), steps_,
+                     per_sync ? fmt::format(" in {} host synchronisations", count_) : std::string(), spread,
                      warnings_ == 0 ? std::string("no variance warnings")
                                     : fmt::format("{} variance warning(s): {}", warnings_, causes));
 }

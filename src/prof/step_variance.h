@@ -13,7 +13,9 @@
 // explains the spread:
 //   input-bound           the data-wait time grew (the loader cannot keep up)
 //   communication         the all-reduce / communication time grew
-//   host synchronisation  the time the host spent waiting on the device grew
+//   host synchronisation  the time the host spent waiting on the device grew more than the
+//                         step (a larger share of it: on a device the wait is mostly the
+//                         device computing, and grows with any slower step)
 //   clocks or power       the device clock (or power) was lower in the slow steps
 //   CPU contention        the process's threads waited far longer for a core in the slow
 //                         steps (the scheduler's run delay: more runnable threads than cores)
@@ -49,6 +51,9 @@ struct StepSample {
   // not known.
   double cpu_wait = std::numeric_limits<double>::quiet_NaN();
   int64_t images = 0;  // samples processed (for images/s)
+  // Optimizer steps the sample covers: 1, or in sink mode those since the last host
+  // synchronisation (the figures above are their sums; the analysis takes them per step).
+  int64_t steps = 1;
 };
 
 struct VarianceOptions {
@@ -97,6 +102,7 @@ class StepVarianceAnalyser {
   double max_spread_ = 0;
   // Welford over per-step throughput.
   double tp_mean_ = 0, tp_m2_ = 0, sec_sum_ = 0;
+  int64_t steps_ = 0;  // optimizer steps the counted samples cover
   nlohmann::json causes_ = nlohmann::json::object();
 };
 

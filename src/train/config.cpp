@@ -643,8 +643,10 @@ std::vector<Field> build_fields() {
                               "spread of step times (robust coefficient of variation over variance_window steps) "
                               "past which one warning names the likely cause",
                               above(0)));
-  f.push_back(RN_CONFIG_FIELD(diagnostics.variance_window, "steps in the variance analysis' rolling window",
-                              closed(8, kMaxVarianceWindow)));
+  f.push_back(RN_CONFIG_FIELD(diagnostics.variance_window,
+                              "steps in the variance analysis' rolling window (at least 11, so that the P90 of its "
+                              "step times never reaches into a lone slow step)",
+                              closed(11, kMaxVarianceWindow)));
   f.push_back(RN_CONFIG_FIELD(diagnostics.doctor_max_grad_diff,
                               "resnet doctor fails when the whole gradient (all tensors) differs from fp32 by more "
                               "than this (relative L2 norm, first step)",

@@ -58,7 +58,7 @@ void TrainDiagnostics::begin_epoch(double wait_total) {
   last_wait_ = wait_total;
   last_end_ = std::chrono::steady_clock::now();
   last_cpu_wait_ = cpu_wait_seconds();
-  pending_ = {};  // an epoch boundary: steps of the last one are not carried over
+  pending_ = StepSample{.steps = 0};  // an epoch boundary: steps of the last one are not carried over
 }
 
 void TrainDiagnostics::before_step(int64_t step) {
@@ -66,6 +66,10 @@ void TrainDiagnostics::before_step(int64_t step) {
   const auto t0 = std::chrono::steady_clock::now();
   grads_.before_step(step);  // copies the weights: the monitor's time, not the step's
   excluded_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void TrainDiagnostics::between_steps(std::chrono::steady_clock::time_point since) {
+  excluded_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
 }
 
 void TrainDiagnostics::after_step(const StepDiagnostics& s) {
@@ -79,6 +83,7 @@ void TrainDiagnostics::after_step(const StepDiagnostics& s) {
   sample.comm += s.comm_seconds;
   sample.host_sync += s.host_sync_seconds;
   sample.images += s.images;
+  ++sample.steps;
   if (device_) {
     const DeviceSample d = device_->latest();
     sample.clock_mhz = d.clock_mhz;
@@ -94,7 +99,7 @@ void TrainDiagnostics::after_step(const StepDiagnostics& s) {
     sample.cpu_wait = std::isnan(waited) ? waited : std::max(0.0, waited);
     last_cpu_wait_ = cpu_wait;
     warning = variance_.add(s.step, sample);
-    pending_ = {};
+    pending_ = StepSample{.steps = 0};
   }
   if (auto& w = warning) {
     RN_LOG_WARN("{}", w->text);

@@ -54,6 +54,9 @@ class TrainDiagnostics {
   bool grad_monitor_due(int64_t step) const { return grads_.due(step); }
   void before_step(int64_t step);
   void after_step(const StepDiagnostics& s);
+  // Work between two steps that is neither's (a periodic checkpoint), from `since` until now:
+  // left out of the next step's time, which would otherwise read as a slow step.
+  void between_steps(std::chrono::steady_clock::time_point since);
   // The variance summary as a log line and a "variance" record.
   void finish(int64_t epoch, int64_t step);
 
@@ -68,7 +71,7 @@ class TrainDiagnostics {
   double last_cpu_wait_ = 0;  // cpu_wait_seconds() at the last sync point (NaN: not known)
   std::chrono::steady_clock::time_point last_end_;
   double excluded_ = 0;                      // seconds the monitors spent inside the current step's interval
-  StepSample pending_;                       // steps since the last synchronisation (sink mode)
+  StepSample pending_{.steps = 0};           // steps since the last synchronisation (sink mode)
   std::atomic<int64_t> epoch_{0}, step_{0};  // read by the device monitor's thread
 };
 

@@ -103,6 +103,39 @@ TEST(StepVariance, CommunicationAndHostSyncAreNamed) {
   }
 }
 
+// On a device (eager steps) the host waits for every step's results: its host-sync time is
+// the device computing, ~99% of every step. A slower device stretch is not "host
+// synchronisation" (the share did not grow): a clock drop is named as such, else compute.
+TEST(StepVariance, DeviceStepsWhoseHostWaitsForTheComputeAreNotHostSync) {
+  for (const bool clocks : {true, false}) {
+    SCOPED_TRACE(clocks ? "clock drop" : "no clock figures");
+    StepVarianceAnalyser v({.window = 40, .threshold = 0.10});
+    auto samples = steady(200);
+    for (int i = 0; i < 200; ++i) {
+      if (i >= 100 && i < 130) samples[i].seconds *= 1.6;
+      samples[i].host_sync = 0.99 * samples[i].seconds;
+      samples[i].data_wait = 0.001;
+      if (clocks) samples[i].clock_mhz = i >= 100 && i < 130 ? 1980 / 1.6 : 1980;
+    }
+    const auto w = feed(v, samples);
+    ASSERT_FALSE(w.empty());
+    EXPECT_EQ(w[0].cause, clocks ? "clocks or power" : "compute") << w[0].text;
+  }
+}
+
+// Sink mode: a sample covers the steps since the last host synchronisation. The mean step time
+// is per step (it was per synchronisation, sink_size times the step) and the summary counts steps.
+TEST(StepVariance, SinkModeSamplesAreTakenPerStep) {
+  StepVarianceAnalyser v({.window = 11, .threshold = 0.10});
+  std::vector<StepSample> samples(40, StepSample{.seconds = 0.4, .images = 128, .steps = 4});
+  EXPECT_TRUE(feed(v, samples).empty());
+  EXPECT_NEAR(v.mean_step_seconds(), 0.1, 1e-12);
+  EXPECT_EQ(v.summary_json()["steps"], 35 * 4);
+  EXPECT_EQ(v.summary_json()["samples"], 35);
+  EXPECT_NE(v.summary_text().find("step time 100.0 ms mean"), std::string::npos) << v.summary_text();
+  EXPECT_NE(v.summary_text().find("over 140 steps in 35 host synchronisations"), std::string::npos) << v.summary_text();
+}
+
 // Steps stretched while the process's threads waited for a core: the cores were taken.
 TEST(StepVariance, StretchWaitingForCoresIsCpuContention) {
   StepVarianceAnalyser v({.window = 40, .threshold = 0.10});
