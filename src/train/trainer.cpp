@@ -705,12 +705,20 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
           : fmt::format("base {:.6g}, not scaled with the batch", cfg.optimizer.base_lr),
       counted(cfg.schedule.epochs, "epoch"), counted(steps_per_epoch, "step"),
       counted(schedule.warmup_steps(), "step"));
-  // warmup_epochs past the run is a config error; warmup_steps is only known to be now.
-  if (schedule.warmup_steps() > cfg.schedule.epochs * steps_per_epoch)
-    RN_LOG_WARN(
-        "schedule.warmup_steps={} is longer than the run ({} steps): the learning rate never reaches its peak "
-        "{:.6g}",
-        schedule.warmup_steps(), cfg.schedule.epochs * steps_per_epoch, schedule.peak_lr());
+  // warmup_epochs past the run is a config error; warmup_steps is only known to be now. The
+  // warmup's last rate comes one step before its end, so a warmup as long as the run never
+  // reaches the peak either.
+  if (const int64_t run_steps = cfg.schedule.epochs * steps_per_epoch; schedule.warmup_steps() >= run_steps)
+    RN_LOG_WARN("{} is {} the run ({} steps): the learning rate never reaches its peak {:.6g} (and never decays)",
+                cfg.schedule.warmup_steps > 0
+                    ? fmt::format("schedule.warmup_steps={}", cfg.schedule.warmup_steps)
+                    : fmt::format("schedule.warmup_epochs={} ({})", cfg.schedule.warmup_epochs,
+                                  counted(schedule.warmup_steps(), "step")),
+                schedule.warmup_steps() > run_steps ? "longer than" : "as long as", run_steps, schedule.peak_lr());
+
+  if (cfg.schedule.warmup_steps == 0 && cfg.schedule.warmup_epochs > 0 && schedule.warmup_steps() == 0)
+    RN_LOG_WARN("schedule.warmup_epochs={} is less than half of a step ({} per epoch): no warmup",
+                cfg.schedule.warmup_epochs, counted(steps_per_epoch, "step"));
 
   st.config_yaml = cfg.to_yaml();
   st.global_batch = global_batch;
@@ -963,8 +971,11 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
       // same step is not written twice.
       const bool epoch_save_follows =
           st.batch_in_epoch == steps_per_epoch && (cfg.run.checkpoint.every_epoch || st.epoch + 1 == epochs);
-      if (cfg.run.checkpoint.every_steps > 0 && st.step % cfg.run.checkpoint.every_steps == 0 && !epoch_save_follows)
+      if (cfg.run.checkpoint.every_steps > 0 && st.step % cfg.run.checkpoint.every_steps == 0 && !epoch_save_follows) {
+        const auto t0 = std::chrono::steady_clock::now();
         save(false, std::nullopt);
+        diag.between_steps(t0);
+      }
     }
     if (stop) break;
     // Measured only where this process ran steps of the epoch: a resume at an epoch's last step

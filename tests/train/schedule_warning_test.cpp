@@ -23,12 +23,23 @@ TEST(ScheduleWarning, AWarmupLongerThanTheRunIsSaid) {
     EXPECT_NE(capture.text().find("schedule.warmup_steps=100 is longer than the run (12 steps)"), std::string::npos)
         << capture.text();
   }
-  cfg = test::small_run_config(dir.file("short"));
+  // A warmup as long as the run ends one step short of the peak (its rates are peak * k / 12
+  // for steps k = 0..11 of the run): said too.
+  cfg = test::small_run_config(dir.file("equal"));
   cfg.schedule.warmup_steps = 12;
+  cfg.validate();
+  {
+    LogCapture capture;
+    test::train_until(cfg, 1);
+    EXPECT_NE(capture.text().find("schedule.warmup_steps=12 is as long as the run (12 steps)"), std::string::npos)
+        << capture.text();
+  }
+  cfg = test::small_run_config(dir.file("short"));
+  cfg.schedule.warmup_steps = 11;
   cfg.validate();
   LogCapture capture;
   test::train_until(cfg, 1);
-  EXPECT_EQ(capture.text().find("is longer than the run"), std::string::npos) << capture.text();
+  EXPECT_EQ(capture.text().find("the learning rate never reaches its peak"), std::string::npos) << capture.text();
 }
 
 }  // namespace
