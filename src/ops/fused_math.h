@@ -139,7 +139,9 @@ RN_HD inline void chan_combine(F& n, F& mean, F& m2, F nb, F mean_b, F m2_b) {
 RN_HD inline float bn_apply(float x, float mean, float invstd, float gamma, float beta) {
   return fmaf(gamma, (x - mean) * invstd, beta);
 }
-RN_HD inline float relu(float v) { return v > 0.0f ? v : 0.0f; }
+// A NaN stays NaN (as PyTorch's and oneDNN's ReLU keep it): mapped to 0, a model gone NaN
+// looked healthy on the GPU, with finite losses.
+RN_HD inline float relu(float v) { return v > 0.0f || v != v ? v : 0.0f; }
 
 // Backward of batch norm in training mode per element, given the per-channel sums
 // sum_dy = sum(dy) and sum_dy_xhat = sum(dy * xhat) over the n = N*H*W values:

@@ -421,10 +421,14 @@ std::string DoctorReport::table() const {
     s += fmt::format("{:<34} {:>9} {:<16} {:>10.3e} {:>10} {:>10} {:>10} {:>9} {:>9}  {} .. {}\n", x.name, x.numel,
                      x.compute, x.grad_norm, pct(x.rel_diff_first), pct(x.rel_diff_rounding), pct(x.rel_diff_max),
                      pct(x.underflow), pct(x.overflow), format_scale(x.safe.lo), format_scale(x.safe.hi));
-  if (measured(rel_diff_total))
+  if (measured(rel_diff_total)) {
+    // A non-finite difference (the mixed-precision gradient overflowed) has no ratio to the baseline.
+    const double ratio = rel_diff_total / std::max(rounding_diff_total, 1e-300);
     s += fmt::format(
-        "\nwhole gradient (all tensors), first step: {} relative difference from fp32 (rounding baseline {}: {:.2f}x)",
-        pct(rel_diff_total), pct(rounding_diff_total), rel_diff_total / std::max(rounding_diff_total, 1e-300));
+        "\nwhole gradient (all tensors), first step: {} relative difference from fp32 (rounding baseline {}{})",
+        pct(rel_diff_total), pct(rounding_diff_total),
+        std::isfinite(ratio) ? fmt::format(": {:.2f}x", ratio) : std::string(": not finite"));
+  }
   s += fmt::format("\nall tensors: safe loss scales {} .. {}; recommended initial scale {}\n", format_scale(safe.lo),
                    format_scale(safe.hi), format_scale(recommended_scale));
   for (const std::string& p : problems) s += "problem: " + p + "\n";

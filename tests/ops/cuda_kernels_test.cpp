@@ -15,15 +15,15 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "backends/cuda/kernels.h"
 #include "core/dtype.h"
 #include "core/rng.h"
-#include "ops/fused_math.h"
-
 #include "cuda_test_util.h"
+#include "ops/fused_math.h"
 
 #ifdef RN_CUDA_SIM
 #define CudaKernels CudaKernelsOnCpu
@@ -418,6 +418,23 @@ TEST(CudaKernels, ElementwiseKernelsAreExactWithAndWithoutVectors) {
         EXPECT_TRUE(same_bits(hb.get(), half, &where)) << "cast to fp16: " << where;
       }
     }
+}
+
+// A NaN stays NaN through the ReLU, as in PyTorch and oneDNN: mapped to 0, a model gone NaN
+// trained on with finite losses on the GPU while the CPU build stopped as diverged.
+TEST(CudaKernels, ReluKeepsANaN) {
+  RN_REQUIRE_GPU();
+  for (DType t : kTypes) {
+    SCOPED_TRACE(dtype_name(t));
+    Buf xb(t, 4, 0), yb(t, 4, 0);
+    xb.set({std::nanf(""), -1.0f, 2.0f, -std::numeric_limits<float>::infinity()});
+    launch_relu_forward(yb.data(), xb.data(), t, 4, nullptr);
+    const std::vector<float> y = yb.get();
+    EXPECT_TRUE(std::isnan(y[0]));
+    EXPECT_EQ(y[1], 0.0f);
+    EXPECT_EQ(y[2], 2.0f);
+    EXPECT_EQ(y[3], 0.0f);
+  }
 }
 
 TEST(CudaKernels, MaxPoolingMatchesTheHost) {

@@ -78,7 +78,10 @@ void CudnnAlgoCache::save() const {
     for (const auto& [k, c] : sorted) text += format_line(k, c) + "\n";
     write_file_atomic(path_, std::string_view(text));
   } catch (const std::exception& e) {
-    RN_LOG_WARN("cuDNN algorithm cache {} not written: {}", path_, e.what());
+    if (!save_warned_)
+      RN_LOG_WARN("cuDNN algorithm cache {} not written: {} (the searches are kept in memory for this run; said once)",
+                  path_, e.what());
+    save_warned_ = true;
   }
 }
 

@@ -37,6 +37,7 @@ class CudnnAlgoCache {
   void save() const;
   std::string path_;
   mutable std::mutex mutex_;
+  mutable bool save_warned_ = false;  // a cache that cannot be written is said once, not per shape
   std::unordered_map<std::string, CudnnAlgoChoice> entries_;
 };
 
