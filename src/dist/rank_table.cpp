@@ -106,13 +106,15 @@ RankTable parse_rank_table(const std::string& text, const std::string& source) {
   }
   // mpirun reaches each host by its address, else its name: one host's address that is another's
   // name (without an address) would start both hosts' ranks on one machine.
-  for (const RankTableHost& h : t.hosts)
-    if (!h.address.empty() && h.address != h.name)
-      for (const RankTableHost& o : t.hosts)
-        RN_CHECK(&o == &h || !o.address.empty() || o.name != h.address)
-            << where << ": host '" << h.name << "' has the address " << h.address << ", which is host '" << o.name
-            << "''s name: mpirun would start both hosts' ranks on one machine (give '" << o.name
-            << "' its own \"address\", or correct the first)";
+  for (const RankTableHost& h : t.hosts) {
+    if (h.address.empty() || h.address == h.name) continue;
+    for (const RankTableHost& o : t.hosts) {
+      RN_CHECK(&o == &h || !o.address.empty() || o.name != h.address)
+          << where << ": host '" << h.name << "' has the address " << h.address << ", which is host '" << o.name
+          << "''s name: mpirun would start both hosts' ranks on one machine (give '" << o.name
+          << "' its own \"address\", or correct the first)";
+    }
+  }
   std::map<int, RankTableEntry> by_rank;
   std::map<int, size_t> listed_at;  // rank -> its index in "ranks", for messages
   std::set<int> device_given;
