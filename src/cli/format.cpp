@@ -89,10 +89,9 @@ size_t parse_bytes(const std::string& text, const std::string& what) {
   // "1.5" without a unit is a byte and a half, surely meant as 1.5 GiB or so.
   RN_CHECK(scale > 1 || v == std::floor(v))
       << what << ": '" << text << "' is a fraction of a byte; give a unit (examples: 1.5GiB, 512MiB)";
-  // Past 2^63 bytes the conversion would be undefined (x86 gives 0, "too small"): no memory or
-  // file is that large.
-  RN_CHECK(v * scale < 9.2e18) << what << ": '" << text << "' is more bytes than any memory or file holds (at most "
-                               << "8 EiB)";
+  RN_CHECK(v * scale < kMaxByteCount) << what << ": '" << text
+                                      << "' is more bytes than any memory or file holds (at most "
+                                      << "8 EiB)";
   return static_cast<size_t>(v * scale);
 }
 

@@ -19,6 +19,9 @@ std::string human_bytes(double bytes);  // "97.6 MiB"
 // KB/MB/GB/TB (all powers of 1024), e.g. "1073741824", "8G", "1.5GiB", "512MiB". Throws
 // rn::Error naming `what` and the text otherwise.
 size_t parse_bytes(const std::string& text, const std::string& what);
+// The largest byte count a size option takes (8 EiB, below 2^63): past it the conversion to an
+// integer is undefined (x86 gives 0), and no memory or file is that large.
+inline constexpr double kMaxByteCount = 9.2e18;
 // Parses "CxHxW" (e.g. 3x224x224); throws rn::Error naming the text otherwise.
 void parse_input_shape(const std::string& text, int64_t* c, int64_t* h, int64_t* w);
 // The model options of a command's --model, --input and --classes: those given, or where one is

@@ -96,8 +96,7 @@ int run_pack(const PackArgs& a) {
   o.quality = a.quality;
   o.raw = a.raw;
   o.records_per_shard = a.records_per_shard;
-  // Past 2^63 bytes the conversion is undefined (x86 gives 0, and then one record per shard).
-  RN_CHECK(a.shard_mb * (1 << 20) < 9.2e18)
+  RN_CHECK(a.shard_mb * (1 << 20) < kMaxByteCount)  // 0 after the cast would mean one record per shard
       << "--shard-mb " << a.shard_mb << " is more than any file holds (at most 8 EiB, 8796093022208 MiB)";
   o.target_shard_bytes = static_cast<uint64_t>(a.shard_mb * (1 << 20));
   o.workers = a.workers;

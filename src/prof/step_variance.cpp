@@ -111,9 +111,11 @@ VarianceWarning StepVarianceAnalyser::explain(int64_t step, double spread) const
     std::string evidence;
   };
   std::vector<Candidate> c;
-  auto share = [&](auto field, const char* cause, const char* what, const char* note = "") {
+  // `beyond_stretch`: only growth beyond the step's own stretch counts (a larger share).
+  auto share = [&](auto field, const char* cause, const char* what, const char* note = "",
+                   bool beyond_stretch = false) {
     const double f = mean_of(fast, field), s = mean_of(slow, field);
-    c.push_back({cause, s - f,
+    c.push_back({cause, s - f * (beyond_stretch ? t_slow / t_fast : 1.0),
                  fmt::format("{} {:.1f}% of the step in the fastest half vs {:.1f}% in the slowest quarter "
                              "({:+.1f} ms per step{})",
                              what, 100 * f / t_fast, 100 * s / t_slow, 1e3 * (s - f), note)});
@@ -123,17 +125,10 @@ VarianceWarning StepVarianceAnalyser::explain(int64_t step, double spread) const
   // rank that is behind (starved of a core, a slow loader), not only the network.
   share([](const StepSample& s) { return s.comm; }, "communication", "communication share",
         "; an all-reduce also waits for the slowest rank: compare the ranks' step times");
-  {
-    // On a device the host's wait for a step's results is mostly the device computing it (eager
-    // steps wait for every step), so it grows with any slower step: what counts is growth beyond
-    // the step's own stretch, a larger share of the step.
-    const auto hs = [](const StepSample& s) { return s.host_sync; };
-    const double f = mean_of(fast, hs), s = mean_of(slow, hs);
-    c.push_back({"host synchronisation", s - f * t_slow / t_fast,
-                 fmt::format("host-sync share {:.1f}% of the step in the fastest half vs {:.1f}% in the slowest "
-                             "quarter ({:+.1f} ms per step)",
-                             100 * f / t_fast, 100 * s / t_slow, 1e3 * (s - f))});
-  }
+  // On a device the host's wait for a step's results is mostly the device computing it (eager
+  // steps wait for every step), so it grows with any slower step: only a larger share counts.
+  share([](const StepSample& s) { return s.host_sync; }, "host synchronisation", "host-sync share", "",
+        /*beyond_stretch=*/true);
   // The step's own work: what the host did and what it waited for the device to do (on a device
   // the host's waits are the device's compute), less data waits and exposed communication.
   const auto work = [](const StepSample& s) { return s.seconds - s.data_wait - s.comm; };

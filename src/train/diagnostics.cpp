@@ -65,7 +65,7 @@ void TrainDiagnostics::before_step(int64_t step) {
   if (!grads_.due(step)) return;
   const auto t0 = std::chrono::steady_clock::now();
   grads_.before_step(step);  // copies the weights: the monitor's time, not the step's
-  excluded_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  between_steps(t0);
 }
 
 void TrainDiagnostics::between_steps(std::chrono::steady_clock::time_point since) {

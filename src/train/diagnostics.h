@@ -54,8 +54,8 @@ class TrainDiagnostics {
   bool grad_monitor_due(int64_t step) const { return grads_.due(step); }
   void before_step(int64_t step);
   void after_step(const StepDiagnostics& s);
-  // Work between two steps that is neither's (a periodic checkpoint), from `since` until now:
-  // left out of the next step's time, which would otherwise read as a slow step.
+  // Work that is no step's (a periodic checkpoint, the gradient monitor's copy), from `since`
+  // until now: left out of the next step's time, which would otherwise read as a slow step.
   void between_steps(std::chrono::steady_clock::time_point since);
   // The variance summary as a log line and a "variance" record.
   void finish(int64_t epoch, int64_t step);
