@@ -4,24 +4,23 @@
 #ifdef RN_CUDA_SIM
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
-#include <string>
-#include <thread>
-#include <vector>
-
-#include <unistd.h>
-
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/cudnn_algo_cache.h"
 #include "backends/cuda/launch.h"
 #include "ops/conv2d.h"
+#include "train/log_capture.h"
 
 #ifdef RN_SIM_HAVE_NCCL
 #include <nccl.h>
@@ -412,6 +411,73 @@ TEST(CudaEmulationOnCpu, TheConvolutionSearchTakesTheFastestAlgorithmThatRanDete
       }
     }
   }
+  std::filesystem::remove_all(dir);
+}
+
+// A cache entry that parses but cannot run (an algorithm outside cuDNN's list, a workspace
+// below what the algorithm needs, a math type cuDNN does not define: a file edited by hand)
+// is not handed to cuDNN, whose error would not name the file: it is searched again with a
+// warning that names the file and the entry, and the file gets the searched choice back.
+TEST(CudaEmulationOnCpu, AnAlgorithmCacheEntryThatCannotRunIsSearchedAgainWithAWarning) {
+  Conv2dDesc d;
+  d.p.in_channels = d.p.out_channels = 8;
+  d.p.kernel_h = d.p.kernel_w = 3;
+  d.p.pad_h = d.p.pad_w = 1;
+  d.batch = 2;
+  d.in_h = d.in_w = 5;
+  d.layout = Layout::nhwc;
+  d.dtype = DType::f16;  // its math type is used as cached (fp32 always runs with FMA math)
+  const auto dir = std::filesystem::temp_directory_path() / ("rn_algo_edit_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "cache.tsv").string();
+  auto read = [&] {
+    std::map<std::string, std::pair<std::string, cuda::CudnnAlgoChoice>> by_dir;  // direction -> key, choice
+    std::ifstream in(path);
+    for (std::string line; std::getline(in, line);) {
+      if (line.empty() || line[0] == '#') continue;
+      std::string key;
+      cuda::CudnnAlgoChoice c;
+      EXPECT_TRUE(cuda::CudnnAlgoCache::parse_line(line, &key, &c)) << line;
+      by_dir[key.substr(0, key.find('|'))] = {key, c};
+    }
+    return by_dir;
+  };
+  CudaBackendOptions o;
+  o.algo_cache_path = path;
+  ASSERT_NE(make_cuda_backend(o)->make_conv2d(d), nullptr);
+  const auto searched = read();
+  ASSERT_EQ(searched.size(), 3u);
+
+  std::map<std::string, cuda::CudnnAlgoChoice> edited;
+  for (const auto& [direction, entry] : searched) edited[direction] = entry.second;
+  edited["fwd"].algo = 99;
+  edited["bwd_data"].workspace = 0;
+  edited["bwd_filter"].math_type = 9;
+  {
+    std::ofstream out(path, std::ios::trunc);
+    for (const auto& [direction, c] : edited)
+      out << cuda::CudnnAlgoCache::format_line(searched.at(direction).first, c) << "\n";
+  }
+  LogCapture log;
+  ASSERT_NE(make_cuda_backend(o)->make_conv2d(d), nullptr);
+  const std::string text = log.text();
+  EXPECT_EQ(log.count("is ignored and searched again"), 3) << text;
+  EXPECT_EQ(log.count("cuDNN algorithm cache " + path + ": the entry "), 3) << text;
+  EXPECT_NE(text.find("algorithm 99 is not one of cuDNN's"), std::string::npos) << text;
+  EXPECT_NE(text.find("its workspace of 0 bytes is less than"), std::string::npos) << text;
+  EXPECT_NE(text.find("math type 9 is not one cuDNN defines"), std::string::npos) << text;
+  for (const auto& [direction, entry] : searched) EXPECT_NE(text.find(entry.first), std::string::npos) << direction;
+  const auto again = read();
+  ASSERT_EQ(again.size(), 3u);
+  for (const auto& [direction, entry] : searched) {
+    EXPECT_EQ(again.at(direction).second.algo, entry.second.algo) << direction;
+    EXPECT_EQ(again.at(direction).second.workspace, entry.second.workspace) << direction;
+    EXPECT_EQ(again.at(direction).second.math_type, entry.second.math_type) << direction;
+  }
+  // A valid cache is used without a word.
+  LogCapture quiet;
+  ASSERT_NE(make_cuda_backend(o)->make_conv2d(d), nullptr);
+  EXPECT_EQ(quiet.text().find("searched again"), std::string::npos) << quiet.text();
   std::filesystem::remove_all(dir);
 }
 

@@ -40,7 +40,11 @@ class CudnnConv final : public Conv2dKernel {
  private:
   std::string key(Direction dir) const;
   CudnnAlgoChoice choose(Direction dir);
-  std::optional<size_t> fma_workspace(Direction dir, int algo) const;
+  std::optional<size_t> fma_workspace(Direction dir, int algo) const {
+    return algo_workspace(dir, algo, CUDNN_FMA_MATH);
+  }
+  std::optional<size_t> algo_workspace(Direction dir, int algo, cudnnMathType_t math) const;
+  std::string unusable(Direction dir, const CudnnAlgoChoice& c) const;
   void* weights_krsc(const Tensor& w) const;  // the transposed weights in the scratch
   char* scratch() const { return static_cast<char*>(ctx_->workspace()); }
   // fp32 convolutions run with FMA math whatever the algorithm cache says: never TF32.
@@ -164,8 +168,14 @@ void search_status(cudnnStatus_t status, const std::string& what) {
 
 CudnnAlgoChoice CudnnConv::choose(Direction dir) {
   const std::string k = key(dir);
-  // A cached choice over the workspace limit (a file from an older build) is searched again.
-  if (auto hit = ctx_->algo_cache().find(k); hit && hit->workspace <= kMaxAlgoWorkspace) return *hit;
+  // A cached choice over the workspace limit (a file from an older build) is searched again,
+  // as is one that cannot run (a file edited by hand), with a warning naming the file.
+  if (auto hit = ctx_->algo_cache().find(k); hit && hit->workspace <= kMaxAlgoWorkspace) {
+    const std::string why = unusable(dir, *hit);
+    if (why.empty()) return *hit;
+    RN_LOG_WARN("cuDNN algorithm cache {}: the entry {} is ignored and searched again: {}", ctx_->algo_cache().path(),
+                k, why);
+  }
   const std::string what = std::string(direction_name(dir)) + " " + desc_.str();
   const bool det = ctx_->deterministic();
   const bool fp32 = desc_.dtype == DType::f32;
@@ -224,9 +234,40 @@ CudnnAlgoChoice CudnnConv::choose(Direction dir) {
   return *chosen;
 }
 
-// The workspace of `algo` with FMA math; nothing if cuDNN does not run it so.
-std::optional<size_t> CudnnConv::fma_workspace(Direction dir, int algo) const {
-  RN_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_, CUDNN_FMA_MATH));
+// Why a cached choice cannot run as it is, or "" if it can: an algorithm outside cuDNN's
+// list for the direction, a math type cuDNN does not define, an algorithm cuDNN does not run
+// for this convolution (at the math type it would run with), or less workspace than it needs.
+std::string CudnnConv::unusable(Direction dir, const CudnnAlgoChoice& c) const {
+  const int count = dir == Direction::forward         ? static_cast<int>(CUDNN_CONVOLUTION_FWD_ALGO_COUNT)
+                    : dir == Direction::backward_data ? static_cast<int>(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT)
+                                                      : static_cast<int>(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT);
+  std::ostringstream why;
+  if (c.algo < 0 || c.algo >= count) {
+    why << "algorithm " << c.algo << " is not one of cuDNN's " << count << " " << direction_name(dir) << " algorithms";
+    return why.str();
+  }
+  const auto m = static_cast<cudnnMathType_t>(c.math_type);
+  if (m != CUDNN_DEFAULT_MATH && m != CUDNN_TENSOR_OP_MATH && m != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION &&
+      m != CUDNN_FMA_MATH) {
+    why << "math type " << c.math_type << " is not one cuDNN defines";
+    return why.str();
+  }
+  const cudnnMathType_t runs_with = math_ == CUDNN_FMA_MATH ? CUDNN_FMA_MATH : m;  // as set_math
+  const std::optional<size_t> need = algo_workspace(dir, c.algo, runs_with);
+  RN_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_, math_));
+  if (!need)
+    why << "cuDNN does not run algorithm " << c.algo << " with math type " << static_cast<int>(runs_with) << " for "
+        << desc_.str();
+  else if (*need > c.workspace)
+    why << "its workspace of " << c.workspace << " bytes is less than the " << *need << " bytes algorithm " << c.algo
+        << " needs";
+  return why.str();
+}
+
+// The workspace of `algo` with `math`; nothing if cuDNN does not run it so. Leaves the
+// descriptor at `math`.
+std::optional<size_t> CudnnConv::algo_workspace(Direction dir, int algo, cudnnMathType_t math) const {
+  RN_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_, math));
   cudnnHandle_t h = ctx_->cudnn();
   size_t bytes = 0;
   cudnnStatus_t st;

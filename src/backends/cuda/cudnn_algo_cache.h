@@ -2,7 +2,8 @@
 // keyed by everything that decides it (direction, shapes, dtype, layout, math mode, the
 // cuDNN version and the GPU's name), in memory and in a tab-separated file that survives
 // the process (`resnet tune` fills it ahead of time). A corrupt line is ignored with a
-// warning; the file is rewritten atomically when an entry is added.
+// warning (an entry that parses but cannot run is the convolution's to refuse: conv2d.cpp);
+// the file is rewritten atomically when an entry is added.
 #pragma once
 
 #include <cstddef>
