@@ -560,7 +560,8 @@ std::vector<Field> build_fields() {
                               "overflowing (skipped) steps in a row after which training stops as diverged, counted "
                               "past the backoffs a dynamic scale needs to fall from its highest value to its lowest "
                               "(24 at the defaults): the weights no longer change, so more steps cannot recover; 0: "
-                              "never stop",
+                              "never stop. Sink mode reads the device's count at log lines, so it stops at the "
+                              "next one",
                               at_least(0)));
   // run
   f.push_back(RN_CONFIG_FIELD(run.device,

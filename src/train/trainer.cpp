@@ -848,18 +848,24 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
       // log line, those of every step since the last read (the device records them).
       // A log line every log_interval_steps, and at an epoch's last step and a step limit, so
       // that every step's loss is in one train record (the interval restarts with each epoch).
-      const bool log_point =
-          st.step % cfg.run.log_interval_steps == 0 || st.batch_in_epoch == steps_per_epoch || at_limit;
+      // A stop request is one too (below, once the ranks have agreed on it).
+      bool log_point = st.step % cfg.run.log_interval_steps == 0 || st.batch_in_epoch == steps_per_epoch || at_limit;
       std::vector<float> step_losses;
+      bool losses_read = true;  // sink mode: whether this step read the device's losses
+      auto take_device_losses = [&] {
+        step_losses = step->take_losses();
+        double sum = 0;
+        for (float l : step_losses) sum += l;
+        if (!step_losses.empty()) last_loss = static_cast<float>(sum / static_cast<double>(step_losses.size()));
+      };
       if (sink_size == 0) {
         step->wait_for_gradients();
         last_loss = plan->loss();
         step_losses.push_back(last_loss);
       } else if (st.step % sink_size == 0 || log_point) {
-        step_losses = step->take_losses();
-        double sum = 0;
-        for (float l : step_losses) sum += l;
-        if (!step_losses.empty()) last_loss = static_cast<float>(sum / static_cast<double>(step_losses.size()));
+        take_device_losses();
+      } else {
+        losses_read = false;
       }
       // On a device run() only queued the step: its time is the wait for it too (eager: every
       // step's loss read; sink mode: the read at a sync point covers the steps queued before it).
@@ -883,7 +889,18 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
                                      {{"bytes", static_cast<double>(reducer->buckets()[k].bytes())}});
         }
       }
-      const StepAgreement agreed = agree_on_step(comm, last_loss, g_stop);
+      StepAgreement agreed = agree_on_step(comm, last_loss, g_stop);
+      if (agreed.stop && !log_point) {
+        // The steps since the last log line get their train record before the run stops: in
+        // sink mode their losses are read now (every rank knows of the stop, so every rank
+        // reads, and agrees on the mean again).
+        log_point = true;
+        if (!losses_read) {
+          take_device_losses();
+          losses_read = true;
+          agreed.loss = agree_on_step(comm, last_loss, true).loss;
+        }
+      }
       const float loss = agreed.loss;
       if (!std::isfinite(loss)) step->sync_scaler_state();  // the device's skip counters decide below
       // On a device the wait above includes the exposed all-reduce time, which comm_seconds
@@ -918,10 +935,13 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
       pf.total_steps = epochs * steps_per_epoch;
       pf.loss = interval_losses > 0 ? interval_loss / static_cast<double>(interval_losses) : static_cast<double>(loss);
       pf.lr = lr;
-      if (step->on_device() && log_point) step->sync_scaler_state();
+      // An eager device step has just been waited for (its loss read): its counters cost one
+      // small copy more. Sink mode reads them at log lines (and non-finite losses) only.
+      if (step->on_device() && (log_point || sink_size == 0)) step->sync_scaler_state();
       // Skips in a row past the limit: the weights no longer change and the scale cannot help,
       // so more steps would only spend time (and write checkpoints of a diverged model). A
-      // device's counters are read at log lines and non-finite losses; the host's are current.
+      // device's counters are current in eager mode and read at log lines and non-finite
+      // losses in sink mode; the host's are current.
       if (scaler.skipping_without_end()) {
         diag.finish(st.epoch, st.step);
         if (writer) write_report(run_dir);
@@ -960,6 +980,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
         interval_t0 = std::chrono::steady_clock::now();
       }
       if (agreed.stop || at_limit) {
+        if (agreed.stop) g_stop = false;  // answered: a later train() in this process runs afresh
         RN_LOG_INFO("{} at step {}: saving a checkpoint", agreed.stop ? "stop requested" : "step limit reached",
                     st.step);
         save(false, std::nullopt);

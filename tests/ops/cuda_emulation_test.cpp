@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -22,8 +23,12 @@
 #include "ops/conv2d.h"
 #include "train/log_capture.h"
 
-#ifdef RN_SIM_HAVE_NCCL
+#ifdef RN_SIM_HAVE_NCCL  // rn_train is linked too
 #include <nccl.h>
+
+#include "train/small_run.h"
+#include "train/stop_at_load.h"
+#include "train/test_dir.h"
 #endif
 
 namespace rn {
@@ -519,6 +524,59 @@ TEST(CudaEmulationOnCpu, AConvolutionSearchDuringACaptureInvalidatesIt) {
   cudnnDestroyTensorDescriptor(x);
   cudnnDestroy(h);
 }
+
+#ifdef RN_SIM_HAVE_NCCL
+// Sink mode: a stop between two synchronisations reads the device's losses of the steps since
+// the last read, so the stop's train record holds them (the host, eager:
+// tests/train/stop_request_test.cpp).
+TEST(CudaEmulationOnCpu, AStopInSinkModeRecordsTheLossesOfTheStepsSinceTheLastRead) {
+  TestDir dir;
+  auto config = [&](const std::string& name, int sink_size, int log_interval) {
+    Config c = test::small_run_config(dir.file(name));  // 3 epochs of 4 steps of 8
+    c.run.device = DeviceChoice::cuda;
+    c.run.sink_size = sink_size;
+    c.run.log_interval_steps = log_interval;
+    c.data.workers = 0;
+    c.validate();
+    return c;
+  };
+  const TrainResult stopped = train(config("sink", 4, 50), test::stop_at_load(8 * 5 + 3));  // in step 6
+  EXPECT_TRUE(stopped.interrupted);
+  EXPECT_EQ(stopped.steps, 6);
+  const auto records = test::train_losses(stopped.run_dir);
+  ASSERT_EQ(records.size(), 2u) << "epoch 1's last step and the stop";
+  ASSERT_TRUE(records.count(4) && records.count(6));
+  // Eager, a record every step (eager and sink mode train alike, bit for bit).
+  const auto each = test::train_losses(test::train_until(config("eager", 0, 1), 6).run_dir);
+  ASSERT_TRUE(each.count(5) && each.count(6));
+  const double mean = (each.at(5) + each.at(6)) / 2;
+  EXPECT_NEAR(records.at(6), mean, 1e-6 * std::abs(mean));
+  EXPECT_NE(records.at(6), each.at(6));
+}
+
+// Eager device steps read their loss every step, and the loss-scale counters with it: a run
+// whose every step overflows stops after precision.loss_scale.max_skips_in_a_row skips, not
+// at the next log line.
+TEST(CudaEmulationOnCpu, AnEagerDeviceRunStopsAtTheSkipLimitNotAtTheNextLogLine) {
+  TestDir dir;
+  Config cfg = test::small_run_config(dir.file("run"));
+  cfg.run.device = DeviceChoice::cuda;
+  cfg.precision.level = PrecisionLevel::O2;
+  cfg.precision.half_dtype = DType::f16;
+  cfg.precision.loss_scale.policy = LossScalePolicy::static_scale;
+  cfg.precision.loss_scale.initial = 1e9;  // every fp16 step overflows
+  cfg.precision.loss_scale.max_skips_in_a_row = 2;
+  cfg.run.log_interval_steps = 50;
+  cfg.validate();
+  std::string e;
+  try {
+    train(cfg);
+  } catch (const std::exception& x) {
+    e = x.what();
+  }
+  EXPECT_NE(e.find("2 steps in a row, up to step 2, were skipped"), std::string::npos) << e;
+}
+#endif
 
 }  // namespace
 }  // namespace rn
