@@ -26,6 +26,7 @@ struct TuneArgs {
   std::string half = "fp16";
   std::string device = "cuda";
   bool high_precision = false;
+  bool deterministic = false;
 };
 
 int run_tune(const TuneArgs& a) {
@@ -33,6 +34,7 @@ int run_tune(const TuneArgs& a) {
   Model model(build_model(a.model, o));
   BackendOptions bo;
   bo.high_precision = a.high_precision;
+  bo.deterministic = a.deterministic;
   auto backend = make_backend_for(device_from_name(a.device), bo);
   RN_CHECK(backend->device() != Device::cpu)
       << "resnet tune: the " << backend->name() << " backend keeps no algorithm cache (tuning is for --device cuda)";
@@ -71,6 +73,9 @@ Runner add_tune_command(CLI::App& app) {
   cmd->add_option("--device", a->device, "cuda (or auto)")->capture_default_str();
   cmd->add_flag("--high-precision", a->high_precision,
                 "Tune for run.implementation_mode=high_precision (deterministic algorithms only)");
+  cmd->add_flag("--deterministic", a->deterministic,
+                "Tune for run.deterministic=true (deterministic algorithms only; a run in high_performance mode "
+                "with it has keys of its own)");
   return [cmd, a]() -> int { return cmd->parsed() ? run_tune(*a) : -1; };
 }
 

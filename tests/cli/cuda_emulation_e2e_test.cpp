@@ -13,12 +13,13 @@
 #ifdef RN_HAVE_RESNET_SIM
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -60,13 +61,16 @@ std::vector<std::string> tiny_run(const fs::path& dir, const std::string& device
   return a;
 }
 
-// Runs `binary args`, output to dir.log; the exit status.
-int run(const char* binary, const std::vector<std::string>& args, const fs::path& dir) {
+// Runs `binary args`, output to dir.log; the exit status. `algo_cache`: RN_CUDNN_ALGO_CACHE
+// ("-": in memory only).
+int run(const char* binary, const std::vector<std::string>& args, const fs::path& dir,
+        const std::string& algo_cache = "-") {
   std::string cmd = std::string(binary);
   for (const auto& a : args) cmd += " '" + a + "'";
   // The emulation is built with the address sanitizer; its leak check at exit is not this
   // test's business (the kernel tests keep it). The algorithm cache stays in memory.
-  cmd = "ASAN_OPTIONS=detect_leaks=0 RN_CUDNN_ALGO_CACHE=- " + cmd + " > '" + dir.string() + ".log' 2>&1";
+  cmd = "ASAN_OPTIONS=detect_leaks=0 RN_CUDNN_ALGO_CACHE='" + algo_cache + "' " + cmd + " > '" + dir.string() +
+        ".log' 2>&1";
   const int status = std::system(cmd.c_str());
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
 }
@@ -226,6 +230,32 @@ TEST(CudaEmulationE2E, DoctorMeasuresTheMixedRunOnTheDevice) {
   const std::string json = test::read_all(dir / "doctor.json");
   EXPECT_NE(json.find("\"mixed_ran\": true"), std::string::npos) << json.substr(0, 400);
   EXPECT_NE(test::read_all(dir.string() + ".log").find("verdict:"), std::string::npos);
+}
+
+// `resnet tune` fills the algorithm cache so that a later run with the same model, batch,
+// precision and mode searches nothing, run.deterministic (whose keys are its own) included.
+TEST(CudaEmulationE2E, TuneFillsTheCacheADeterministicRunThenUses) {
+  const fs::path dir = fresh_dir("cuda_emulation/tune");
+  fs::create_directories(dir);
+  const std::string cache = (dir / "algos.tsv").string();
+  auto entries = [&] {  // the file's lines less its header
+    std::istringstream in(test::read_all(cache));
+    int n = 0;
+    for (std::string line; std::getline(in, line);) n += !line.empty() && line[0] != '#';
+    return n;
+  };
+  ASSERT_EQ(run(resnet_sim_path(),
+                {"tune", "--model", "resnet20", "--input", "3x16x16", "--classes", "10", "--batch", "16", "--precision",
+                 "O0", "--deterministic"},
+                dir / "tune", cache),
+            0)
+      << test::read_all((dir / "tune").string() + ".log");
+  const int tuned = entries();
+  EXPECT_GT(tuned, 20) << test::read_all(cache);
+  const fs::path run_dir = dir / "train";
+  ASSERT_EQ(run(resnet_sim_path(), tiny_run(run_dir, "cuda", {"precision.level=O0"}), run_dir, cache), 0)
+      << test::read_all(run_dir.string() + ".log");
+  EXPECT_EQ(entries(), tuned) << "the deterministic run searched shapes tune had not:\n" << test::read_all(cache);
 }
 
 // Every CUDA, cuDNN, cuBLAS and NCCL call of resnet_sim resolves to the emulation: the
