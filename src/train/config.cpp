@@ -592,9 +592,11 @@ std::vector<Field> build_fields() {
                               "synchronisations and at log lines; 0: eager steps",
                               closed(0, kMaxSinkSize)));
   f.push_back(RN_CONFIG_FIELD(run.out_dir, "run folder: train.log, metrics.jsonl, config.yaml, checkpoints"));
-  f.push_back(RN_CONFIG_FIELD(run.log_interval_steps,
-                              "steps between progress lines and train records (also written at each epoch's last step)",
-                              at_least(1)));
+  f.push_back(
+      RN_CONFIG_FIELD(run.log_interval_steps,
+                      "steps between progress lines and train records (also written at each epoch's last step, a step "
+                      "limit and a stop request)",
+                      at_least(1)));
   f.push_back(
       RN_CONFIG_FIELD(run.eval_interval_epochs, "epochs between evaluations; 0: only after the last", at_least(0)));
   f.push_back(RN_CONFIG_FIELD(run.checkpoint.every_steps, "also checkpoint every N steps; 0: off", at_least(0)));
