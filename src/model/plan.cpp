@@ -194,6 +194,11 @@ void Plan::emit_forward(int id) {
     BatchNormKernel* k = kernels_[static_cast<size_t>(id)].bn = backend_ ? keep(bns_, backend_->make_batch_norm(d)) : nullptr;
     const int r = b->fuse == BnFuse::add_relu ? in(1) : -1;
     if (train) {
+      // Batch statistics of one value per channel have no variance (the kernels refuse them at
+      // the first step): said now, before a run starts. Synchronised BN counts every rank's.
+      RN_CHECK(options_.bn_sync != nullptr || N * xs[2] * xs[3] > 1)
+          << "plan: batch norm '" << n.name << "' would train on one value per channel (batch " << N << " x " << xs[2]
+          << "x" << xs[3] << " maps): its batch variance is undefined; use a larger batch or larger images";
       if (k != nullptr && options_.bn_sync != nullptr) k->set_stats_reducer(options_.bn_sync);
       const int sm = saved0_[static_cast<size_t>(id)] =
           add_buffer(n.name + ":saved_mean", {xs[1]}, DType::f32, Layout::nchw, BufferRole::saved);

@@ -108,6 +108,31 @@ TEST(Plan, SizesPastInt64AreRefusedNotWrapped) {
   EXPECT_NO_THROW(Plan(model, nullptr, po));
 }
 
+// A training plan whose batch norm would see one value per channel (resnet20's layer3 maps
+// are 1x1 at 4x4 input) is refused when it is made, naming the layer, not at the first step;
+// an evaluation plan, which uses the running statistics, is not.
+TEST(Plan, TrainingBatchNormOnOneValuePerChannelIsRefusedWhenPlanned) {
+  ModelOptions o = default_model_options("resnet20");
+  o.height = o.width = 4;
+  Model model(build_model("resnet20", o));
+  PlanOptions po;
+  po.batch = 1;
+  std::string m;
+  try {
+    Plan plan(model, nullptr, po);
+  } catch (const Error& e) {
+    m = e.what();
+  }
+  EXPECT_NE(m.find("batch norm 'layer3.0.downsample.1' would train on one value per channel (batch 1 x 1x1 maps)"),
+            std::string::npos)
+      << m;
+  po.mode = PlanMode::eval;
+  EXPECT_NO_THROW(Plan(model, nullptr, po));
+  po.mode = PlanMode::train;
+  po.batch = 2;
+  EXPECT_NO_THROW(Plan(model, nullptr, po));
+}
+
 TEST(Plan, InputOfOneSamplePastInt64IsRefused) {
   Graph g;
   EXPECT_THROW(g.input(1, int64_t{1} << 31, int64_t{1} << 31), Error);
