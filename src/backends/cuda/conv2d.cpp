@@ -6,7 +6,8 @@
 // Math: fp32 convolutions use CUDNN_FMA_MATH (no TF32: fp32 parity with PyTorch is a test);
 // fp16/bf16 use tensor-op math with fp32 accumulation (cuDNN's PSEUDO_HALF/BFLOAT16 configs).
 // Algorithms: cuDNN's measured search, once per key (cudnn_algo_cache.h); in high_precision
-// mode or with run.deterministic only deterministic algorithms are taken.
+// mode or with run.deterministic only deterministic algorithms, ranked by cuDNN's heuristics
+// rather than by timing, so that every run takes the same ones.
 #include <algorithm>
 #include <optional>
 #include <sstream>
@@ -183,18 +184,27 @@ CudnnAlgoChoice CudnnConv::choose(Direction dir) {
   constexpr int kAsk = 16;
   int got = 0;
   std::vector<CudnnAlgoChoice> found;
-  // The measured search allocates its own buffers (the plan's do not exist yet).
+  // The measured search allocates its own buffers (the plan's do not exist yet). Deterministic
+  // runs ask cuDNN's heuristics instead: a measured search can rank the algorithms otherwise
+  // on another run (timing noise), and another algorithm sums in another order, so two runs
+  // that each searched (a cold or disabled cache) would not be bit-identical.
   if (dir == Direction::forward) {
     std::vector<cudnnConvolutionFwdAlgoPerf_t> r(kAsk);
-    search_status(cudnnFindConvolutionForwardAlgorithm(h, x_, w_, conv_, y_, kAsk, &got, r.data()), what);
+    search_status(det ? cudnnGetConvolutionForwardAlgorithm_v7(h, x_, w_, conv_, y_, kAsk, &got, r.data())
+                      : cudnnFindConvolutionForwardAlgorithm(h, x_, w_, conv_, y_, kAsk, &got, r.data()),
+                  what);
     found = candidates(r, got, det, fp32, what);
   } else if (dir == Direction::backward_data) {
     std::vector<cudnnConvolutionBwdDataAlgoPerf_t> r(kAsk);
-    search_status(cudnnFindConvolutionBackwardDataAlgorithm(h, w_, y_, conv_, x_, kAsk, &got, r.data()), what);
+    search_status(det ? cudnnGetConvolutionBackwardDataAlgorithm_v7(h, w_, y_, conv_, x_, kAsk, &got, r.data())
+                      : cudnnFindConvolutionBackwardDataAlgorithm(h, w_, y_, conv_, x_, kAsk, &got, r.data()),
+                  what);
     found = candidates(r, got, det, fp32, what);
   } else {
     std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> r(kAsk);
-    search_status(cudnnFindConvolutionBackwardFilterAlgorithm(h, x_, y_, conv_, w_, kAsk, &got, r.data()), what);
+    search_status(det ? cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, x_, y_, conv_, w_, kAsk, &got, r.data())
+                      : cudnnFindConvolutionBackwardFilterAlgorithm(h, x_, y_, conv_, w_, kAsk, &got, r.data()),
+                  what);
     found = candidates(r, got, det, fp32, what);
   }
   clear_nonsticky_error();  // an allocation the search tried and gave up on

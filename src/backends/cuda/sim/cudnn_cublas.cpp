@@ -10,7 +10,9 @@
 #include <cudnn.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <vector>
 
 #include "backends/cuda/sim/handles.h"
@@ -156,6 +158,7 @@ struct Reported {
 constexpr Reported<cudnnConvolutionFwdAlgo_t> kForward[] = {
     {CUDNN_CONVOLUTION_FWD_ALGO_GEMM, CUDNN_STATUS_SUCCESS, CUDNN_DETERMINISTIC, WithFma::not_supported},
     {CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, CUDNN_STATUS_SUCCESS, CUDNN_DETERMINISTIC},
+    {CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, CUDNN_STATUS_SUCCESS, CUDNN_DETERMINISTIC},
     {CUDNN_CONVOLUTION_FWD_ALGO_FFT, CUDNN_STATUS_NOT_SUPPORTED_SHARED_MEMORY_INSUFFICIENT, CUDNN_DETERMINISTIC}};
 constexpr Reported<cudnnConvolutionBwdDataAlgo_t> kBackwardData[] = {
     {CUDNN_CONVOLUTION_BWD_DATA_ALGO_0, CUDNN_STATUS_SUCCESS, CUDNN_NON_DETERMINISTIC},
@@ -187,11 +190,14 @@ bool runs(const Reported<Algo> (&table)[N], Algo algo, const cudnnConvolutionStr
 // The search's results: the table's first `requested`, with the descriptor's math type, but
 // for fp32 data cuDNN's default math (unless the table says FMA), as cuDNN reports an
 // algorithm it timed without a math-type variant: whether that runs with FMA math is the
-// caller's question (workspace_size).
+// caller's question (workspace_size). `reversed`: in the opposite order, as a measured search
+// may order them on another run (timing noise; $RN_SIM_SEARCH_ORDER=reversed).
 template <typename Perf, typename Algo, size_t N>
-void results(const Conv& c, const Reported<Algo> (&table)[N], int requested, int* returned, Perf* perf) {
+void results(const Conv& c, const Reported<Algo> (&table)[N], int requested, int* returned, Perf* perf,
+             bool reversed = false) {
   *returned = 0;
-  for (const auto& r : table) {
+  for (size_t i = 0; i < N; ++i) {
+    const Reported<Algo>& r = table[reversed ? N - 1 - i : i];
     if (*returned >= requested) break;
     Perf& p = perf[(*returned)++];
     p = Perf{};
@@ -231,6 +237,20 @@ cudnnStatus_t find(const cudnnTensorStruct* x, const cudnnFilterStruct* w, const
                    Perf* perf, const char* what) {
   if (!returned || !perf || requested < 0) return CUDNN_STATUS_BAD_PARAM;
   if (!rn::cuda::sim::allowed_outside_capture(what)) return CUDNN_STATUS_EXECUTION_FAILED_CUDART;
+  Conv c;
+  if (const cudnnStatus_t st = describe(x, w, cd, y, &c); st != CUDNN_STATUS_SUCCESS) return st;
+  const char* order = std::getenv("RN_SIM_SEARCH_ORDER");
+  results(c, table, requested, returned, perf, order != nullptr && std::string_view(order) == "reversed");
+  return CUDNN_STATUS_SUCCESS;
+}
+
+// cuDNN's heuristics (the _v7 queries): the same results, in the table's order always (no
+// timing), and no allocation, so allowed in a capture.
+template <typename Perf, typename Algo, size_t N>
+cudnnStatus_t heuristics(const cudnnTensorStruct* x, const cudnnFilterStruct* w, const cudnnConvolutionStruct* cd,
+                         const cudnnTensorStruct* y, const Reported<Algo> (&table)[N], int requested, int* returned,
+                         Perf* perf) {
+  if (!returned || !perf || requested < 1) return CUDNN_STATUS_BAD_PARAM;
   Conv c;
   if (const cudnnStatus_t st = describe(x, w, cd, y, &c); st != CUDNN_STATUS_SUCCESS) return st;
   results(c, table, requested, returned, perf);
@@ -359,6 +379,28 @@ cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithm(cudnnHandle_t, const c
                                                           int* returned, cudnnConvolutionBwdFilterAlgoPerf_t* perf) {
   return find(x, dw, cd, dy, kBackwardFilter, requested, returned, perf,
               "cudnnFindConvolutionBackwardFilterAlgorithm");
+}
+
+cudnnStatus_t cudnnGetConvolutionForwardAlgorithm_v7(cudnnHandle_t, const cudnnTensorDescriptor_t x,
+                                                     const cudnnFilterDescriptor_t w,
+                                                     const cudnnConvolutionDescriptor_t cd,
+                                                     const cudnnTensorDescriptor_t y, const int requested,
+                                                     int* returned, cudnnConvolutionFwdAlgoPerf_t* perf) {
+  return heuristics(x, w, cd, y, kForward, requested, returned, perf);
+}
+cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnnHandle_t, const cudnnFilterDescriptor_t w,
+                                                          const cudnnTensorDescriptor_t dy,
+                                                          const cudnnConvolutionDescriptor_t cd,
+                                                          const cudnnTensorDescriptor_t dx, const int requested,
+                                                          int* returned, cudnnConvolutionBwdDataAlgoPerf_t* perf) {
+  return heuristics(dx, w, cd, dy, kBackwardData, requested, returned, perf);
+}
+cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnnHandle_t, const cudnnTensorDescriptor_t x,
+                                                            const cudnnTensorDescriptor_t dy,
+                                                            const cudnnConvolutionDescriptor_t cd,
+                                                            const cudnnFilterDescriptor_t dw, const int requested,
+                                                            int* returned, cudnnConvolutionBwdFilterAlgoPerf_t* perf) {
+  return heuristics(x, dw, cd, dy, kBackwardFilter, requested, returned, perf);
 }
 
 cudnnStatus_t cudnnGetConvolutionForwardWorkspaceSize(cudnnHandle_t, const cudnnTensorDescriptor_t x,
