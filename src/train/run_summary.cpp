@@ -48,6 +48,7 @@ RunComparison compare_grad_runs(const std::vector<GradRecord>& a_in, const std::
   c.tolerance = tolerance;
   for (const GradRecord& ra : a) c.common_steps += b_at.count(ra.step);
   bool first_common = true;
+  int64_t agreed_step = -1;  // the last common step at which the runs agreed
   for (const GradRecord& ra : a) {
     auto it = b_at.find(ra.step);
     if (it == b_at.end()) continue;
@@ -76,12 +77,20 @@ RunComparison compare_grad_runs(const std::vector<GradRecord>& a_in, const std::
     }
     const bool any =
         std::any_of(d.begin(), d.end(), [&](auto& t) { return t.weight_rel > tolerance || t.grad_rel > tolerance; });
-    if (!any) continue;
+    if (!any) {
+      agreed_step = ra.step;
+      continue;
+    }
     c.first_step = ra.step;
     // Weights that differ at the first common step (step 1: the initial weights) are where the
-    // runs started apart; later, differing weights are the sum of earlier gradient differences.
-    const bool weights =
-        at_first_common && std::any_of(d.begin(), d.end(), [&](auto& t) { return t.weight_rel > tolerance; });
+    // runs started apart. Weights (taken before the step's update) that differ right after a
+    // step at which weights and gradients agreed were moved apart by that step's update:
+    // another learning rate, momentum or weight decay, or a step one run skipped; the
+    // gradients then differ because the weights do. With unmonitored steps between, earlier
+    // gradient differences may be the cause: the gradients lead.
+    const bool weights_apart = std::any_of(d.begin(), d.end(), [&](auto& t) { return t.weight_rel > tolerance; });
+    c.updates_differ = weights_apart && !at_first_common && agreed_step == ra.step - 1;
+    const bool weights = weights_apart && (at_first_common || c.updates_differ);
     std::stable_sort(d.begin(), d.end(), [&](const TensorDivergence& x, const TensorDivergence& y) {
       return weights ? x.weight_rel > y.weight_rel : x.grad_rel > y.grad_rel;
     });
@@ -101,8 +110,13 @@ std::string RunComparison::text() const {
     return fmt::format("the runs agree: weight and gradient norms of every tensor within {:g} at {}\n", tolerance,
                        common_steps == 1 ? std::string("the one common monitored step")
                                          : fmt::format("all {} common monitored steps", common_steps));
-  std::string s = fmt::format("first divergence at step {} (tolerance {:g}, {}): {} of {} differ first\n\n", first_step,
-                              tolerance, counted(common_steps, "common monitored step"), first_reason, first_tensor);
+  std::string s =
+      fmt::format("first divergence at step {} (tolerance {:g}, {}): {} of {} differ first{}\n\n", first_step,
+                  tolerance, counted(common_steps, "common monitored step"), first_reason, first_tensor,
+                  updates_differ ? fmt::format(", after step {} agreed: its updates differed (learning "
+                                               "rate, momentum, weight decay, or a step one run skipped)",
+                                               first_step - 1)
+                                 : std::string());
   s += fmt::format("{:<36} {:>11} {:>11} {:>9} {:>11} {:>11} {:>9}\n", "tensor", "|w| run A", "|w| run B", "rel",
                    "|g| run A", "|g| run B", "rel");
   for (const TensorDivergence& t : worst)

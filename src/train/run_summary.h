@@ -32,6 +32,7 @@ struct RunComparison {
   int64_t first_step = -1;              // -1: no divergence past the tolerance
   std::string first_tensor;             // the tensor named first
   std::string first_reason;             // "weights" or "gradients"
+  bool updates_differ = false;          // weights apart right after an agreed step: its updates differed
   std::vector<TensorDivergence> worst;  // at first_step, named first then by difference
   double tolerance = 0;
   std::string text() const;

@@ -117,7 +117,7 @@ TEST(GradMonitor, StatisticsMatchHandComputedValues) {
 
 // K monitored steps of resnet20 on fixed synthetic batches; `perturb` scales one tensor's
 // initial weights.
-std::vector<GradRecord> monitored_run(const std::string& perturb, int steps) {
+std::vector<GradRecord> monitored_run(const std::string& perturb, int steps, double lr = 0.05) {
   set_host_threads(1);  // identical runs must give identical statistics
   ModelOptions mo;
   mo.in_channels = 1, mo.height = 8, mo.width = 8, mo.num_classes = 10;
@@ -147,7 +147,7 @@ std::vector<GradRecord> monitored_run(const std::string& perturb, int steps) {
     for (int64_t i = 0; i < plan.input().numel(); ++i) plan.input().ptr<float>()[i] = rng.normal();
     for (int64_t i = 0; i < 8; ++i) plan.labels().ptr<int32_t>()[i] = static_cast<int32_t>(rng.below(10));
     mon.before_step(s);
-    const bool applied = step.run(0.05);
+    const bool applied = step.run(lr);
     out.push_back(*mon.after_step(0, s, 1.0, applied));
   }
   return out;
@@ -181,6 +181,23 @@ TEST(Summary, FindsThePerturbedLayerFirst) {
   const std::string one = summarize_grad_run(a);
   EXPECT_NE(one.find("layer3.2.conv2.weight"), std::string::npos);
   EXPECT_NE(one.find("3 monitored steps"), std::string::npos) << one;
+}
+
+// Runs that differ only in the learning rate agree at step 1 and then have weights apart (and
+// gradients, because of the weights): the summary names step 1's updates, not the gradients.
+TEST(Summary, ALearningRateChangeIsNamedAnUpdateDifference) {
+  const auto a = monitored_run("", 3), b = monitored_run("", 3, 0.06);
+  const RunComparison c = compare_grad_runs(a, b, 1e-3);
+  EXPECT_EQ(c.first_step, 2) << c.text();
+  EXPECT_EQ(c.first_reason, "weights") << c.text();
+  EXPECT_TRUE(c.updates_differ);
+  EXPECT_NE(c.text().find("weights of "), std::string::npos) << c.text();
+  EXPECT_NE(c.text().find("after step 1 agreed: its updates differed (learning rate"), std::string::npos) << c.text();
+  // A perturbed initial weight is where the runs started apart, not an update.
+  const RunComparison p = compare_grad_runs(a, monitored_run("layer1.0.bn1.weight", 3), 1e-3);
+  EXPECT_EQ(p.first_step, 1);
+  EXPECT_FALSE(p.updates_differ);
+  EXPECT_EQ(p.text().find("updates differed"), std::string::npos) << p.text();
 }
 
 TEST(Summary, SummaryFileRoundTripAndErrors) {
@@ -473,6 +490,14 @@ TEST(Doctor, UnderPolicyNoneTheAdviceNamesAPolicy) {
   r.loss_scale_policy = "dynamic";
   decide_doctor_verdict(r, DiagnosticsConfig{});
   EXPECT_EQ(r.verdict.find("policy="), std::string::npos) << r.verdict;
+  // A recommended scale of 1 is what policy none uses already: no policy advice.
+  r.loss_scale_policy = "none";
+  r.recommended_scale = 1;
+  r.tensors[0].underflow = 0;
+  decide_doctor_verdict(r, DiagnosticsConfig{});
+  EXPECT_TRUE(r.pass) << r.verdict;
+  EXPECT_EQ(r.verdict.find("policy="), std::string::npos) << r.verdict;
+  EXPECT_NE(r.verdict.find("precision.loss_scale.initial=1 (2^0"), std::string::npos) << r.verdict;
 }
 
 // At O0 there is nothing to compare: the verdict says so (not "O0 bf16 not run here"), and the
