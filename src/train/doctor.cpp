@@ -151,8 +151,9 @@ void decide_doctor_verdict(DoctorReport& r, const DiagnosticsConfig& d) {
     if (!worst_over || t.overflow > worst_over->overflow) worst_over = &t;
   }
   auto count = [&](auto pred) { return std::count_if(r.tensors.begin(), r.tensors.end(), pred); };
-  // Under policy none the scale is 1 whatever `initial` says: the advice names a policy too.
-  const std::string policy = r.loss_scale_policy == "none" && r.level != "O0"
+  // Under policy none the scale is 1 whatever `initial` says: the advice names a policy too,
+  // unless the scale it recommends is 1 (bf16, as a rule), which policy none already uses.
+  const std::string policy = r.loss_scale_policy == "none" && r.level != "O0" && r.recommended_scale != 1.0
                                  ? "precision.loss_scale.policy=dynamic (policy none keeps the scale at 1) and "
                                  : "";
   const std::string rec =
