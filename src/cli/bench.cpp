@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
 
@@ -51,7 +52,8 @@ struct BenchArgs {
   bool high_precision = false;  // run.implementation_mode=high_precision
 };
 
-void print_step_profile(const Plan& plan, int runs) {
+// `out`: stdout, or stderr under --json (whose stdout holds JSON lines only).
+void print_step_profile(const Plan& plan, int runs, std::FILE* out) {
   const auto names = plan.step_names();
   const auto& secs = plan.step_seconds();
   std::vector<size_t> order(names.size());
@@ -59,7 +61,7 @@ void print_step_profile(const Plan& plan, int runs) {
   std::sort(order.begin(), order.end(), [&](size_t x, size_t y) { return secs[x] > secs[y]; });
   double total = 0;
   for (double s : secs) total += s;
-  fmt::print("plan steps by time (mean over {} runs, total {:.3f} s per step):\n", runs, total / runs);
+  fmt::print(out, "plan steps by time (mean over {} runs, total {:.3f} s per step):\n", runs, total / runs);
   // By kind (the first word of the name: fwd, bwd, bwd_weights, recompute, ...), in first-seen order.
   std::vector<std::pair<std::string, double>> kinds;
   for (size_t i = 0; i < names.size(); ++i) {
@@ -69,9 +71,9 @@ void print_step_profile(const Plan& plan, int runs) {
     it->second += secs[i];
   }
   for (const auto& [kind, t] : kinds)
-    fmt::print("  {:8.3f} ms {:5.1f}%  all {} steps\n", 1e3 * t / runs, 100 * t / total, kind);
+    fmt::print(out, "  {:8.3f} ms {:5.1f}%  all {} steps\n", 1e3 * t / runs, 100 * t / total, kind);
   for (size_t k = 0; k < std::min<size_t>(order.size(), 25); ++k)
-    fmt::print("  {:8.3f} ms {:5.1f}%  {}\n", 1e3 * secs[order[k]] / runs, 100 * secs[order[k]] / total,
+    fmt::print(out, "  {:8.3f} ms {:5.1f}%  {}\n", 1e3 * secs[order[k]] / runs, 100 * secs[order[k]] / total,
                names[order[k]]);
 }
 
@@ -159,7 +161,7 @@ BenchResult bench_plan(const BenchSetup& s, int64_t batch, MemoryLevel level) {
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (i >= a.warmup) times.push_back(secs);
   }
-  if (a.profile) print_step_profile(plan, a.steps);
+  if (a.profile) print_step_profile(plan, a.steps, a.json ? stderr : stdout);
   std::sort(times.begin(), times.end());
   BenchResult r;
   r.batch = batch;
@@ -349,7 +351,10 @@ Runner add_bench_command(CLI::App& app) {
   cmd->add_option("--threads", a->threads, "Host threads (0: all cores)")
       ->capture_default_str()
       ->check(non_negative_number());
-  cmd->add_flag("--json", a->json, "Print one JSON line");
+  cmd->add_flag("--json", a->json,
+                "Print the result as one JSON line (--find-max-batch: one per memory level; a level that does not fit "
+                "batch 1: {\"memory_level\", \"batch\": 0, \"batch1_needs\"}); --profile's table then goes to "
+                "stderr");
   cmd->add_flag("--high-precision", a->high_precision,
                 "run.implementation_mode=high_precision: deterministic algorithms on a GPU, no Winograd on a CPU");
   cmd->add_flag("--profile", a->profile, "Time every plan step and print the slowest");

@@ -14,11 +14,11 @@ namespace {
 
 struct Output {
   int status = -1;
-  std::string text;  // stdout and stderr
+  std::string text;  // stdout and stderr (stdout alone with stdout_only)
 };
 
-Output run_resnet(const std::string& args) {
-  const std::string cmd = std::string(RN_BINARY_DIR) + "/resnet " + args + " 2>&1";
+Output run_resnet(const std::string& args, bool stdout_only = false) {
+  const std::string cmd = std::string(RN_BINARY_DIR) + "/resnet " + args + (stdout_only ? " 2>/dev/null" : " 2>&1");
   Output out;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return out;
@@ -167,6 +167,21 @@ TEST(ResnetBench, ProfileLeavesTheWarmupStepsOut) {
   const Output o = run_resnet("bench " + kSmall + " --batch 4 --steps 2 --warmup 3 --profile");
   ASSERT_EQ(o.status, 0) << o.text;
   EXPECT_NE(o.text.find("mean over 2 runs"), std::string::npos) << o.text;
+}
+
+// --json: stdout is one JSON line, --profile's table included (it goes to stderr).
+TEST(ResnetBench, JsonWithProfileKeepsStdoutOneJsonLine) {
+  const Output o = run_resnet("bench " + kSmall + " --batch 4 --steps 1 --warmup 0 --profile --json", true);
+  ASSERT_EQ(o.status, 0) << o.text;
+  ASSERT_FALSE(o.text.empty());
+  EXPECT_EQ(o.text.find('\n'), o.text.size() - 1) << "one line:\n" << o.text;
+  const auto j = nlohmann::json::parse(o.text, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(j.is_discarded()) << o.text;
+  EXPECT_TRUE(j.contains("images_per_sec")) << o.text;
+  EXPECT_NE(run_resnet("bench " + kSmall + " --batch 4 --steps 1 --warmup 0 --profile --json")
+                .text.find("plan steps by time"),
+            std::string::npos)
+      << "the table, on stderr";
 }
 
 }  // namespace
