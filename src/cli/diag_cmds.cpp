@@ -47,7 +47,7 @@ struct ProfileArgs {
   std::string input;    // "": the model's own (model_options_for)
   int64_t classes = 0;  // 0: the model's own
   int64_t batch = 32;
-  std::string dtype = "fp32";
+  std::string dtype;      // "": fp32, or bf16 with --precision O1-O3
   std::string precision;  // "": O0 for fp32, O2 for a half dtype
   std::string device = "auto";
   std::string memory = "O1";
@@ -64,7 +64,7 @@ int run_profile_cmd(const ProfileArgs& a) {
   o.channels = mo.in_channels, o.height = mo.height, o.width = mo.width;
   o.classes = mo.num_classes;
   o.batch = a.batch;
-  o.dtype = compute_dtype_from_name(a.dtype, "--dtype");
+  o.dtype = compute_dtype_for(a.dtype, a.precision);
   o.precision = precision_level_for(a.precision, o.dtype);
   o.device = device_from_name(a.device);
   o.high_precision = a.high_precision;
@@ -135,8 +135,9 @@ Runner add_profile_command(CLI::App& app) {
   cmd->add_option("--input", a->input, kInputHelp);
   cmd->add_option("--classes", a->classes, kClassesHelp)->check(positive_number());
   cmd->add_option("--batch", a->batch, "Batch size")->capture_default_str()->check(positive_number());
-  cmd->add_option("--dtype", a->dtype, "fp32 (precision O0), bf16 or fp16 (precision O2 unless --precision)")
-      ->capture_default_str();
+  cmd->add_option("--dtype", a->dtype,
+                  "fp32 (precision O0), bf16 or fp16 (precision O2 unless --precision); default fp32, or bf16 with "
+                  "--precision O1-O3");
   cmd->add_option("--precision", a->precision,
                   "Precision level O0-O3 (default: O0 for --dtype fp32, O2 for a half dtype; O1: half convolutions "
                   "between fp32 activations)");

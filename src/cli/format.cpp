@@ -57,6 +57,11 @@ DType compute_dtype_from_name(const std::string& text, const std::string& option
   return *dt;
 }
 
+DType compute_dtype_for(const std::string& text, const std::string& precision) {
+  if (!text.empty()) return compute_dtype_from_name(text, "--dtype");
+  return precision.empty() || precision == "O0" ? DType::f32 : DType::bf16;
+}
+
 size_t parse_bytes(const std::string& text, const std::string& what) {
   size_t used = 0;
   double v = -1;

@@ -34,6 +34,9 @@ inline constexpr const char* kClassesHelp = "Number of classes (default: the mod
 // The compute dtype an option names: fp32, bf16 or fp16 (with `half_only`, bf16 or fp16); throws
 // rn::Error naming `option` and the text for any other (int32 and uint8 are storage types).
 DType compute_dtype_from_name(const std::string& text, const std::string& option, bool half_only = false);
+// The dtype of `--dtype` (`text`), or, when it was not given (empty), the one `--precision`
+// implies: fp32 for none or O0, bf16 for O1-O3 (as bench's --half).
+DType compute_dtype_for(const std::string& text, const std::string& precision);
 // The precision level that `--precision` names, or, when it is empty, the one `--dtype`
 // implies (O0 for fp32, O2 for a half dtype); throws rn::Error for an unknown level, a half
 // dtype at O0 or fp32 at O1-O3.

@@ -26,7 +26,7 @@ struct InfoArgs {
   std::string input;  // "": the model's own (model_options_for)
   int64_t batch = 32;
   int64_t classes = 0;  // 0: the model's own
-  std::string dtype = "fp32";
+  std::string dtype;    // "": fp32, or bf16 with --precision O1-O3
   std::string precision;  // "": O0 for fp32, O2 for a half dtype (as `resnet profile --dtype`)
   std::string device = "cpu";
   bool high_precision = false;
@@ -78,7 +78,7 @@ int run_info(const InfoArgs& a) {
   const ModelStats st = model_stats(model.graph());
   // The precision level decides which tensors are half: --dtype bf16 alone plans O2 (bf16
   // activations), --precision O1 the bf16 convolutions between fp32 activations.
-  const DType dt = compute_dtype_from_name(a.dtype, "--dtype");
+  const DType dt = compute_dtype_for(a.dtype, a.precision);
   PrecisionConfig pc;
   pc.level = precision_level_for(a.precision, dt);
   if (dt != DType::f32) pc.half_dtype = dt;
@@ -168,8 +168,9 @@ Runner add_info_command(CLI::App& app) {
       ->capture_default_str()
       ->check(positive_number());
   cmd->add_option("--classes", args->classes, kClassesHelp)->check(positive_number());
-  cmd->add_option("--dtype", args->dtype, "fp32, or the half dtype (bf16, fp16) of a mixed-precision plan")
-      ->capture_default_str();
+  cmd->add_option("--dtype", args->dtype,
+                  "fp32, or the half dtype (bf16, fp16) of a mixed-precision plan (default: fp32; bf16 with "
+                  "--precision O1-O3)");
   cmd->add_option("--precision", args->precision,
                   "Precision level O0-O3 (default: O0 for --dtype fp32, O2 for a half dtype; O1: half convolutions "
                   "between fp32 activations)");

@@ -91,6 +91,11 @@ TEST(ResnetInfo, HalfDtypePlansTheRequestedPrecisionLevel) {
   EXPECT_NE(fp32.text.find("precision O0 (fp32)"), std::string::npos) << fp32.text;
   EXPECT_NE(o2.text.find("precision O2 (bf16 convolutions, bf16 activations)"), std::string::npos) << o2.text;
   EXPECT_NE(o1.text.find("precision O1 (bf16 convolutions, fp32 activations)"), std::string::npos) << o1.text;
+  // --precision O1-O3 alone plans bf16, as the docs' examples write it.
+  const Output o1_alone = run_resnet(base + " --precision O1");
+  ASSERT_EQ(o1_alone.status, 0) << o1_alone.text;
+  EXPECT_NE(o1_alone.text.find("precision O1 (bf16 convolutions, fp32 activations)"), std::string::npos)
+      << o1_alone.text;
   for (const char* level : {"O0", "O1", "O2"}) {
     const double a32 = info_arena(fp32.text, level), a2 = info_arena(o2.text, level), a1 = info_arena(o1.text, level);
     ASSERT_GT(a32, 0) << level << "\n" << fp32.text;
@@ -102,7 +107,7 @@ TEST(ResnetInfo, HalfDtypePlansTheRequestedPrecisionLevel) {
   } bad[] = {
       {"--dtype bf16 --precision O0", "O0 is fp32 everywhere"},
       {"--precision O5", "unknown precision level 'O5' (expected O0, O1, O2, O3)"},
-      {"--precision O2", "--precision O2 with --dtype fp32: name the half dtype"},
+      {"--dtype fp32 --precision O2", "--precision O2 with --dtype fp32: name the half dtype"},
       // A storage dtype is refused before anything is printed (it planned O2 "int32
       // convolutions" and failed half-way through the report).
       {"--dtype int32", "--dtype must be fp32, bf16 or fp16, got 'int32'"},
