@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "cli/commands.h"
+#include "core/atomic_file.h"
 #include "core/check.h"
 
 namespace rn::cli {
@@ -38,8 +39,10 @@ std::string human_bytes(double b) {
 void check_output_path(const std::string& path, const std::string& option) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  RN_CHECK(!fs::is_directory(path, ec)) << option << " '" << path << "' is a folder; give a file name";
-  const fs::path parent = fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();
+  const std::string target = output_target(path);  // a symbolic link: where it points
+  if (is_special_file(target)) return;             // a device or a pipe: written in place
+  RN_CHECK(!fs::is_directory(target, ec)) << option << " '" << path << "' is a folder; give a file name";
+  const fs::path parent = fs::path(target).parent_path().empty() ? fs::path(".") : fs::path(target).parent_path();
   RN_CHECK(fs::is_directory(parent, ec)) << option << " '" << path << "': the folder '" << parent.string()
                                          << "' does not exist";
   RN_CHECK(::access(parent.c_str(), W_OK) == 0)

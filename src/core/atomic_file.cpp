@@ -63,8 +63,50 @@ void AtomicFileWriter::write(const void* data, size_t size) {
   written_ += size;
 }
 
-void write_file_atomic(const std::string& path, const std::function<void(AtomicFileWriter&)>& fill) {
-  RN_CHECK(!path.empty()) << "write_file_atomic: empty path";
+std::string output_target(const std::string& path) {
+  namespace fs = std::filesystem;
+  fs::path p(path);
+  for (int links = 0; links < 40; ++links) {  // Linux's own limit
+    std::error_code ec;
+    if (!fs::is_symlink(fs::symlink_status(p, ec))) return p.string();
+    const fs::path to = fs::read_symlink(p, ec);
+    RN_CHECK(!ec) << "cannot write '" << path << "': cannot read the symbolic link '" << p.string()
+                  << "': " << ec.message();
+    p = to.is_absolute() ? to : p.parent_path() / to;
+  }
+  RN_FAIL() << "cannot write '" << path << "': too many levels of symbolic links";
+}
+
+bool is_special_file(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode);
+}
+
+void write_file_atomic(const std::string& path_in, const std::function<void(AtomicFileWriter&)>& fill) {
+  RN_CHECK(!path_in.empty()) << "write_file_atomic: empty path";
+  const std::string path = output_target(path_in);
+  if (is_special_file(path)) {  // a device or a pipe: written as it is (no temporary, rename or fsync)
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    RN_CHECK(fd >= 0) << "cannot write '" << path_in << "': " << errno_text(errno);
+    std::FILE* f = ::fdopen(fd, "wb");
+    if (f == nullptr) {
+      const int err = errno;
+      ::close(fd);
+      RN_FAIL() << "cannot write '" << path_in << "': " << errno_text(err);
+    }
+    struct Closer {
+      std::FILE* f;
+      ~Closer() {
+        if (f) std::fclose(f);
+      }
+    } closer{f};
+    AtomicFileWriter writer(f, path_in, path);
+    fill(writer);
+    RN_CHECK(std::fflush(f) == 0) << "cannot write '" << path_in << "': " << errno_text(errno);
+    closer.f = nullptr;
+    RN_CHECK(std::fclose(f) == 0) << "cannot write '" << path_in << "': " << errno_text(errno);
+    return;
+  }
   const std::string dir = folder_of(path);
   TempFile temp;
   temp.path = temp_name_for(path);

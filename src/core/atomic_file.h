@@ -37,10 +37,20 @@ class AtomicFileWriter {
 };
 
 // Writes what `fill` writes to `path` atomically. If `fill` throws, the exception
-// propagates after the temporary file is removed.
+// propagates after the temporary file is removed. A symbolic link at `path` is kept and its
+// target replaced; a device or a pipe there (/dev/stdout, a FIFO) is written in place, which
+// cannot be atomic.
 void write_file_atomic(const std::string& path, const std::function<void(AtomicFileWriter&)>& fill);
 void write_file_atomic(const std::string& path, const void* data, size_t size);
 void write_file_atomic(const std::string& path, std::string_view bytes);
+
+// Where a write to `path` lands: `path` itself or, where it is a symbolic link (or a chain of
+// them), the file it points to (which may not exist yet), so that a write keeps the link and
+// replaces its target. Throws naming `path` for a loop of links.
+std::string output_target(const std::string& path);
+// Whether `path` is an existing device, pipe or socket: such a target is written in place
+// (it cannot be replaced by a rename without destroying it).
+bool is_special_file(const std::string& path);
 
 // The whole file; errors name the path and the reason.
 std::vector<uint8_t> read_file(const std::string& path);

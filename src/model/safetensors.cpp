@@ -15,6 +15,7 @@
 #include <set>
 #include <tuple>
 
+#include "core/atomic_file.h"
 #include "core/check.h"
 #include "core/json_util.h"
 
@@ -445,8 +446,12 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   RN_CHECK(at != std::string::npos) << "writing safetensors file '" << path << "': the header's CRC field is missing";
   header.replace(at, 8, fmt::format("{:08x}", header_crc(header, at)));
 
+  // A symbolic link is kept and its target replaced; a device or a pipe cannot be replaced.
+  const std::string target = output_target(path);
+  RN_CHECK(!is_special_file(target)) << "writing safetensors file '" << path
+                                     << "': it is a device, a pipe or a socket, not a file; give a file name";
   std::string tmp;
-  Fd file{create_temporary(path, &tmp)};
+  Fd file{create_temporary(target, &tmp)};
   const int create_err = errno;
   RN_CHECK(file.fd >= 0) << "writing safetensors file '" << path << "': cannot create temporary '" << tmp
                          << "': " << errno_text(create_err);
@@ -472,13 +477,13 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
     ::unlink(tmp.c_str());
     RN_FAIL() << "writing safetensors file '" << path << "': close failed: " << errno_text(err);
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+  if (::rename(tmp.c_str(), target.c_str()) != 0) {
     int err = errno;
     ::unlink(tmp.c_str());
     RN_FAIL() << "writing safetensors file '" << path << "': rename from '" << tmp << "' failed: " << errno_text(err);
   }
   // Make the rename itself durable. The data is already safe; a failure here is reported all the same.
-  std::string dir = std::filesystem::path(path).parent_path().string();
+  std::string dir = std::filesystem::path(target).parent_path().string();
   Fd dir_fd{::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
   const int dir_err = dir_fd.fd < 0 || ::fsync(dir_fd.fd) != 0 ? errno : 0;
   RN_CHECK(dir_err == 0) << "writing safetensors file '" << path << "': fsync of directory '" << dir
