@@ -39,6 +39,7 @@
 #include "train/precision.h"
 #include "train/pretrained.h"
 #include "train/report.h"
+#include "train/run_folder_lock.h"
 #include "train/schedule.h"
 #include "train/train_step.h"
 #include "train/versions.h"
@@ -167,39 +168,60 @@ void log_measured_memory(const Plan& plan, MetricsLog& metrics, int64_t epoch, i
   metrics.append(record);
 }
 
-// A fresh run never writes into a folder that already holds a run: it takes the first free
-// "<out_dir>-N" instead.
-std::string fresh_run_dir(const std::string& out_dir) {
+// The folder of a fresh run, locked (run_folder_lock.h); `made`: this run created it (else it
+// was an empty folder, or a link to one, given as run.out_dir).
+struct NewRunFolder {
+  std::string dir;
+  RunFolderLock lock;
+  bool made = false;
+};
+
+// A fresh run never writes into a folder that already holds a run, or that another run is
+// setting up (locked, no train.log yet): it takes the first free "<out_dir>-N" instead.
+NewRunFolder fresh_run_dir(const std::string& out_dir) {
   RN_CHECK(!out_dir.empty()) << "config: key 'run.out_dir' is empty: name the run folder (e.g. runs/my_run)";
-  auto used = [](const fs::path& p) { return fs::exists(p / "train.log") || fs::exists(p / "checkpoints"); };
-  fs::path dir = out_dir;
-  for (int n = 2; used(dir); ++n) dir = out_dir + "-" + std::to_string(n);
-  // Nor into a folder of other files (".", a project folder): the run's report.html,
-  // config.yaml, ... would replace files of the same names there.
-  std::error_code ec;
-  if (fs::is_directory(dir, ec)) {
-    std::string found;
-    int n = 0;
-    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
-      if (++n <= 3) found += (found.empty() ? "" : ", ") + it->path().filename().string();
-    RN_CHECK(n == 0) << "run.out_dir: '" << dir.string() << "' is a folder that holds other files (" << found
-                     << (n > 3 ? fmt::format(" and {} more", n - 3) : std::string())
-                     << "); a run writes config.yaml, train.log, report.html, checkpoints/ and more into its folder: "
-                        "name a new or empty one (e.g. runs/my_run)";
+  auto used = [](const fs::path& p) {
+    return fs::exists(p / "train.log") || fs::exists(p / "checkpoints") || RunFolderLock::held_by_another(p.string());
+  };
+  for (int n = 1;; ++n) {
+    const fs::path dir = n == 1 ? fs::path(out_dir) : fs::path(out_dir + "-" + std::to_string(n));
+    if (used(dir)) continue;
+    // Nor into a folder of other files (".", a project folder): the run's report.html,
+    // config.yaml, ... would replace files of the same names there.
+    std::error_code ec;
+    const bool existed = fs::exists(dir, ec);
+    if (fs::is_directory(dir, ec)) {
+      std::string found;
+      int others = 0;
+      for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+        if (it->path().filename() == RunFolderLock::kFileName) continue;  // a set-up that failed
+        if (++others <= 3) found += (found.empty() ? "" : ", ") + it->path().filename().string();
+      }
+      RN_CHECK(others == 0) << "run.out_dir: '" << dir.string() << "' is a folder that holds other files (" << found
+                            << (others > 3 ? fmt::format(" and {} more", others - 3) : std::string())
+                            << "); a run writes config.yaml, train.log, report.html, checkpoints/ and more into its "
+                               "folder: name a new or empty one (e.g. runs/my_run)";
+    }
+    fs::create_directories(dir, ec);
+    RN_CHECK(!ec && fs::is_directory(dir)) << "run.out_dir: cannot make the run folder '" << dir.string()
+                                           << "': " << (ec ? ec.message() : "a file of that name is in the way");
+    try {
+      return {dir.string(), RunFolderLock(dir.string()), !existed};
+    } catch (const Error&) {
+      if (!RunFolderLock::held_by_another(dir.string())) throw;
+      // Another run took this folder in the meantime: the next name.
+    }
   }
-  fs::create_directories(dir, ec);
-  RN_CHECK(!ec && fs::is_directory(dir)) << "run.out_dir: cannot make the run folder '" << dir.string()
-                                         << "': " << (ec ? ec.message() : "a file of that name is in the way");
-  return dir.string();
 }
 
 // A fresh run that fails before training starts (a model that does not fit its pretrained
 // weights, a missing device, ...) leaves no folder behind: otherwise the corrected attempt would
 // go to <out_dir>-2, and a resume of the failed folder could not take the corrected settings.
-// Only what the run wrote itself is removed, and the folder only once it is empty.
+// Only what the run wrote itself is removed, and the folder only if the run made it (not an
+// empty folder or a link the user gave as run.out_dir) and once it is empty.
 class FreshRunFolder {
  public:
-  explicit FreshRunFolder(std::string dir) : dir_(std::move(dir)) {}
+  FreshRunFolder(std::string dir, bool made) : dir_(std::move(dir)), made_(made) {}
   FreshRunFolder(const FreshRunFolder&) = delete;
   FreshRunFolder& operator=(const FreshRunFolder&) = delete;
   void keep() { dir_.clear(); }  // training has started: the folder is a run now
@@ -207,14 +229,16 @@ class FreshRunFolder {
     if (dir_.empty() || std::uncaught_exceptions() == 0) return;
     const fs::path d = dir_;
     std::error_code ec;
-    for (const char* f : {"config.yaml", "train.log", "metrics.jsonl", "grad_summary.jsonl", "report.html"})
+    for (const char* f :
+         {"config.yaml", "train.log", "metrics.jsonl", "grad_summary.jsonl", "report.html", RunFolderLock::kFileName})
       fs::remove(d / f, ec);
     fs::remove(d / "checkpoints", ec);  // fails, and keeps it, unless it is empty
-    fs::remove(d, ec);                  // likewise
+    if (made_) fs::remove(d, ec);       // likewise
   }
 
  private:
   std::string dir_;
+  bool made_;
 };
 
 // One all-reduce per step: the loss (averaged for logging) and whether any rank was asked to
@@ -327,6 +351,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
   Config cfg = config_in;
   const bool resuming = !options.resume_dir.empty();
   std::string run_dir;
+  std::optional<RunFolderLock> run_lock;       // this process writes the run folder (rank 0)
   std::optional<FreshRunFolder> fresh_folder;  // removed again if the run fails before it starts
   bool moved_folder = false;                   // a resumed folder whose recorded out_dir is elsewhere
   if (resuming) {
@@ -372,6 +397,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
   World& world = init_world({cfg.dist.timeout_s, cfg.dist.rank_table});
   Communicator& comm = *world.comm;
   const bool writer = world.writer();
+  if (resuming && writer) run_lock.emplace(run_dir);  // before anything in the folder changes
   set_activity("setting up", -1);
   // The data folders as absolute paths, so that the recorded config (config.yaml and every
   // checkpoint's) reads the same data from any working directory: resnet eval, a resume (whose
@@ -387,8 +413,10 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
     rewrite_config = writer && (!options.resume_overrides.empty() || moved_folder);
   } else {
     if (writer) {
-      run_dir = fresh_run_dir(cfg.run.out_dir);
-      fresh_folder.emplace(run_dir);
+      NewRunFolder folder = fresh_run_dir(cfg.run.out_dir);
+      run_dir = folder.dir;
+      run_lock.emplace(std::move(folder.lock));
+      fresh_folder.emplace(run_dir, folder.made);
     }
     run_dir = comm.broadcast_string(run_dir, 0, "the run folder's name");
     // config.yaml records the folder the run is in (a taken out_dir gives <out_dir>-2), as an
