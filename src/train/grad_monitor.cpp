@@ -1,13 +1,16 @@
 #include "train/grad_monitor.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <limits>
 
 #include "core/atomic_file.h"
 #include "core/check.h"
 #include "core/json_util.h"
+#include "train/metrics.h"
 
 namespace rn {
 
@@ -127,6 +130,9 @@ GradRecord collect_grad_stats(const Model& model, const float* before, double lo
 GradMonitor::GradMonitor(const Model& model, int64_t interval, std::string path)
     : model_(model), interval_(interval), path_(std::move(path)) {
   RN_CHECK(interval_ >= 0) << "gradient monitor: interval must be >= 0, got " << interval_;
+  // A resumed run appends: a line torn by the interruption would be a damaged record in the
+  // middle of the file, which `resnet summary` refuses.
+  if (!path_.empty()) cut_torn_last_line(path_);
 }
 
 void GradMonitor::before_step(int64_t step) {
@@ -146,7 +152,8 @@ std::optional<GradRecord> GradMonitor::after_step(int64_t epoch, int64_t step, d
   if (!path_.empty()) {
     std::ofstream f(path_, std::ios::app);
     f << r.to_json().dump() << "\n";
-    RN_CHECK(f.good()) << "gradient monitor: cannot write " << path_;
+    f.flush();
+    RN_CHECK(f.good()) << "gradient monitor: cannot write " << path_ << ": " << std::strerror(errno);
   }
   return r;
 }

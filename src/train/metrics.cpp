@@ -16,6 +16,7 @@
 
 #include "core/check.h"
 #include "core/log.h"
+#include "core/plural.h"
 #include "train/checkpoint_file.h"
 
 namespace rn {
@@ -37,14 +38,9 @@ void MetricsRecord::check_new_key(std::string_view key) const {
       << "' record";
 }
 
-namespace {
-
-// Cuts a torn last line (no newline: the writer was killed mid-line) off an existing
-// metrics file, so that appended records start on a line of their own, and returns the
-// last record's "time" so that a resumed run continues the clock.
-double repair_and_last_time(const std::string& path) {
+std::string cut_torn_last_line(const std::string& path) {
   std::error_code ec;
-  if (!fs::exists(path, ec)) return 0;
+  if (!fs::exists(path, ec)) return {};
   std::string text = read_text_file(path);
   if (!text.empty() && text.back() != '\n') {
     size_t keep = text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1;
@@ -53,6 +49,15 @@ double repair_and_last_time(const std::string& path) {
     RN_CHECK(!ec) << "cannot truncate '" << path << "': " << ec.message();
     text.resize(keep);
   }
+  return text;
+}
+
+namespace {
+
+// Repairs an existing metrics file (cut_torn_last_line) and returns the last record's "time"
+// so that a resumed run continues the clock.
+double repair_and_last_time(const std::string& path) {
+  const std::string text = cut_torn_last_line(path);
   // The last non-blank line.
   size_t end = text.find_last_not_of(" \t\r\n");
   if (end == std::string::npos) return 0;
@@ -130,9 +135,10 @@ void MetricsLog::append(const MetricsRecord& record) {
       << "cannot write to '" << path_ << "': " << std::strerror(errno);
 }
 
-std::vector<nlohmann::json> read_metrics(const std::string& path) {
+std::vector<nlohmann::json> read_metrics(const std::string& path, bool skip_malformed) {
   const std::string text = read_text_file(path);
   std::vector<nlohmann::json> records;
+  int64_t skipped = 0, first_skipped = 0;
   size_t pos = 0;
   for (int64_t line_no = 1; pos < text.size(); ++line_no) {
     size_t newline = text.find('\n', pos);
@@ -142,21 +148,28 @@ std::vector<nlohmann::json> read_metrics(const std::string& path) {
     if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
 
     nlohmann::json record;
+    std::string why;
     try {
       record = nlohmann::json::parse(line);
+      if (!(record.is_object() && record.contains("kind") && record["kind"].is_string()))
+        why = "not a JSON object with a string \"kind\"";
     } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range: a number too large
       if (torn) {
         RN_LOG_WARN("{}:{}: ignoring a torn last line (the run was interrupted while writing it)", path, line_no);
         break;
       }
-      RN_FAIL() << path << ":" << line_no << ": malformed metrics record (not valid JSON: " << e.what()
-                << "): " << std::string(line.substr(0, 80));
+      why = std::string("not valid JSON: ") + e.what();
     }
-    RN_CHECK(record.is_object() && record.contains("kind") && record["kind"].is_string())
-        << path << ":" << line_no
-        << ": malformed metrics record (not a JSON object with a string \"kind\"): " << std::string(line.substr(0, 80));
+    if (!why.empty()) {
+      RN_CHECK(skip_malformed) << path << ":" << line_no << ": malformed metrics record (" << why
+                               << "): " << std::string(line.substr(0, 80));
+      if (skipped++ == 0) first_skipped = line_no;
+      continue;
+    }
     records.push_back(std::move(record));
   }
+  if (skipped > 0)
+    RN_LOG_WARN("{}: {} left out (the first at line {})", path, counted(skipped, "malformed line"), first_skipped);
   return records;
 }
 

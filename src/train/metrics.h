@@ -123,9 +123,15 @@ class MetricsLog {
 
 // Every record of a metrics.jsonl file, in order. A last line without its newline that is
 // not valid JSON (the run was killed while writing it) is ignored; any other line that is
-// not a JSON object with a string "kind" is an error naming the file and line. Blank lines
-// are skipped.
-std::vector<nlohmann::json> read_metrics(const std::string& path);
+// not a JSON object with a string "kind" is an error naming the file and line, or, with
+// `skip_malformed` (the report, which must not stop a run), left out with one warning that
+// counts them. Blank lines are skipped.
+std::vector<nlohmann::json> read_metrics(const std::string& path, bool skip_malformed = false);
+
+// Cuts a torn last line (no newline: the writer was killed mid-line) off an appended-to file
+// (metrics.jsonl, grad_summary.jsonl), so that the next record starts on a line of its own;
+// warns naming the file. Returns the file's remaining text ("" if it does not exist).
+std::string cut_torn_last_line(const std::string& path);
 
 // Everything the console shows about one step. Counts are 1-based as displayed: during the
 // first step of the first epoch, epoch = 1 and step_in_epoch = 1.

@@ -424,7 +424,8 @@ void write_report(const std::string& run_dir) {
   const fs::path dir(run_dir);
   const std::string metrics_path = (dir / MetricsLog::kFileName).string();
   std::vector<json> records;
-  if (fs::exists(metrics_path, ec)) records = read_metrics(metrics_path);
+  // A damaged line is left out, not an error: the report must not stop the run it reports.
+  if (fs::exists(metrics_path, ec)) records = read_metrics(metrics_path, /*skip_malformed=*/true);
   std::string config;
   if (fs::exists(dir / "config.yaml", ec)) config = read_text_file((dir / "config.yaml").string());
   write_file_atomic((dir / "report.html").string(),

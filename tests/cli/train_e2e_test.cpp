@@ -213,8 +213,9 @@ TEST(TrainE2E, SigtermSavesACheckpointThenEvalAndExportWork) {
     const std::string check = test::python() + " " + RN_SOURCE_DIR + "/tools/onnx_check.py " + onnx_path.string() +
                               " --input " + sample + ".input.f32 --logits " + sample + ".logits.f32 > " + sample +
                               ".check 2>&1";
-    if (std::system((test::python() + " -c 'import onnx, torch' >/dev/null 2>&1").c_str()) == 0)
+    if (std::system((test::python() + " -c 'import onnx, torch' >/dev/null 2>&1").c_str()) == 0) {
       EXPECT_EQ(std::system(check.c_str()), 0) << read_all(sample + ".check");
+    }
   } else {
     EXPECT_NE(onnx_rc, 0);
     EXPECT_NE(onnx_out.find("libonnx-dev"), std::string::npos) << onnx_out;

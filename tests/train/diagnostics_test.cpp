@@ -17,6 +17,7 @@
 #include "core/rng.h"
 #include "core/thread_pool.h"
 #include "data/dataset.h"
+#include "log_capture.h"
 #include "model/model.h"
 #include "model/plan.h"
 #include "model/zoo.h"
@@ -198,6 +199,29 @@ TEST(Summary, ALearningRateChangeIsNamedAnUpdateDifference) {
   EXPECT_EQ(p.first_step, 1);
   EXPECT_FALSE(p.updates_differ);
   EXPECT_EQ(p.text().find("updates differed"), std::string::npos) << p.text();
+}
+
+// A resumed run's monitor cuts a line torn by the interruption off the summary file before it
+// appends, so that `resnet summary` can still read the run.
+TEST(Summary, AResumedMonitorCutsATornLastLineOff) {
+  TestDir dir;
+  const auto records = monitored_run("", 1);
+  const std::string path = dir.file("grad_summary.jsonl");
+  {
+    std::ofstream f(path);
+    f << records[0].to_json().dump() << "\n" << records[0].to_json().dump().substr(0, 100);  // torn
+  }
+  ModelOptions mo;
+  mo.in_channels = 1, mo.height = 8, mo.width = 8, mo.num_classes = 10;
+  Model model(build_model("resnet20", mo));
+  LogCapture log;
+  GradMonitor monitor(model, 1, path);
+  EXPECT_NE(log.text().find("cutting off a torn last line"), std::string::npos) << log.text();
+  {
+    std::ofstream f(path, std::ios::app);
+    f << records[0].to_json().dump() << "\n";  // what the resumed run appends
+  }
+  EXPECT_EQ(read_grad_summary(path).size(), 2u);
 }
 
 TEST(Summary, SummaryFileRoundTripAndErrors) {

@@ -5,6 +5,7 @@
 #include <spdlog/sinks/ostream_sink.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -16,6 +17,7 @@
 #include "test_dir.h"
 #include "train/checkpoint_file.h"
 #include "train/grad_monitor.h"
+#include "train/report.h"
 
 namespace rn {
 namespace {
@@ -137,6 +139,22 @@ TEST(Metrics, MalformedMiddleLineNamesFileAndLine) {
       metrics_error(dir,
                     "{\"kind\":\"train\",\"step\":1}\n\n{\"kind\":\"train\",\"st\n{\"kind\":\"train\",\"step\":3}\n"),
       StartsWith(":3:"));
+}
+
+// The report reads with skip_malformed: a damaged line is left out with one warning, and the
+// report (written at every epoch's end) does not stop the run.
+TEST(Metrics, TheReportLeavesMalformedLinesOut) {
+  TestDir dir;
+  append_text(dir.file("metrics.jsonl"),
+              "{\"kind\":\"train\",\"step\":1}\n{\"kind\":\"tr\n[1]\n{\"kind\":\"train\",\"step\":3}\n");
+  LogCapture log;
+  const auto r = read_metrics(dir.file("metrics.jsonl"), /*skip_malformed=*/true);
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[1]["step"], 3);
+  EXPECT_NE(log.text().find("metrics.jsonl: 2 malformed lines left out (the first at line 2)"), std::string::npos)
+      << log.text();
+  EXPECT_NO_THROW(write_report(dir.path().string()));
+  EXPECT_TRUE(std::filesystem::exists(dir.file("report.html")));
 }
 
 TEST(Metrics, MalformedCompleteLastLineIsAnError) {
