@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cstdio>
 #include <exception>
 #include <string>
 #include <vector>
@@ -78,13 +79,15 @@ int main(int argc, char** argv) {
       if (rc >= 0) return rc;
     }
   } catch (const rn::Error& e) {
-    fmt::print(stderr, "resnet: error: {}\n", e.what());
+    // fputs, not fmt::print, which throws when the write fails (a closed pipe; SIGPIPE is
+    // ignored during training): a throw here would end in std::terminate.
+    std::fputs(fmt::format("resnet: error: {}\n", e.what()).c_str(), stderr);
     return 1;
   } catch (const std::exception& e) {
     // Expected failures are rn::Errors that name what is wrong. Anything else (out of
     // memory, a filesystem error, or a bug of ours) still ends with its message and a
     // status, not std::terminate.
-    fmt::print(stderr, "resnet: unexpected error: {}\n", e.what());
+    std::fputs(fmt::format("resnet: unexpected error: {}\n", e.what()).c_str(), stderr);
     return 1;
   }
   return 0;

@@ -1,11 +1,12 @@
 #include "core/thread_pool.h"
 
-#include "core/log.h"
-
 #include <omp.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdlib>
+
+#include "core/log.h"
 
 namespace rn {
 
@@ -100,8 +101,17 @@ ThreadPool& ThreadPool::global() {
   static ThreadPool pool([] {
     g_global_created = true;
     if (g_requested_threads > 0) return g_requested_threads.load();
+    // $RN_NUM_THREADS: the pool's size where nothing set it (tests, tools); 1 to 4096 (as
+    // run.threads), anything else is said and ignored (atoi took junk as 0, "all cores", and
+    // 100000 started that many threads).
     const char* env = std::getenv("RN_NUM_THREADS");
-    return env ? std::atoi(env) : 0;
+    if (env == nullptr || *env == '\0') return 0;
+    char* end = nullptr;
+    errno = 0;
+    const long n = std::strtol(env, &end, 10);
+    if (errno == 0 && *end == '\0' && n >= 1 && n <= 4096) return static_cast<int>(n);
+    RN_LOG_WARN("RN_NUM_THREADS='{}' is not a thread count from 1 to 4096: ignored (all cores)", env);
+    return 0;
   }());
   return pool;
 }

@@ -242,6 +242,9 @@ std::string_view safetensors_dtype_tag(DType t) {
 
 SafetensorsFile SafetensorsFile::load(const std::string& path) {
   const std::string where = "safetensors file '" + path + "': ";
+  // Checked before the open too: opening a pipe would wait for a writer for ever.
+  struct stat before {};
+  RN_CHECK(::stat(path.c_str(), &before) != 0 || S_ISREG(before.st_mode)) << where << "not a regular file";
   Fd file{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
   int err = errno;  // captured before building a message can disturb it
   RN_CHECK(file.fd >= 0) << where << "cannot open: " << errno_text(err);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -57,6 +58,9 @@ bool matches(const std::string& name, const std::string& prefix) {
 }  // namespace
 
 bool is_pytorch_file(const std::string& path) {
+  // Not opened unless a regular file: opening a pipe would wait for a writer for ever.
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return false;
   std::ifstream in(path, std::ios::binary);
   std::byte h[4] = {};
   in.read(reinterpret_cast<char*>(h), 4);

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <ctime>
 #include <exception>
 #include <filesystem>
 #include <limits>
@@ -15,6 +16,7 @@
 #include "core/plural.h"
 #include "core/rng.h"
 #include "core/thread_pool.h"
+#include "core/utf8.h"
 #include "data/loader.h"
 #include "dist/activity.h"
 #include "dist/grad_buckets.h"
@@ -50,7 +52,24 @@ namespace {
 
 std::atomic<bool> g_stop{false};
 
-extern "C" void on_stop_signal(int) { g_stop = true; }
+std::atomic<int64_t> g_stop_at_ns{0};  // CLOCK_MONOTONIC of the request not yet answered
+
+// The first signal asks for a stop at the next step boundary (with a checkpoint); another one
+// at least 2 s later, before that stop is answered, ends the process at once as the signal
+// would have (a set-up that blocks, a long evaluation: the last complete checkpoint is kept).
+// Sooner is the same request again: a terminal's Ctrl-C reaches a rank directly and through
+// mpirun. Only async-signal-safe calls here.
+extern "C" void on_stop_signal(int sig) {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  const int64_t now = static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+  if (!g_stop.exchange(true)) {
+    g_stop_at_ns = now;
+  } else if (now - g_stop_at_ns >= int64_t{2} * 1000000000) {
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+  }
+}
 
 // Keys that do not change the recipe a run follows, so a resumed run's config.yaml may differ
 // from its checkpoint's in them: where the data lives and how it is read, threads, logging,
@@ -327,8 +346,13 @@ void install_stop_signal_handlers() {
   // Cleared here, not when train() starts: a signal during the set-up (an MPI start-up can
   // take seconds) is a stop request the first step answers.
   g_stop = false;
-  std::signal(SIGINT, on_stop_signal);
-  std::signal(SIGTERM, on_stop_signal);
+  // SIGHUP (the terminal or ssh session went away) stops like SIGTERM, with a checkpoint.
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) std::signal(sig, on_stop_signal);
+  // A console that is gone (`| head`, a closed tee) must not end the run: writes to it fail
+  // instead, and train.log keeps the record. A file-size limit (ulimit -f) becomes the
+  // write's "File too large" error naming the file, not a silent death.
+  std::signal(SIGPIPE, SIG_IGN);
+  std::signal(SIGXFSZ, SIG_IGN);
 }
 
 void request_stop() { g_stop = true; }
@@ -365,6 +389,11 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
     // A run folder that was moved or copied resumes where it is now: its recorded out_dir
     // follows (config.yaml is rewritten once the run is under way).
     const std::string here = fs::absolute(run_dir).lexically_normal().string();
+    // config.yaml and every checkpoint record the folder, as UTF-8: a folder moved to a path
+    // that is not would train and then fail at the first checkpoint, and not resume again.
+    if (const size_t at = invalid_utf8_at(here); at != std::string_view::npos)
+      RN_FAIL() << "cannot resume from '" << run_dir << "': the folder's path is not UTF-8 text (byte " << at
+                << "), which config.yaml and the checkpoints must record; rename the folder or the folders above it";
     std::error_code ec_recorded, ec_here;
     const fs::path recorded_dir = fs::weakly_canonical(cfg.run.out_dir, ec_recorded);
     moved_folder = ec_recorded || recorded_dir != fs::weakly_canonical(here, ec_here);
