@@ -25,12 +25,14 @@ std::unique_ptr<DeviceProbe> make_probe(Device device, const std::string& pci_bu
 }  // namespace
 
 TrainDiagnostics::TrainDiagnostics(const Config& cfg, const Model& model, Device device, const std::string& run_dir,
-                                   MetricsLog* writer, const std::string& pci_bus_id)
+                                   MetricsLog* writer, const std::string& pci_bus_id, int64_t epoch, int64_t step)
     : writer_(writer),
       grads_(model, cfg.diagnostics.grad_monitor_interval, writer ? run_dir + "/grad_summary.jsonl" : ""),
       variance_({.window = static_cast<int>(cfg.diagnostics.variance_window),
                  .threshold = cfg.diagnostics.variance_threshold}) {
   const auto& d = cfg.diagnostics;
+  epoch_ = epoch;  // before the device monitor's thread starts sampling
+  step_ = step;
   if (d.device_monitor) {
     MetricsLog* log = writer_;
     device_ = std::make_unique<DeviceMonitor>(make_probe(device, pci_bus_id), d.device_monitor_interval,
@@ -54,7 +56,8 @@ TrainDiagnostics::~TrainDiagnostics() {
   if (device_) device_->stop();
 }
 
-void TrainDiagnostics::begin_epoch(double wait_total) {
+void TrainDiagnostics::begin_epoch(double wait_total, int64_t epoch) {
+  epoch_ = epoch;
   last_wait_ = wait_total;
   last_end_ = std::chrono::steady_clock::now();
   last_cpu_wait_ = cpu_wait_seconds();

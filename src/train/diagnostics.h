@@ -44,12 +44,15 @@ struct StepDiagnostics {
 class TrainDiagnostics {
  public:
   // `device` selects the monitor: Device::cuda tries NVML (for the GPU at `pci_bus_id`, the
-  // backend's, else NVML's GPU 0), anything else reads /proc.
-  TrainDiagnostics(const Config& cfg, const Model& model, Device device, const std::string& run_dir,
-                   MetricsLog* writer, const std::string& pci_bus_id = "");
+  // backend's, else NVML's GPU 0), anything else reads /proc. `epoch` (from 1) and `step` (the
+  // last one done): where the run starts, which device samples taken before its first step
+  // ends are recorded at.
+  TrainDiagnostics(const Config& cfg, const Model& model, Device device, const std::string& run_dir, MetricsLog* writer,
+                   const std::string& pci_bus_id, int64_t epoch, int64_t step);
   ~TrainDiagnostics();
 
-  void begin_epoch(double wait_total);
+  // `epoch`: the epoch starting, from 1.
+  void begin_epoch(double wait_total, int64_t epoch);
   // Whether the gradient monitor records step `step` (it reads the model's host buffers).
   bool grad_monitor_due(int64_t step) const { return grads_.due(step); }
   void before_step(int64_t step);

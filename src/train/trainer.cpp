@@ -798,7 +798,8 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
   ProgressPrinter progress(writer ? ProgressPrinter::Mode::automatic : ProgressPrinter::Mode::lines);
   // Gradient monitor, device monitor, throughput variance (docs/troubleshooting.md); only
   // the writer rank writes their files and records.
-  TrainDiagnostics diag(cfg, model, backend->device(), run_dir, writer ? &metrics : nullptr, backend->pci_bus_id());
+  TrainDiagnostics diag(cfg, model, backend->device(), run_dir, writer ? &metrics : nullptr, backend->pci_bus_id(),
+                        st.epoch + 1, st.step);
   TrainResult result;
   result.run_dir = run_dir;
   const auto t_start = std::chrono::steady_clock::now();
@@ -850,7 +851,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
       set_sink_rates();
     }
     train_loader.start_epoch(st.epoch, st.batch_in_epoch);
-    diag.begin_epoch(train_loader.epoch_wait_seconds());
+    diag.begin_epoch(train_loader.epoch_wait_seconds(), st.epoch + 1);
     // Interval statistics for the log lines.
     double interval_loss = 0;  // the sum of the interval's known step losses
     int64_t interval_steps = 0, interval_images = 0, interval_losses = 0;

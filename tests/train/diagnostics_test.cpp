@@ -21,6 +21,7 @@
 #include "model/model.h"
 #include "model/plan.h"
 #include "model/zoo.h"
+#include "small_run.h"
 #include "test_dir.h"
 #include "train/config.h"
 #include "train/device.h"
@@ -694,6 +695,47 @@ class SlowStretchDataset : public Dataset {
   int ms_;
   mutable std::atomic<int64_t> loads_{0};
 };
+
+// Device samples taken before a session's first step ends are recorded where the run is (the
+// epoch from 1, the last step done), not at epoch 0, step 0 (the marker of files older than
+// 2026-12-03): here a first batch that takes 0.5 s to load, in a fresh run and in a resume.
+TEST(TrainDiagnostics, DeviceSamplesBeforeTheFirstStepAreRecordedWhereTheRunIs) {
+  TestDir dir;
+  Config cfg = test::small_run_config(dir.file("run"));  // 3 epochs of 4 steps
+  cfg.diagnostics.device_monitor = true;
+  cfg.diagnostics.device_monitor_interval = 0.05;
+  cfg.validate();
+  auto slow_start = [] {
+    TrainOptions o;
+    o.wrap_train_dataset = [](std::shared_ptr<const Dataset> d) -> std::shared_ptr<const Dataset> {
+      return std::make_shared<SlowStretchDataset>(std::move(d), 0, 8, 60);  // the first batch
+    };
+    return o;
+  };
+  TrainOptions first = slow_start();
+  first.max_steps = 5;
+  const TrainResult a = train(cfg, first);
+  TrainOptions resume = slow_start();
+  resume.resume_dir = a.run_dir;
+  resume.max_steps = 6;
+  train(cfg, resume);
+  int before_resume = 0, after_resume = 0;
+  bool resumed = false;
+  for (const auto& rec : read_metrics(a.run_dir + "/metrics.jsonl")) {
+    if (rec["kind"] == "start" && rec["resumed"].get<bool>()) resumed = true;
+    if (rec["kind"] != "device") continue;
+    EXPECT_GE(rec["epoch"].get<int64_t>(), 1) << rec.dump();
+    if (resumed) {
+      ++after_resume;
+      EXPECT_GE(rec["step"].get<int64_t>(), 5) << "a sample of the resumed session: " << rec.dump();
+      EXPECT_EQ(rec["epoch"].get<int64_t>(), 2) << rec.dump();
+    } else {
+      ++before_resume;
+    }
+  }
+  EXPECT_GT(before_resume, 0);
+  EXPECT_GT(after_resume, 0);
+}
 
 TEST(TrainDiagnostics, SlowLoaderStretchIsNamedInputBound) {
   TestDir dir;
