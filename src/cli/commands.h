@@ -25,8 +25,9 @@ Runner add_tune_command(CLI::App& app);
 Runner add_launch_command(CLI::App& app);
 
 // `--data PATH` of train and doctor: the --set options that read an image folder (or a packed
-// one) with ImageNet's normalisation and, without a config, as many outputs as it has classes.
-std::vector<std::string> data_sets(const std::string& path, bool has_config);
+// one) with ImageNet's normalisation and, without a config, as many outputs as it has classes
+// (or as a data.classes among the user's `user_sets` lists).
+std::vector<std::string> data_sets(const std::string& path, bool has_config, const std::vector<std::string>& user_sets);
 
 // Checks of numeric options whose messages read "must be > 0, got 0": CLI11's PositiveNumber
 // and NonNegativeNumber print their range in full ("0.000000 to 179769313486231570814...").

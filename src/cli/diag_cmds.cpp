@@ -29,7 +29,7 @@ struct DoctorArgs {
 };
 
 int run_doctor_cmd(const DoctorArgs& a) {
-  std::vector<std::string> sets = data_sets(a.data, !a.config.empty());  // --set wins
+  std::vector<std::string> sets = data_sets(a.data, !a.config.empty(), a.sets);  // --set wins
   sets.insert(sets.end(), a.sets.begin(), a.sets.end());
   const Config cfg = load_config(a.config, sets);
   if (!a.json.empty()) check_output_path(a.json, "--json");

@@ -175,7 +175,7 @@ Runner add_info_command(CLI::App& app) {
                   "Precision level O0-O3 (default: O0 for --dtype fp32, O2 for a half dtype; O1: half convolutions "
                   "between fp32 activations)");
   cmd->add_option("--device", args->device,
-                  "Backend whose kernels size the workspace (cpu, ref, auto), or none for a dry plan")
+                  "Backend whose kernels size the workspace (cpu, ref, cuda, auto), or none for a dry plan")
       ->capture_default_str();
   cmd->add_flag("--high-precision", args->high_precision,
                 "Size the workspace for run.implementation_mode=high_precision (on a CPU: no Winograd)");

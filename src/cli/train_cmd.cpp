@@ -1,6 +1,7 @@
 // `resnet train`, `resnet eval` and `resnet export`.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <cctype>
@@ -82,14 +83,36 @@ int64_t count_classes(const std::string& root) {
   return ec ? 0 : n;
 }
 
+// The number of classes a `--set data.classes=[...]` among `user_sets` lists (the last one
+// wins, as in the config), or 0 when there is none.
+int64_t classes_listed(const std::vector<std::string>& user_sets) {
+  int64_t n = 0;
+  for (const std::string& o : user_sets) {
+    std::string key = o.substr(0, o.find('='));
+    key.erase(key.find_last_not_of(" \t") + 1);
+    key.erase(0, key.find_first_not_of(" \t"));
+    if (key != "data.classes" || o.find('=') == std::string::npos) continue;
+    try {  // a list that does not parse is the config's to refuse, with its message
+      const YAML::Node list = YAML::Load(o.substr(o.find('=') + 1));
+      n = list.IsSequence() ? static_cast<int64_t>(list.size()) : 0;
+    } catch (const YAML::Exception&) {
+      n = 0;
+    }
+  }
+  return n;
+}
+
 // --data PATH: an image folder (root/<class>/*.jpg, or root/train + root/val) with
-// ImageNet's normalisation and, without --config, as many model outputs as it has classes;
-// the user's own --set options come after and win.
-std::vector<std::string> data_sets_for(const std::string& path, bool has_config) {
+// ImageNet's normalisation and, without --config, as many model outputs as it has classes (as
+// a `--set data.classes` lists, which may name classes the folder lacks); the user's own --set
+// options come after and win.
+std::vector<std::string> data_sets_for(const std::string& path, bool has_config,
+                                       const std::vector<std::string>& user_sets) {
   if (path.empty()) return {};
   std::vector<std::string> sets = imagenet_input_sets();
   sets.push_back("data.root=" + path);
-  const int64_t classes = count_classes(path);
+  const int64_t listed = classes_listed(user_sets);
+  const int64_t classes = listed > 0 ? listed : count_classes(path);
   // Said here, not as a model.num_classes=1 the user never wrote.
   RN_CHECK(classes != 1) << "--data " << path
                          << ": the training images are all of one class (one class folder), and a classifier needs "
@@ -101,7 +124,7 @@ std::vector<std::string> data_sets_for(const std::string& path, bool has_config)
 int run_train(const TrainArgs& a) {
   RN_CHECK(a.resume.empty() || (a.data.empty() && a.config.empty()))
       << "--resume continues a run with the config in its folder; --data and --config cannot change it";
-  std::vector<std::string> sets = data_sets_for(a.data, !a.config.empty());
+  std::vector<std::string> sets = data_sets_for(a.data, !a.config.empty(), a.sets);
   sets.insert(sets.end(), a.sets.begin(), a.sets.end());
   // Resuming, the run's own config wins; --set may change only keys that cannot change results
   // (checked by train()).
@@ -493,15 +516,20 @@ int run_import(const ImportArgs& a) {
 }
 
 // `config_default`: what stands in for --config when it is not given.
+// `example`: a key the command uses, for --set's help.
 void add_config_options(CLI::App* cmd, std::string& config, std::vector<std::string>& sets,
-                        const char* config_default = "the built-in resnet20 Fashion-MNIST recipe") {
+                        const char* config_default = "the built-in resnet20 Fashion-MNIST recipe",
+                        const char* example = "optimizer.base_lr=0.1") {
   cmd->add_option("--config", config, fmt::format("YAML config (default: {})", config_default));
-  cmd->add_option("--set", sets, "Override a config key: --set optimizer.base_lr=0.1 (repeatable)");
+  cmd->add_option("--set", sets, fmt::format("Override a config key: --set {} (repeatable)", example));
 }
 
 }  // namespace
 
-std::vector<std::string> data_sets(const std::string& path, bool has_config) { return data_sets_for(path, has_config); }
+std::vector<std::string> data_sets(const std::string& path, bool has_config,
+                                   const std::vector<std::string>& user_sets) {
+  return data_sets_for(path, has_config, user_sets);
+}
 
 Runner add_train_command(CLI::App& app) {
   auto a = std::make_shared<TrainArgs>();
@@ -522,7 +550,8 @@ Runner add_eval_command(CLI::App& app) {
   auto a = std::make_shared<EvalArgs>();
   CLI::App* cmd = app.add_subcommand("eval", "Evaluate weights on a test set: loss, top-1, top-5, predictions");
   add_config_options(cmd, a->config, a->sets,
-                     "the config the weights record, else torchvision's setting for the ResNet its tensors are");
+                     "the config the weights record, else torchvision's setting for the ResNet its tensors are",
+                     "data.root=DIR");
   cmd->add_option("--weights", a->weights,
                   "A checkpoint or weights file (.safetensors), or a PyTorch state dict (.pth); a torchvision "
                   "ResNet is recognised by its tensors, other weights without a recorded config need --config or "
@@ -540,7 +569,8 @@ Runner add_export_command(CLI::App& app) {
       "Write a checkpoint's weights as a torchvision-named safetensors file, or (--out X.onnx) the inference "
       "graph with its weights as ONNX");
   add_config_options(cmd, a->config, a->sets,
-                     "the config the weights record, else torchvision's setting for the ResNet its tensors are");
+                     "the config the weights record, else torchvision's setting for the ResNet its tensors are",
+                     "model.name=resnet50");
   cmd->add_option("--weights", a->weights, "A checkpoint or weights file, or a PyTorch state dict (.pth)")->required();
   cmd->add_option("--out", a->out, "Output: .onnx writes ONNX (opset 13), any other name safetensors")->required();
   cmd->add_option("--sample", a->sample,
@@ -557,7 +587,8 @@ Runner add_import_command(CLI::App& app) {
       "or a safetensors file against a model, and write it as a resnet.cpp weights file");
   add_config_options(cmd, a->config, a->sets,
                      "a resnet.cpp file's own recorded config, else torchvision's setting for the ResNet its tensors "
-                     "are");
+                     "are",
+                     "model.num_classes=10");
   cmd->add_option("source", a->source, "torch.save file (.pth, .pt, .tar) or safetensors file")->required();
   cmd->add_option("--model", a->model,
                   "Model of the weights (model.name); an ImageNet model also sets 224x224 RGB input, ImageNet's "

@@ -442,12 +442,13 @@ std::vector<Field> build_fields() {
   f.push_back(RN_CONFIG_FIELD(data.dataset, "dataset format"));
   f.push_back(RN_CONFIG_FIELD(data.root, "dataset folder"));
   f.push_back(RN_CONFIG_FIELD(data.train_subset,
-                              "use only N training samples (image folders: N drawn at random with run.seed, so "
-                              "that every class is represented; IDX files: the first N); 0: all",
+                              "use only N training samples (image folders: N drawn at random with run.seed, not "
+                              "the first N of a folder listed class by class; a small N may miss classes; IDX "
+                              "files: the first N); 0: all",
                               at_least(0)));
   f.push_back(RN_CONFIG_FIELD(data.val_subset,
-                              "use only N validation samples (image folders: N drawn at random with run.seed; "
-                              "IDX files: the first N); 0: all",
+                              "use only N validation samples (image folders: N drawn at random, seeded from "
+                              "run.seed; IDX files: the first N); 0: all",
                               at_least(0)));
   f.push_back(
       RN_CONFIG_FIELD(data.batch_size, "batch per rank; the global batch is batch_size x world size", at_least(1)));

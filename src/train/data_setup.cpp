@@ -1,10 +1,14 @@
 #include "train/data_setup.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <filesystem>
 
 #include "core/check.h"
 #include "core/log.h"
+#include "core/plural.h"
 #include "data/augment.h"
 #include "data/idx_dataset.h"
 #include "data/image_folder.h"
@@ -275,6 +279,22 @@ Loaders make_loaders(const Config& cfg, DType dtype, Layout layout, std::shared_
             "crop (pack it again with a larger --max-size, or none)",
             paths.train, packed->manifest().max_size, cfg.model.image_size[0], cfg.model.image_size[1]);
       loaders.classes = d.classes.empty() ? train->classes() : d.classes;
+      if (!d.classes.empty()) {
+        // A listed class may lack a folder (docs/images.md); said, as a model.num_classes above
+        // the folder's count is below.
+        const std::vector<std::string> have = train->classes();
+        std::vector<std::string> missing;
+        for (const std::string& c : d.classes)
+          if (std::find(have.begin(), have.end(), c) == have.end()) missing.push_back(c);
+        if (!missing.empty())
+          RN_LOG_WARN(
+              "data.classes lists {} that {} has no images of ({}{}): those outputs are never a right answer "
+              "in training",
+              counted(static_cast<int64_t>(missing.size()), "class", "classes"), paths.train,
+              fmt::format("{}",
+                          fmt::join(missing.begin(), missing.begin() + std::min<size_t>(missing.size(), 5), ", ")),
+              missing.size() > 5 ? ", ..." : "");
+      }
       train = subset(labelled_by(std::move(train), loaders.classes, "training data"), d.train_subset, cfg.run.seed,
                      "data.train_subset");
       if (paths.val_is_train) {

@@ -200,6 +200,31 @@ TEST(ImageFolderE2E, TrainEvalAndBenchOnAGeneratedFolder) {
       << out;
 }
 
+// --data with a data.classes that lists a class the folder lacks (docs/images.md allows it):
+// the model gets the listed classes' outputs, not the folder count (which refused the list),
+// and the run warns of the class without images.
+TEST(ImageFolderE2E, DataClassesMayListAClassTheFolderLacks) {
+  const fs::path root = fs::path(RN_BINARY_DIR) / "test_runs" / "imagefolder_classes";
+  fs::remove_all(root);
+  make_dataset(root / "data", 4, 1);  // class0..class3
+  std::string out;
+  ASSERT_EQ(run("train --data " + (root / "data").string() +
+                    " --set \"data.classes=[class0, class1, class2, class3, birds]\" --max-steps 1"
+                    " --set model.image_size=[32,32] --set data.augment.eval_resize=36 --set data.batch_size=4"
+                    " --set run.threads=2 --set run.out_dir=" +
+                    (root / "run").string(),
+                &out),
+            0)
+      << out;
+  EXPECT_NE(
+      out.find("data.classes lists 1 class that " + (root / "data" / "train").string() + " has no images of (birds)"),
+      std::string::npos)
+      << out;
+  std::ifstream config_file(root / "run" / "config.yaml");
+  const std::string config{std::istreambuf_iterator<char>(config_file), std::istreambuf_iterator<char>()};
+  EXPECT_NE(config.find("num_classes: 5"), std::string::npos) << config;
+}
+
 // Data that cannot fit the model is named for what it is: one class folder is not a
 // model.num_classes=1 the user never wrote, and a Fashion-MNIST model is not sent to an image
 // folder to look for IDX files there.
