@@ -484,8 +484,18 @@ std::vector<std::string> CheckpointManager::checkpoints() const {
   std::vector<std::pair<int64_t, std::string>> found;
   std::error_code ec;
   for (fs::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) {
-    if (!it->is_regular_file(ec)) continue;
-    if (auto step = parse_step_name(it->path().filename().string())) found.emplace_back(*step, it->path().string());
+    const std::string name = it->path().filename().string();
+    const auto step = parse_step_name(name);
+    const bool best = name == fs::path(best_path()).filename().string();
+    if (!step && !best) continue;
+    // A folder (or a link to nothing) under a checkpoint's name: skipped, the run would fail
+    // at the save that replaces it, steps later. Said now.
+    std::error_code file_ec;
+    RN_CHECK(fs::is_regular_file(it->path(), file_ec))
+        << "'" << it->path().string() << "' is named like a checkpoint but is not a file ("
+        << (fs::is_directory(it->path(), file_ec) ? "a folder" : "a link to nothing or something else")
+        << "): move it out of " << dir_;
+    if (step) found.emplace_back(*step, it->path().string());
   }
   std::sort(found.begin(), found.end());
   std::vector<std::string> out;

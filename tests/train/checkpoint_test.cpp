@@ -431,6 +431,25 @@ TEST(CheckpointManager, KeepAllWithoutBest) {
   EXPECT_THROW(CheckpointManager(dir.path().string(), -1, true), Error);
 }
 
+// A folder under a checkpoint's name was skipped without a word, and the run died steps later
+// at the save that replaced it: it is named at once.
+TEST(CheckpointManager, AFolderNamedLikeACheckpointIsNamedAtOnce) {
+  for (const char* name : {"step-00000300.safetensors", "best.safetensors"}) {
+    TestDir dir;
+    CheckpointManager m(dir.path().string(), 2, true);
+    fs::create_directories(dir.path() / "checkpoints" / name);
+    try {
+      m.checkpoints();
+      ADD_FAILURE() << name << " was passed over";
+    } catch (const Error& e) {
+      EXPECT_NE(
+          std::string(e.what()).find(std::string(name) + "' is named like a checkpoint but is not a file (a folder)"),
+          std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 TEST(CheckpointManager, RewoundRunSetsLaterCheckpointsAside) {
   TestDir dir;
   Model model = make_model("resnet20", 1);
