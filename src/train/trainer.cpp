@@ -59,10 +59,14 @@ std::atomic<int64_t> g_stop_at_ns{0};  // CLOCK_MONOTONIC of the request not yet
 // would have (a set-up that blocks, a long evaluation: the last complete checkpoint is kept).
 // Sooner is the same request again: a terminal's Ctrl-C reaches a rank directly and through
 // mpirun. Only async-signal-safe calls here.
-extern "C" void on_stop_signal(int sig) {
+int64_t monotonic_ns() {
   timespec ts{};
   ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  const int64_t now = static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+extern "C" void on_stop_signal(int sig) {
+  const int64_t now = monotonic_ns();
   if (!g_stop.exchange(true)) {
     g_stop_at_ns = now;
   } else if (now - g_stop_at_ns >= int64_t{2} * 1000000000) {
@@ -355,7 +359,9 @@ void install_stop_signal_handlers() {
   std::signal(SIGXFSZ, SIG_IGN);
 }
 
-void request_stop() { g_stop = true; }
+void request_stop() {
+  if (!g_stop.exchange(true)) g_stop_at_ns = monotonic_ns();  // a signal right after is the same request
+}
 
 TrainResult train(const Config& config, const TrainOptions& options) {
   LogFile log_file;  // the run's train.log, from when its folder is known

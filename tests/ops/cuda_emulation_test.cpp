@@ -360,6 +360,19 @@ TEST(CudaEmulationOnCpu, AConvolutionTensorBeyondCudnnsElementLimitIsRefusedNami
   EXPECT_NE(backend->make_conv2d(d), nullptr);
 }
 
+// The small 3x3 convolution the algorithm-search tests make: 8 -> 8 channels, 5x5, batch 2, NHWC.
+Conv2dDesc small_searched_conv(DType dtype) {
+  Conv2dDesc d;
+  d.p.in_channels = d.p.out_channels = 8;
+  d.p.kernel_h = d.p.kernel_w = 3;
+  d.p.pad_h = d.p.pad_w = 1;
+  d.batch = 2;
+  d.in_h = d.in_w = 5;
+  d.layout = Layout::nhwc;
+  d.dtype = dtype;
+  return d;
+}
+
 // The emulated search reports, fastest first, a non-deterministic algorithm for both backward
 // directions, then a deterministic one, then one that fails as not supported: the backend
 // takes the fastest that ran, and only deterministic ones in high_precision mode. For fp32,
@@ -369,14 +382,7 @@ TEST(CudaEmulationOnCpu, AConvolutionTensorBeyondCudnnsElementLimitIsRefusedNami
 // deterministic backward-data algorithm with FMA math, which fp32 prefers to the faster one
 // reported with default math.
 TEST(CudaEmulationOnCpu, TheConvolutionSearchTakesTheFastestAlgorithmThatRanDeterministicInHighPrecision) {
-  Conv2dDesc d;
-  d.p.in_channels = 8;
-  d.p.out_channels = 8;
-  d.p.kernel_h = d.p.kernel_w = 3;
-  d.p.pad_h = d.p.pad_w = 1;
-  d.batch = 2;
-  d.in_h = d.in_w = 5;
-  d.layout = Layout::nhwc;
+  Conv2dDesc d = small_searched_conv(DType::f32);
   const auto dir = std::filesystem::temp_directory_path() / ("rn_algo_choice_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   for (const DType t : {DType::f32, DType::f16}) {
@@ -424,14 +430,7 @@ TEST(CudaEmulationOnCpu, TheConvolutionSearchTakesTheFastestAlgorithmThatRanDete
 // deterministic choice (run.deterministic, high_precision) comes from cuDNN's heuristics and
 // is the same every time, so that two runs with cold caches are bit-identical.
 TEST(CudaEmulationOnCpu, ADeterministicAlgorithmChoiceDoesNotDependOnTheMeasuredOrder) {
-  Conv2dDesc d;
-  d.p.in_channels = d.p.out_channels = 8;
-  d.p.kernel_h = d.p.kernel_w = 3;
-  d.p.pad_h = d.p.pad_w = 1;
-  d.batch = 2;
-  d.in_h = d.in_w = 5;
-  d.layout = Layout::nhwc;
-  d.dtype = DType::f32;
+  const Conv2dDesc d = small_searched_conv(DType::f32);
   const auto dir = std::filesystem::temp_directory_path() / ("rn_algo_order_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   auto forward_algo = [&](bool deterministic, bool reversed) {
@@ -467,14 +466,8 @@ TEST(CudaEmulationOnCpu, ADeterministicAlgorithmChoiceDoesNotDependOnTheMeasured
 // is not handed to cuDNN, whose error would not name the file: it is searched again with a
 // warning that names the file and the entry, and the file gets the searched choice back.
 TEST(CudaEmulationOnCpu, AnAlgorithmCacheEntryThatCannotRunIsSearchedAgainWithAWarning) {
-  Conv2dDesc d;
-  d.p.in_channels = d.p.out_channels = 8;
-  d.p.kernel_h = d.p.kernel_w = 3;
-  d.p.pad_h = d.p.pad_w = 1;
-  d.batch = 2;
-  d.in_h = d.in_w = 5;
-  d.layout = Layout::nhwc;
-  d.dtype = DType::f16;  // its math type is used as cached (fp32 always runs with FMA math)
+  // fp16: its math type is used as cached (fp32 always runs with FMA math).
+  const Conv2dDesc d = small_searched_conv(DType::f16);
   const auto dir = std::filesystem::temp_directory_path() / ("rn_algo_edit_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   const std::string path = (dir / "cache.tsv").string();

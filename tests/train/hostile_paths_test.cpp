@@ -18,22 +18,13 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string error_of(const Config& cfg, const TrainOptions& o = {}) {
-  try {
-    train(cfg, o);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 TEST(HostilePaths, APipeAsPretrainedWeightsIsRefusedWithoutWaiting) {
   TestDir dir;
   const std::string fifo = dir.file("weights.safetensors");
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   Config cfg = test::small_run_config(dir.file("run"));
   cfg.model.pretrained = fifo;
-  const std::string e = error_of(cfg);
+  const std::string e = test::train_error(cfg);
   EXPECT_NE(e.find("'" + fifo + "': not a regular file"), std::string::npos) << e;
 }
 
@@ -45,7 +36,7 @@ TEST(HostilePaths, AResumeFromAFolderWhosePathIsNotUtf8IsRefusedAtOnce) {
   fs::rename(a.run_dir, moved);
   TrainOptions resume;
   resume.resume_dir = moved;
-  const std::string e = error_of(cfg, resume);
+  const std::string e = test::train_error(cfg, resume);
   EXPECT_NE(e.find("the folder's path is not UTF-8 text"), std::string::npos) << e;
   // Nothing was written: config.yaml still records the old folder, and no step was added.
   EXPECT_FALSE(fs::exists(moved + "/checkpoints/step-00000002.safetensors"));

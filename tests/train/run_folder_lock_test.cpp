@@ -20,15 +20,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string error_of(const Config& cfg, const TrainOptions& o = {}) {
-  try {
-    train(cfg, o);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 TEST(RunFolderLock, AResumeOfARunInUseIsRefusedNamingThePid) {
   TestDir dir;
   const Config cfg = test::small_run_config(dir.file("run"));
@@ -36,7 +27,7 @@ TEST(RunFolderLock, AResumeOfARunInUseIsRefusedNamingThePid) {
   RunFolderLock held(a.run_dir);  // as the run's own process would, still training
   TrainOptions resume;
   resume.resume_dir = a.run_dir;
-  const std::string e = error_of(cfg, resume);
+  const std::string e = test::train_error(cfg, resume);
   EXPECT_NE(e.find("the run folder '" + a.run_dir + "' is in use by another resnet process (pid " +
                    std::to_string(::getpid()) + ")"),
             std::string::npos)
@@ -58,12 +49,12 @@ TEST(RunFolderLock, AFailedStartKeepsAFolderTheUserMade) {
   fs::create_directories(dir.file("mine"));
   Config cfg = test::small_run_config(dir.file("mine"));
   cfg.model.pretrained = dir.file("missing.safetensors");
-  EXPECT_NE(error_of(cfg).find("missing.safetensors"), std::string::npos);
+  EXPECT_NE(test::train_error(cfg).find("missing.safetensors"), std::string::npos);
   ASSERT_TRUE(fs::is_directory(dir.file("mine"))) << "the user's own folder was removed";
   EXPECT_TRUE(fs::is_empty(dir.file("mine")));
   // A folder the run made itself is removed.
   cfg.run.out_dir = dir.file("made");
-  EXPECT_NE(error_of(cfg), "");
+  EXPECT_NE(test::train_error(cfg), "");
   EXPECT_FALSE(fs::exists(dir.file("made")));
 }
 

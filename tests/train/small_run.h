@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "core/check.h"
 #include "train/config.h"
 #include "train/trainer.h"
 
@@ -28,6 +29,16 @@ inline Config small_run_config(const std::string& out_dir) {
   c.run.out_dir = out_dir;
   c.validate();
   return c;
+}
+
+// The rn::Error message of train(cfg, o), or "" when it trains.
+inline std::string train_error(const Config& cfg, const TrainOptions& o = {}) {
+  try {
+    train(cfg, o);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
 }
 
 // `cfg` trained until `steps` optimizer steps in all (a checkpoint there), as a run stopped
