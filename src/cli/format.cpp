@@ -39,8 +39,8 @@ std::string human_bytes(double b) {
 void check_output_path(const std::string& path, const std::string& option) {
   namespace fs = std::filesystem;
   std::error_code ec;
+  if (is_special_file(path)) return;               // a device or a pipe: written in place
   const std::string target = output_target(path);  // a symbolic link: where it points
-  if (is_special_file(target)) return;             // a device or a pipe: written in place
   RN_CHECK(!fs::is_directory(target, ec)) << option << " '" << path << "' is a folder; give a file name";
   const fs::path parent = fs::path(target).parent_path().empty() ? fs::path(".") : fs::path(target).parent_path();
   RN_CHECK(fs::is_directory(parent, ec)) << option << " '" << path << "': the folder '" << parent.string()

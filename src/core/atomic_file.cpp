@@ -84,9 +84,11 @@ bool is_special_file(const std::string& path) {
 
 void write_file_atomic(const std::string& path_in, const std::function<void(AtomicFileWriter&)>& fill) {
   RN_CHECK(!path_in.empty()) << "write_file_atomic: empty path";
-  const std::string path = output_target(path_in);
-  if (is_special_file(path)) {  // a device or a pipe: written as it is (no temporary, rename or fsync)
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  // A device or a pipe: written as it is (no temporary, rename or fsync). Asked of the path
+  // as given, which the kernel resolves: /dev/stdout's /proc/self/fd/1 names a pipe as
+  // "pipe:[N]", no path to follow by hand.
+  if (is_special_file(path_in)) {
+    const int fd = ::open(path_in.c_str(), O_WRONLY | O_CLOEXEC);
     RN_CHECK(fd >= 0) << "cannot write '" << path_in << "': " << errno_text(errno);
     std::FILE* f = ::fdopen(fd, "wb");
     if (f == nullptr) {
@@ -100,13 +102,14 @@ void write_file_atomic(const std::string& path_in, const std::function<void(Atom
         if (f) std::fclose(f);
       }
     } closer{f};
-    AtomicFileWriter writer(f, path_in, path);
+    AtomicFileWriter writer(f, path_in, path_in);
     fill(writer);
     RN_CHECK(std::fflush(f) == 0) << "cannot write '" << path_in << "': " << errno_text(errno);
     closer.f = nullptr;
     RN_CHECK(std::fclose(f) == 0) << "cannot write '" << path_in << "': " << errno_text(errno);
     return;
   }
+  const std::string path = output_target(path_in);
   const std::string dir = folder_of(path);
   TempFile temp;
   temp.path = temp_name_for(path);

@@ -48,8 +48,8 @@ void write_file_atomic(const std::string& path, std::string_view bytes);
 // them), the file it points to (which may not exist yet), so that a write keeps the link and
 // replaces its target. Throws naming `path` for a loop of links.
 std::string output_target(const std::string& path);
-// Whether `path` is an existing device, pipe or socket: such a target is written in place
-// (it cannot be replaced by a rename without destroying it).
+// Whether `path` (its links followed by the kernel, /dev/stdout's included) is an existing
+// device, pipe or socket: such a target is written in place (a rename would destroy it).
 bool is_special_file(const std::string& path);
 
 // The whole file; errors name the path and the reason.

@@ -450,9 +450,9 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   header.replace(at, 8, fmt::format("{:08x}", header_crc(header, at)));
 
   // A symbolic link is kept and its target replaced; a device or a pipe cannot be replaced.
+  RN_CHECK(!is_special_file(path)) << "writing safetensors file '" << path
+                                   << "': it is a device, a pipe or a socket, not a file; give a file name";
   const std::string target = output_target(path);
-  RN_CHECK(!is_special_file(target)) << "writing safetensors file '" << path
-                                     << "': it is a device, a pipe or a socket, not a file; give a file name";
   std::string tmp;
   Fd file{create_temporary(target, &tmp)};
   const int create_err = errno;

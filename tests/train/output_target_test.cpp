@@ -73,6 +73,16 @@ TEST(OutputTarget, APipeIsWrittenInPlaceAndSafetensorsRefuseIt) {
   struct stat st {};
   ASSERT_EQ(::stat(fifo.c_str(), &st), 0);
   EXPECT_TRUE(S_ISFIFO(st.st_mode)) << "the pipe was replaced";
+  // A pipe behind a /proc/self/fd link (what /dev/stdout is in `resnet eval --predictions
+  // /dev/stdout | head`): the link reads "pipe:[N]", no path to follow; the kernel's open is.
+  int ends[2];
+  ASSERT_EQ(::pipe(ends), 0);
+  write_file_atomic("/proc/self/fd/" + std::to_string(ends[1]), std::string_view("via fd"));
+  ::close(ends[1]);
+  char buf[16] = {};
+  EXPECT_EQ(::read(ends[0], buf, sizeof buf - 1), 6);
+  EXPECT_EQ(std::string(buf), "via fd");
+  ::close(ends[0]);
   // A device: /dev/null takes the bytes and stays a device.
   write_file_atomic("/dev/null", std::string_view("discarded"));
   ASSERT_EQ(::stat("/dev/null", &st), 0);
