@@ -1,7 +1,6 @@
 // `resnet train`, `resnet eval` and `resnet export`.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <cctype>
@@ -84,22 +83,17 @@ int64_t count_classes(const std::string& root) {
 }
 
 // The number of classes a `--set data.classes=[...]` among `user_sets` lists (the last one
-// wins, as in the config), or 0 when there is none.
+// wins, as in the config), or 0 when there is none. Read by the config's own override parser;
+// an override it refuses is refused again, with its message, when the config is loaded.
 int64_t classes_listed(const std::vector<std::string>& user_sets) {
-  int64_t n = 0;
+  Config c;
   for (const std::string& o : user_sets) {
-    std::string key = o.substr(0, o.find('='));
-    key.erase(key.find_last_not_of(" \t") + 1);
-    key.erase(0, key.find_first_not_of(" \t"));
-    if (key != "data.classes" || o.find('=') == std::string::npos) continue;
-    try {  // a list that does not parse is the config's to refuse, with its message
-      const YAML::Node list = YAML::Load(o.substr(o.find('=') + 1));
-      n = list.IsSequence() ? static_cast<int64_t>(list.size()) : 0;
-    } catch (const YAML::Exception&) {
-      n = 0;
+    try {
+      apply_config_override(c, o);
+    } catch (const Error&) {
     }
   }
-  return n;
+  return static_cast<int64_t>(c.data.classes.size());
 }
 
 // --data PATH: an image folder (root/<class>/*.jpg, or root/train + root/val) with

@@ -96,16 +96,12 @@ void write_file_atomic(const std::string& path_in, const std::function<void(Atom
       ::close(fd);
       RN_FAIL() << "cannot write '" << path_in << "': " << errno_text(err);
     }
-    struct Closer {
-      std::FILE* f;
-      ~Closer() {
-        if (f) std::fclose(f);
-      }
-    } closer{f};
+    TempFile out;  // no path: closes the file on a throw, removes nothing
+    out.file = f;
     AtomicFileWriter writer(f, path_in, path_in);
     fill(writer);
     RN_CHECK(std::fflush(f) == 0) << "cannot write '" << path_in << "': " << errno_text(errno);
-    closer.f = nullptr;
+    out.file = nullptr;
     RN_CHECK(std::fclose(f) == 0) << "cannot write '" << path_in << "': " << errno_text(errno);
     return;
   }
