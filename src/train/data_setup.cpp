@@ -225,7 +225,8 @@ DataLoaderOptions loader_options(const Config& cfg, DType dtype, Layout layout, 
 }
 
 Loaders make_loaders(const Config& cfg, DType dtype, Layout layout, std::shared_ptr<TraceRecorder> trace,
-                     ShardSpec shard, const DatasetWrapper& wrap_train, MemorySpace* batch_memory) {
+                     ShardSpec shard, const DatasetWrapper& wrap_train, MemorySpace* batch_memory,
+                     const DatasetWrapper& wrap_val) {
   const DataConfig& d = cfg.data;
   DataLoaderOptions lo = loader_options(cfg, dtype, layout, batch_memory);
   lo.trace = std::move(trace);
@@ -257,6 +258,7 @@ Loaders make_loaders(const Config& cfg, DType dtype, Layout layout, std::shared_
         check_fixed_geometry(cfg, *set);
       }
       if (wrap_train) train = wrap_train(std::move(train));
+      if (wrap_val) val = wrap_val(std::move(val));
       CropFlipNormalizeOptions to;
       to.pad = static_cast<int>(d.augment.random_crop_padding);
       to.flip_prob = d.augment.flip ? 0.5f : 0.0f;

@@ -48,14 +48,15 @@ struct Loaders {
 // an error naming it.
 // `shard`: this rank's part of a data-parallel job (training: dealt out, see data/sampler.h;
 // validation: a contiguous slice, every sample on exactly one rank).
-// `wrap_train` (tests) may replace the small-image training dataset (Fashion-MNIST,
-// synthetic) by a wrapper around it, e.g. one that loads slowly for a while.
+// `wrap_train` and `wrap_val` (tests) may replace the small-image training and validation
+// datasets (Fashion-MNIST, synthetic) by wrappers around them, e.g. one that loads slowly.
 // u8 batches (a device backend, train/batch_feeder.h) leave crops, flips and normalisation
 // to the device (DataLoaderOptions::defer_crop_flip). `batch_memory`: where the loaders'
 // batch buffers live (a device backend's pinned memory; nullptr: plain host memory).
 using DatasetWrapper = std::function<std::shared_ptr<const Dataset>(std::shared_ptr<const Dataset>)>;
 Loaders make_loaders(const Config& cfg, DType dtype, Layout layout, std::shared_ptr<TraceRecorder> trace = nullptr,
-                     ShardSpec shard = {}, const DatasetWrapper& wrap_train = {}, MemorySpace* batch_memory = nullptr);
+                     ShardSpec shard = {}, const DatasetWrapper& wrap_train = {}, MemorySpace* batch_memory = nullptr,
+                     const DatasetWrapper& wrap_val = {});
 // The validation loader alone (resnet eval).
 std::unique_ptr<DataLoader> make_val_loader(const Config& cfg, DType dtype, Layout layout,
                                             MemorySpace* batch_memory = nullptr);

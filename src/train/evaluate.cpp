@@ -35,15 +35,21 @@ Plan& Evaluator::plan_for(int64_t batch) {
   return *plans_.back();
 }
 
-EvalResult Evaluator::run(DataLoader& loader, int64_t epoch, std::vector<Prediction>* predictions,
-                          Communicator* comm) {
+EvalResult Evaluator::run(DataLoader& loader, int64_t epoch, std::vector<Prediction>* predictions, Communicator* comm,
+                          const std::atomic<bool>* stop) {
   EvalResult r;
   double loss_sum = 0;
   int64_t top1 = 0, top5 = 0;
   int64_t nonfinite = 0;  // samples whose outputs hold a NaN or an infinity: misses
   loader.start_epoch(epoch);
   BatchFeeder feeder(loader.options().mean, loader.options().std);
-  while (const Batch* b = loader.next()) {
+  for (;;) {
+    if (stop && stop->load()) {
+      r.abandoned = true;
+      break;
+    }
+    const Batch* b = loader.next();
+    if (!b) break;
     Plan& plan = plan_for(b->size);
     feeder.feed(plan, *b);
     plan.forward();
@@ -105,21 +111,27 @@ EvalResult Evaluator::run(DataLoader& loader, int64_t epoch, std::vector<Predict
     }
     loss_sum += batch_loss;
   }
-  if (nonfinite > 0)
+  if (nonfinite > 0 && !r.abandoned)
     RN_LOG_WARN(
         "evaluation: {} of {} samples{} have outputs that are not finite (NaN or infinity) and count as misses: "
         "the model's weights or its input hold non-finite values, or a batch norm's running variance is negative",
         nonfinite, r.samples, comm && comm->size() > 1 ? fmt::format(" on rank {}", comm->rank()) : "");
   if (comm && comm->size() > 1) {
-    double sums[5] = {loss_sum, static_cast<double>(top1), static_cast<double>(top5), static_cast<double>(r.samples),
-                      static_cast<double>(r.unreadable)};
-    comm->all_reduce(sums, 5, ReduceOp::sum, "evaluation sums");
+    double sums[6] = {loss_sum,
+                      static_cast<double>(top1),
+                      static_cast<double>(top5),
+                      static_cast<double>(r.samples),
+                      static_cast<double>(r.unreadable),
+                      r.abandoned ? 1.0 : 0.0};
+    comm->all_reduce(sums, 6, ReduceOp::sum, "evaluation sums");
     loss_sum = sums[0];
     top1 = static_cast<int64_t>(sums[1]);
     top5 = static_cast<int64_t>(sums[2]);
     r.samples = static_cast<int64_t>(sums[3]);
     r.unreadable = static_cast<int64_t>(sums[4]);
+    r.abandoned = sums[5] > 0;
   }
+  if (r.abandoned) return EvalResult{.abandoned = true};
   RN_CHECK(r.samples > 0) << "evaluation saw no samples"
                           << (r.unreadable > 0 ? fmt::format(": all {} images were unreadable", r.unreadable) : "");
   r.loss = loss_sum / static_cast<double>(r.samples);

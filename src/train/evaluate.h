@@ -2,6 +2,7 @@
 // smoothing), top-1 and top-5, optionally the per-image top-5 predictions.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -27,8 +28,11 @@ class Evaluator {
   Evaluator(Model& model, Backend& backend, const PlanOptions& base);
   // With `comm`, each rank evaluates its slice of the set and the sums are all-reduced, so
   // every rank returns the figures of the whole set (predictions stay this rank's).
+  // `stop` (a training run's stop request) is read before each batch: once it is set, the
+  // evaluation ends without figures, `abandoned` on every rank (they learn of it in the one
+  // all-reduce of the sums, so a rank without the request evaluates its slice to the end).
   EvalResult run(DataLoader& loader, int64_t epoch, std::vector<Prediction>* predictions = nullptr,
-                 Communicator* comm = nullptr);
+                 Communicator* comm = nullptr, const std::atomic<bool>* stop = nullptr);
 
  private:
   Plan& plan_for(int64_t batch);

@@ -647,7 +647,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
   // there (train/batch_feeder.h).
   const DType loader_dtype = loader_dtype_for(policy.activation_dtype, *backend);
   Loaders loaders = make_loaders(cfg, loader_dtype, layout, trace, ShardSpec{world.rank, world.size, true},
-                                 options.wrap_train_dataset, &backend->pinned_memory());
+                                 options.wrap_train_dataset, &backend->pinned_memory(), options.wrap_val_dataset);
   if (cfg.data.classes != loaders.classes) {
     // The training folder's class names, label = position, into config.yaml and every
     // checkpoint: validation folders, `resnet eval` and a resume then label by name.
@@ -1062,6 +1062,53 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
         diag.between_steps(t0);
       }
     }
+    // The input-pipeline and communication figures of the epoch's steps in this process, a step
+    // limit or a stop at its last step included: not where a resume came at that step (the
+    // session before logged them), nor for an epoch a stop cut short.
+    if (steps_here > 0 && (!stop || st.batch_in_epoch == steps_per_epoch)) {
+      pipeline.loader = train_loader.epoch_times();
+      pipeline.workers = train_loader.workers();
+      pipeline.wait = train_loader.epoch_wait_seconds();
+      pipeline.wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_t0).count();
+      const PipelineVerdict verdict = analyse_pipeline(pipeline);
+      RN_LOG_INFO("epoch {} {}", st.epoch + 1, format_pipeline(pipeline, verdict));
+      if (reducer && !comm_epoch.timed) {
+        RN_LOG_INFO(
+            "epoch {} communication: {}, {:.2f} MiB per step, all-reduced by {} during backward; times not "
+            "measured ({})",
+            st.epoch + 1, counted(static_cast<int64_t>(reducer->buckets().size()), "bucket"),
+            static_cast<double>(model.params().total) * 4 / 1048576.0, grad_sync.comm->name(),
+            sink_size > 0 ? "sink mode: the all-reduces run inside the replayed step graph"
+                          : "the communicator did not time every bucket of every step on the device");
+        metrics.append(MetricsRecord("comm", st.epoch + 1, st.step)
+                           .add("ranks", static_cast<int64_t>(world.size))
+                           .add("buckets", static_cast<int64_t>(reducer->buckets().size()))
+                           .add("bytes_per_step", static_cast<int64_t>(model.params().total * 4))
+                           .add("timed", false));
+      } else if (reducer) {
+        RN_LOG_INFO(
+            "epoch {} communication: {}, {:.2f} MiB per step, {:.2f} ms/step in all-reduces (waiting for other ranks "
+            "included), {:.0f}% of it "
+            "hidden behind backward ({:.2f} ms/step exposed)",
+            st.epoch + 1, counted(static_cast<int64_t>(reducer->buckets().size()), "bucket"),
+            static_cast<double>(model.params().total) * 4 / 1048576.0, comm_epoch.ms_per_step(comm_epoch.total),
+            100 * comm_epoch.hidden_share(), comm_epoch.ms_per_step(comm_epoch.exposed));
+        metrics.append(MetricsRecord("comm", st.epoch + 1, st.step)
+                           .add("ranks", static_cast<int64_t>(world.size))
+                           .add("buckets", static_cast<int64_t>(reducer->buckets().size()))
+                           .add("bytes_per_step", static_cast<int64_t>(model.params().total * 4))
+                           .add("clock", std::string_view(step->on_device() ? "device" : "host"))
+                           .add("comm_ms", comm_epoch.ms_per_step(comm_epoch.total))
+                           .add("exposed_ms", comm_epoch.ms_per_step(comm_epoch.exposed))
+                           .add("hidden_share", comm_epoch.hidden_share())
+                           .add("step_ms", comm_epoch.steps > 0 ? 1000 * pipeline.compute / comm_epoch.steps : 0.0));
+      }
+      // 1-based completed epochs, as eval records.
+      metrics.append(MetricsRecord("pipeline", st.epoch + 1, st.step).add_fields(pipeline_json(pipeline, verdict)));
+    }
+    if (train_loader.bad_file_count() > 0)
+      RN_LOG_WARN("{} skipped so far (each logged once above)",
+                  counted(train_loader.bad_file_count(), "bad image file"));
     if (stop) break;
     // Measured only where this process ran steps of the epoch: a resume at an epoch's last step
     // finishes that epoch without one, and would report this session's plan with nothing measured.
@@ -1069,48 +1116,6 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
       log_measured_memory(*plan, metrics, st.epoch + 1, st.step);
       memory_logged = true;
     }
-    pipeline.loader = train_loader.epoch_times();
-    pipeline.workers = train_loader.workers();
-    pipeline.wait = train_loader.epoch_wait_seconds();
-    pipeline.wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_t0).count();
-    const PipelineVerdict verdict = analyse_pipeline(pipeline);
-    RN_LOG_INFO("epoch {} {}", st.epoch + 1, format_pipeline(pipeline, verdict));
-    if (reducer && !comm_epoch.timed) {
-      RN_LOG_INFO(
-          "epoch {} communication: {}, {:.2f} MiB per step, all-reduced by {} during backward; times not "
-          "measured ({})",
-          st.epoch + 1, counted(static_cast<int64_t>(reducer->buckets().size()), "bucket"),
-          static_cast<double>(model.params().total) * 4 / 1048576.0, grad_sync.comm->name(),
-          sink_size > 0 ? "sink mode: the all-reduces run inside the replayed step graph"
-                        : "the communicator did not time every bucket of every step on the device");
-      metrics.append(MetricsRecord("comm", st.epoch + 1, st.step)
-                         .add("ranks", static_cast<int64_t>(world.size))
-                         .add("buckets", static_cast<int64_t>(reducer->buckets().size()))
-                         .add("bytes_per_step", static_cast<int64_t>(model.params().total * 4))
-                         .add("timed", false));
-    } else if (reducer) {
-      RN_LOG_INFO(
-          "epoch {} communication: {}, {:.2f} MiB per step, {:.2f} ms/step in all-reduces (waiting for other ranks "
-          "included), {:.0f}% of it "
-          "hidden behind backward ({:.2f} ms/step exposed)",
-          st.epoch + 1, counted(static_cast<int64_t>(reducer->buckets().size()), "bucket"),
-          static_cast<double>(model.params().total) * 4 / 1048576.0, comm_epoch.ms_per_step(comm_epoch.total),
-          100 * comm_epoch.hidden_share(), comm_epoch.ms_per_step(comm_epoch.exposed));
-      metrics.append(MetricsRecord("comm", st.epoch + 1, st.step)
-                         .add("ranks", static_cast<int64_t>(world.size))
-                         .add("buckets", static_cast<int64_t>(reducer->buckets().size()))
-                         .add("bytes_per_step", static_cast<int64_t>(model.params().total * 4))
-                         .add("clock", std::string_view(step->on_device() ? "device" : "host"))
-                         .add("comm_ms", comm_epoch.ms_per_step(comm_epoch.total))
-                         .add("exposed_ms", comm_epoch.ms_per_step(comm_epoch.exposed))
-                         .add("hidden_share", comm_epoch.hidden_share())
-                         .add("step_ms", comm_epoch.steps > 0 ? 1000 * pipeline.compute / comm_epoch.steps : 0.0));
-    }
-    // 1-based completed epochs, as eval records.
-    metrics.append(MetricsRecord("pipeline", st.epoch + 1, st.step).add_fields(pipeline_json(pipeline, verdict)));
-    if (train_loader.bad_file_count() > 0)
-      RN_LOG_WARN("{} skipped so far (each logged once above)",
-                  counted(train_loader.bad_file_count(), "bad image file"));
     if (trace) trace->write(run_dir + "/trace.json");
     const int64_t done_epoch = st.epoch;
     ++st.epoch;
@@ -1120,7 +1125,24 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
     if (last || (cfg.run.eval_interval_epochs > 0 && st.epoch % cfg.run.eval_interval_epochs == 0)) {
       average_bn_state();
       set_activity("evaluating", st.step);
-      const EvalResult ev = evaluator->run(val_loader, done_epoch, nullptr, &comm);
+      const EvalResult ev = evaluator->run(val_loader, done_epoch, nullptr, &comm, &g_stop);
+      if (ev.abandoned) {
+        // A stop request during the evaluation (a large validation set takes minutes, longer
+        // than a batch scheduler's grace period): the checkpoint is the one a stop at the
+        // epoch's last step writes, so that the resume evaluates this epoch and saves it as
+        // the epoch's checkpoint (best.safetensors included) then.
+        g_stop = false;  // answered
+        st.epoch = done_epoch;
+        st.batch_in_epoch = steps_per_epoch;
+        RN_LOG_INFO(
+            "stop requested during the evaluation after epoch {}: it is left for the resume; saving a checkpoint "
+            "at step {}",
+            done_epoch + 1, st.step);
+        save(false, std::nullopt);
+        stop = true;
+        result.interrupted = true;
+        break;
+      }
       // Weights that give no finite loss are not a result to save as the best, nor to finish on.
       // The run that most needs its report gets one first (the loss-scale history, the skipped
       // steps and the gradient monitor's NaN counts are in metrics.jsonl), and its log says so.
@@ -1153,6 +1175,16 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
     }
     if (cfg.run.checkpoint.every_epoch || last) save(true, top1);
     if (writer) write_report(run_dir);
+    // A stop request that came after the evaluation read its last batch (or during an epoch
+    // end without one): the run stops here, not after the next epoch's first step. Every rank
+    // comes here and agrees on it as on a step.
+    if (!last && agree_on_step(comm, 0.0f, g_stop).stop) {
+      g_stop = false;  // answered
+      RN_LOG_INFO("stop requested at the end of epoch {}: saving a checkpoint", done_epoch + 1);
+      if (!cfg.run.checkpoint.every_epoch) save(true, top1);
+      stop = true;
+      result.interrupted = true;
+    }
   }
   // A run stopped mid-epoch (--max-steps, a signal) still leaves the trace of its steps; at an
   // epoch's end it was written above.

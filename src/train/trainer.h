@@ -17,6 +17,7 @@ struct EvalResult {
   double loss = 0, top1 = 0, top5 = 0;  // top-k as fractions in [0, 1]
   int64_t samples = 0;                  // the images the figures are over
   int64_t unreadable = 0;               // images left out: their files could not be read (data.bad_files: skip)
+  bool abandoned = false;               // a stop request ended it early (on any rank): no figures
 };
 
 struct TrainResult {
@@ -38,6 +39,7 @@ struct TrainOptions {
   std::vector<std::string> resume_overrides;
   // Tests: wraps the training dataset (Fashion-MNIST or synthetic), e.g. to make it slow.
   DatasetWrapper wrap_train_dataset;
+  DatasetWrapper wrap_val_dataset;  // the same for the validation dataset
 };
 
 TrainResult train(const Config& config, const TrainOptions& options = {});

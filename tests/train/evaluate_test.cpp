@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <limits>
 #include <string>
@@ -123,6 +124,72 @@ TEST(Evaluator, NonFiniteOutputsAreMisses) {
   EXPECT_EQ(nan.sources.size(), 6u) << "every sample still has its prediction row";
   EXPECT_NE(log.text().find("evaluation: 6 of 6 samples have outputs that are not finite"), std::string::npos)
       << log.text();
+}
+
+// The other rank of a two-rank job in the evaluation's one all-reduce: it adds `other` to the
+// sums (f64), as that rank's figures.
+class OtherRankComm final : public Communicator {
+ public:
+  explicit OtherRankComm(std::vector<double> other) : other_(std::move(other)) {}
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  std::string name() const override { return "other-rank"; }
+  std::vector<std::string> hosts() const override { return {"a", "b"}; }
+  Ticket all_reduce_async(void* data, int64_t count, ElemType type, ReduceOp op, const std::string&) override {
+    EXPECT_EQ(type, ElemType::f64);
+    EXPECT_EQ(op, ReduceOp::sum);
+    EXPECT_EQ(static_cast<size_t>(count), other_.size());
+    for (int64_t i = 0; i < count && i < static_cast<int64_t>(other_.size()); ++i)
+      static_cast<double*>(data)[i] += other_[static_cast<size_t>(i)];
+    return ++reduces;
+  }
+  CollectiveTiming wait(Ticket) override { return {}; }
+  void broadcast(void*, int64_t, int, const std::string&) override {}
+  void barrier(const std::string&) override {}
+  std::vector<double> all_gather(double v, const std::string&) override { return {v, v}; }
+  Ticket reduces = 0;
+
+ private:
+  std::vector<double> other_;
+};
+
+// A training run's stop request ends an evaluation before its next batch, without figures, and
+// on every rank of a job: a rank without the request learns of it in the sums' all-reduce.
+TEST(Evaluator, AStopRequestAbandonsItOnEveryRank) {
+  TestDir dir;
+  test::write_image_folder(dir.path() / "data/val", 3, 3);
+  const Config cfg = eval_config(dir.file("data"));
+  Model model(build_model(cfg.model.name, model_options(cfg.model)));
+  model.init(1);
+  auto backend = make_backend("ref");
+  PlanOptions po;
+  po.layout = Layout::nhwc;
+  Evaluator ev(model, *backend, po);
+  std::unique_ptr<DataLoader> loader = make_val_loader(cfg, DType::f32, Layout::nhwc);
+
+  std::atomic<bool> stop{false};
+  const EvalResult full = ev.run(*loader, 0, nullptr, nullptr, &stop);
+  EXPECT_FALSE(full.abandoned);
+  EXPECT_EQ(full.samples, 9);
+
+  stop = true;
+  const EvalResult here = ev.run(*loader, 0, nullptr, nullptr, &stop);
+  EXPECT_TRUE(here.abandoned);
+  EXPECT_EQ(here.samples, 0);
+
+  // This rank has no request and evaluates its slice; the other rank stopped (its sums are 0
+  // but for the last, the stop flag).
+  stop = false;
+  OtherRankComm other({0, 0, 0, 0, 0, 1});
+  const EvalResult there = ev.run(*loader, 0, nullptr, &other, &stop);
+  EXPECT_EQ(other.reduces, 1u);
+  EXPECT_TRUE(there.abandoned) << "this rank went on while the other one stopped";
+
+  // Neither stopped: the other rank's samples count in the whole set's figures.
+  OtherRankComm none({0, 0, 0, 5, 0, 0});
+  const EvalResult both = ev.run(*loader, 0, nullptr, &none, &stop);
+  EXPECT_FALSE(both.abandoned);
+  EXPECT_EQ(both.samples, 14);
 }
 
 }  // namespace
