@@ -523,7 +523,7 @@ std::vector<Field> build_fields() {
   f.push_back(RN_CONFIG_FIELD(schedule.step_gamma, "factor applied at each milestone", open_closed(0, 1)));
   f.push_back(RN_CONFIG_FIELD(schedule.poly_power, "exponent of the poly decay", above(0)));
   // loss
-  f.push_back(RN_CONFIG_FIELD(loss.label_smoothing, "label smoothing of the cross-entropy target", half_open(0, 1)));
+  f.push_back(RN_CONFIG_FIELD(loss.label_smoothing, "label smoothing of the training cross-entropy target (evaluation losses are plain cross-entropy, as top-1 and top-5 are of the plain prediction)", half_open(0, 1)));
   {
     // The loss computes in float: a value just below 1 passes [0, 1) here and becomes 1.0f, which
     // the loss would refuse quoting a 1 the user never gave.
