@@ -4,7 +4,9 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <string>
 #include <vector>
@@ -76,7 +78,22 @@ int main(int argc, char** argv) {
   try {
     for (auto& run : runners) {
       const int rc = run();
-      if (rc >= 0) return rc;
+      if (rc < 0) continue;
+      // A command's printed result that could not be written (a full disk, `> /dev/full`, a
+      // closed pipe) is a failure, not a success with nothing to show. A training run's console
+      // output is a copy of train.log, which it may lose (docs/training.md).
+      if (!app.got_subcommand("train") && !app.got_subcommand("launch")) {
+        errno = 0;
+        if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+          const int err = errno;
+          std::fputs(fmt::format("resnet: error: writing to standard output failed{}\n",
+                                 err != 0 ? fmt::format(": {}", std::strerror(err)) : std::string())
+                         .c_str(),
+                     stderr);
+          return 1;
+        }
+      }
+      return rc;
     }
   } catch (const rn::Error& e) {
     // fputs, not fmt::print, which throws when the write fails (a closed pipe; SIGPIPE is

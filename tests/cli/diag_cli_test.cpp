@@ -2,8 +2,10 @@
 // thresholds and writes its JSON, `resnet profile` writes a consistent JSON and a Chrome
 // trace, `resnet summary` summarises and compares runs and names a missing summary.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -170,6 +172,29 @@ TEST(DiagCli, SummaryOfOneRunAndOfTwo) {
   EXPECT_NE(read_all(dir / "two.log").find("the runs agree"), std::string::npos) << read_all(dir / "two.log");
   EXPECT_EQ(run({"summary", dir.string()}, dir / "none.log"), 1);
   EXPECT_NE(read_all(dir / "none.log").find("grad_monitor_interval"), std::string::npos);
+}
+
+// A command's printed result that cannot be written (a full disk) fails the command, naming
+// why, where it used to exit 0 with nothing written. stderr goes to `log`.
+TEST(DiagCli, AResultThatCannotBeWrittenIsAFailure) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full here";
+  const fs::path dir = fresh_dir("dev_full_cli");
+  const fs::path log = dir / "stderr.log";
+  pid_t pid = fork();
+  if (pid == 0) {
+    FILE* out = std::fopen("/dev/full", "w");
+    FILE* err = std::fopen(log.c_str(), "w");
+    if (out && err) {
+      dup2(fileno(out), 1);
+      dup2(fileno(err), 2);
+      execl(test::resnet_path(), test::resnet_path(), "info", "--model", "resnet20", static_cast<char*>(nullptr));
+    }
+    _exit(127);
+  }
+  EXPECT_EQ(test::wait_for(pid), 1);
+  EXPECT_NE(read_all(log).find("resnet: error: writing to standard output failed: No space left on device"),
+            std::string::npos)
+      << read_all(log);
 }
 
 }  // namespace
