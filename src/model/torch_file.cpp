@@ -889,6 +889,8 @@ bool looks_like_torch_file(std::span<const std::byte> head) {
 
 TorchStateDict parse_torch_state_dict(std::span<const std::byte> bytes, const std::string& what) {
   auto at = [&](size_t k) { return k < bytes.size() ? static_cast<uint8_t>(bytes[k]) : 0xffu; };
+  RN_CHECK(!bytes.empty()) << "PyTorch file '" << what
+                           << "': it is empty (0 bytes): was the download or copy cut short?";
   if (at(0) == 'P' && at(1) == 'K' && at(2) == 3 && at(3) == 4) return parse_zip(bytes, what);
   if (at(0) == 0x80) return parse_legacy(bytes, what);
   // tar (PyTorch before 0.4) has "ustar" at 257.

@@ -64,7 +64,11 @@ bool is_pytorch_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::byte h[4] = {};
   in.read(reinterpret_cast<char*>(h), 4);
-  return in.gcount() == 4 && looks_like_torch_file(h);
+  if (in.gcount() == 4) return looks_like_torch_file(h);
+  // Too short to tell by its bytes (an empty download): its name says what it was meant to be,
+  // so that the error is the PyTorch reader's, not a safetensors one.
+  const std::string ext = std::filesystem::path(path).extension().string();
+  return ext == ".pth" || ext == ".pt";
 }
 
 std::optional<TorchvisionResnet> torchvision_resnet_of(const TensorShapes& tensors) {

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -259,6 +260,21 @@ TEST(Pretrained, ANegativeRunningVarianceInTheFileIsWarnedAboutWhenTrainingStart
   EXPECT_NE(log.text().find("negative batch-norm running variances: '" + bn + "' (1 of"), std::string::npos)
       << log.text();
   EXPECT_NE(log.text().find("model.pretrained " + cfg.model.pretrained), std::string::npos) << log.text();
+}
+
+// An empty file (a download cut short) is named by what its name says it was meant to be: a
+// .pth by the PyTorch reader, not as a safetensors file too short for its header.
+TEST(Pretrained, AnEmptyFileIsNamedAsTheKindItsNameSays) {
+  TestDir dir;
+  Model m(build_model("resnet20", {}));
+  for (const char* name : {"w.pth", "w.pt", "w.safetensors"}) std::ofstream(dir.file(name)).close();
+  for (const char* name : {"w.pth", "w.pt"}) {
+    const std::string e = error_of([&] { load_pretrained(dir.file(name), m); });
+    EXPECT_NE(e.find("PyTorch file '" + dir.file(name) + "': it is empty (0 bytes)"), std::string::npos) << e;
+  }
+  const std::string e = error_of([&] { load_pretrained(dir.file("w.safetensors"), m); });
+  EXPECT_NE(e.find("safetensors file '" + dir.file("w.safetensors") + "': file too short (0 bytes)"), std::string::npos)
+      << e;
 }
 
 TEST(Pretrained, ConfigKeysParseAndCheck) {
