@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 #include <string_view>
 
 namespace rn {
@@ -41,6 +42,34 @@ inline size_t invalid_utf8_at(std::string_view text) {
     i += len;
   }
   return std::string_view::npos;
+}
+
+// `text` for a message: well-formed UTF-8 as it is, and every byte that is not (or is an ASCII
+// control character, as an escape sequence would be) as \xNN. A parser's error quotes the
+// bytes it stopped at, which in a damaged binary file would reach the terminal raw.
+inline std::string printable(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  const auto escape = [&out](unsigned char c) {
+    static constexpr char kHex[] = "0123456789abcdef";
+    out += "\\x";
+    out += kHex[c >> 4];
+    out += kHex[c & 15];
+  };
+  size_t i = 0;
+  while (i < text.size()) {
+    const size_t bad = invalid_utf8_at(text.substr(i));
+    const size_t good_end = bad == std::string_view::npos ? text.size() : i + bad;
+    for (; i < good_end; ++i) {
+      const auto c = static_cast<unsigned char>(text[i]);
+      if (c < 0x20 || c == 0x7f)
+        escape(c);
+      else
+        out += text[i];
+    }
+    if (i < text.size()) escape(static_cast<unsigned char>(text[i++]));
+  }
+  return out;
 }
 
 }  // namespace rn

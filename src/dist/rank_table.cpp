@@ -17,6 +17,7 @@
 
 #include "core/check.h"
 #include "core/json_util.h"
+#include "core/utf8.h"
 
 namespace rn {
 namespace {
@@ -66,7 +67,7 @@ RankTable parse_rank_table(const std::string& text, const std::string& source) {
   try {
     j = parse_json_refusing_duplicates(text, duplicate);
   } catch (const json::exception& e) {  // parse_error, and out_of_range for a number too large
-    RN_FAIL() << "rank table " << source << ": not valid JSON: " << e.what();
+    RN_FAIL() << "rank table " << source << ": not valid JSON: " << printable(e.what());
   }
   const std::string where = "rank table " + source;
   RN_CHECK(duplicate.empty()) << where << ": the key \"" << duplicate

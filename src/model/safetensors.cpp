@@ -18,6 +18,7 @@
 #include "core/atomic_file.h"
 #include "core/check.h"
 #include "core/json_util.h"
+#include "core/utf8.h"
 
 namespace rn {
 namespace {
@@ -92,7 +93,7 @@ json parse_header(const std::string& path, const std::string& text) {
   try {
     header = parse_json_refusing_duplicates(text, duplicate);
   } catch (const json::exception& e) {
-    RN_FAIL() << "safetensors file '" << path << "': header is not valid JSON: " << e.what();
+    RN_FAIL() << "safetensors file '" << path << "': header is not valid JSON: " << printable(e.what());
   }
   RN_CHECK(duplicate.empty()) << "safetensors file '" << path << "': header has the key '" << duplicate
                               << "' twice";

@@ -17,6 +17,7 @@
 #include "core/check.h"
 #include "core/log.h"
 #include "core/plural.h"
+#include "core/utf8.h"
 #include "train/checkpoint_file.h"
 
 namespace rn {
@@ -158,7 +159,7 @@ std::vector<nlohmann::json> read_metrics(const std::string& path, bool skip_malf
         RN_LOG_WARN("{}:{}: ignoring a torn last line (the run was interrupted while writing it)", path, line_no);
         break;
       }
-      why = std::string("not valid JSON: ") + e.what();
+      why = "not valid JSON: " + printable(e.what());
     }
     if (!why.empty()) {
       RN_CHECK(skip_malformed) << path << ":" << line_no << ": malformed metrics record (" << why

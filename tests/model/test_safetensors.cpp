@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "core/utf8.h"
 #include "model/safetensors.h"
 
 namespace rn {
@@ -337,6 +338,17 @@ TEST_F(SafetensorsTest, HeaderLengthAbsurd) {
   expect_load_error(file, {"this is not a safetensors file (it starts with the text 'index,la')"});
 }
 
+// A parser's message quotes the bytes it stopped at: text stays as it is, the rest is shown.
+TEST(Printable, ShowsBytesThatAreNotTextAsEscapes) {
+  EXPECT_EQ(printable("layer1.0 \xc3\xa9t\xc3\xa9"), "layer1.0 \xc3\xa9t\xc3\xa9");  // UTF-8 kept
+  EXPECT_EQ(printable("a\xff\xfe"
+                      "b"),
+            "a\\xff\\xfeb");
+  EXPECT_EQ(printable("\x1b[31mred"), "\\x1b[31mred");  // a terminal escape, shown
+  EXPECT_EQ(printable(std::string("\0z", 2)), "\\x00z");
+  EXPECT_EQ(printable("\xc3"), "\\xc3");  // a sequence cut short
+}
+
 TEST_F(SafetensorsTest, HeaderLengthLargerThanFile) {
   const std::string file = path("long.safetensors");
   write_bytes(file, le64(1000) + "{}      ");
@@ -366,65 +378,100 @@ const std::vector<MalformedCase>& malformed_cases() {
       {"BadJson", R"({"w":{"dtype":"F32",)", 8, {"not valid JSON"}},
       {"TrailingGarbage", "{" + entry("w", "\"F32\"", "[2]", "[0,8]") + "} x", 8, {"not valid JSON"}},
       {"EmptyHeader", "", 8, {"not valid JSON"}},
-      {"InvalidUtf8", "{\"w\xff\":{}}", 0, {"not valid JSON"}},
+      {"InvalidUtf8", "{\"w\xff\":{}}", 0, {"not valid JSON", "'\"w\\xff'"}},  // the byte shown, not sent raw
       {"HeaderNotObject", "[1,2]", 0, {"header is a JSON array, expected an object"}},
       {"EntryNotObject", R"({"w":5})", 0, {"tensor 'w'", "entry is a JSON number, expected an object"}},
       {"EntryIsArray", R"({"w":["F32"]})", 0, {"tensor 'w'", "expected an object"}},
       {"MissingField", R"({"w":{"dtype":"F32","shape":[2]}})", 8, {"tensor 'w'", "missing field 'data_offsets'"}},
-      {"ExtraField", R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"stride":[1]}})", 8,
+      {"ExtraField",
+       R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"stride":[1]}})",
+       8,
        {"tensor 'w'", "unexpected field 'stride'"}},
       {"UnknownDtype", "{" + entry("w", "\"F33\"", "[2]", "[0,8]") + "}", 8, {"tensor 'w'", "unknown dtype 'F33'"}},
       {"LowercaseDtype", "{" + entry("w", "\"f32\"", "[2]", "[0,8]") + "}", 8, {"unknown dtype 'f32'"}},
       {"DtypeNotString", "{" + entry("w", "32", "[2]", "[0,8]") + "}", 8, {"tensor 'w'", "dtype is a JSON number"}},
       {"ShapeNotArray", "{" + entry("w", "\"F32\"", "2", "[0,8]") + "}", 8, {"tensor 'w'", "shape is a JSON number"}},
-      {"ShapeNegative", "{" + entry("w", "\"F32\"", "[-2]", "[0,8]") + "}", 8,
+      {"ShapeNegative",
+       "{" + entry("w", "\"F32\"", "[-2]", "[0,8]") + "}",
+       8,
        {"tensor 'w'", "not a non-negative integer"}},
       {"ShapeFloat", "{" + entry("w", "\"F32\"", "[2.0]", "[0,8]") + "}", 8, {"not a non-negative integer"}},
       {"ShapeString", "{" + entry("w", "\"F32\"", "[\"2\"]", "[0,8]") + "}", 8, {"not a non-negative integer"}},
-      {"ShapeRankSix", "{" + entry("w", "\"F32\"", "[1,1,1,1,1,2]", "[0,8]") + "}", 8,
+      {"ShapeRankSix",
+       "{" + entry("w", "\"F32\"", "[1,1,1,1,1,2]", "[0,8]") + "}",
+       8,
        {"tensor 'w'", "rank 6, more than 5"}},
-      {"ShapeOverflow", "{" + entry("w", "\"F32\"", "[4611686018427387904,4]", "[0,8]") + "}", 8,
+      {"ShapeOverflow",
+       "{" + entry("w", "\"F32\"", "[4611686018427387904,4]", "[0,8]") + "}",
+       8,
        {"tensor 'w'", "overflows"}},
       {"ShapeBytesOverflow", "{" + entry("w", "\"F64\"", "[4611686018427387904]", "[0,8]") + "}", 8, {"overflows"}},
-      {"ShapeHuge", "{" + entry("w", "\"F32\"", "[18446744073709551615]", "[0,8]") + "}", 8,
+      {"ShapeHuge",
+       "{" + entry("w", "\"F32\"", "[18446744073709551615]", "[0,8]") + "}",
+       8,
        {"not a non-negative integer"}},
-      {"OffsetsThree", "{" + entry("w", "\"F32\"", "[2]", "[0,4,8]") + "}", 8,
+      {"OffsetsThree",
+       "{" + entry("w", "\"F32\"", "[2]", "[0,4,8]") + "}",
+       8,
        {"tensor 'w'", "not an array of two non-negative integers"}},
       {"OffsetsNegative", "{" + entry("w", "\"F32\"", "[2]", "[-8,0]") + "}", 8, {"not an array of two"}},
       {"OffsetsNotArray", "{" + entry("w", "\"F32\"", "[2]", "8") + "}", 8, {"not an array of two"}},
       {"OffsetsReversed", "{" + entry("w", "\"F32\"", "[2]", "[8,0]") + "}", 8, {"tensor 'w'", "begin > end"}},
-      {"OffsetsPastEnd", "{" + entry("w", "\"F32\"", "[4]", "[0,16]") + "}", 8,
+      {"OffsetsPastEnd",
+       "{" + entry("w", "\"F32\"", "[4]", "[0,16]") + "}",
+       8,
        {"tensor 'w'", "end past the data section (8 bytes"}},
-      {"OffsetsHugePastEnd", "{" + entry("w", "\"F32\"", "[2]", "[18446744073709551608,18446744073709551615]") + "}",
-       8, {"end past the data section"}},
-      {"SizeMismatch", "{" + entry("w", "\"F32\"", "[3]", "[0,8]") + "}", 8,
+      {"OffsetsHugePastEnd",
+       "{" + entry("w", "\"F32\"", "[2]", "[18446744073709551608,18446744073709551615]") + "}",
+       8,
+       {"end past the data section"}},
+      {"SizeMismatch",
+       "{" + entry("w", "\"F32\"", "[3]", "[0,8]") + "}",
+       8,
        {"tensor 'w'", "size mismatch", "needs 12"}},
       {"SizeMismatchDtype", "{" + entry("w", "\"F16\"", "[2]", "[0,8]") + "}", 8, {"size mismatch"}},
-      {"Overlapping", "{" + entry("a", "\"F32\"", "[2]", "[0,8]") + "," + entry("b", "\"F32\"", "[2]", "[4,12]") + "}",
-       12, {"tensor 'b'", "overlapping", "tensor 'a'"}},
-      {"Identical", "{" + entry("a", "\"F32\"", "[2]", "[0,8]") + "," + entry("b", "\"F32\"", "[2]", "[0,8]") + "}", 8,
+      {"Overlapping",
+       "{" + entry("a", "\"F32\"", "[2]", "[0,8]") + "," + entry("b", "\"F32\"", "[2]", "[4,12]") + "}",
+       12,
+       {"tensor 'b'", "overlapping", "tensor 'a'"}},
+      {"Identical",
+       "{" + entry("a", "\"F32\"", "[2]", "[0,8]") + "," + entry("b", "\"F32\"", "[2]", "[0,8]") + "}",
+       8,
        {"overlapping"}},
-      {"Hole", "{" + entry("a", "\"F32\"", "[1]", "[0,4]") + "," + entry("b", "\"F32\"", "[1]", "[8,12]") + "}", 12,
+      {"Hole",
+       "{" + entry("a", "\"F32\"", "[1]", "[0,4]") + "," + entry("b", "\"F32\"", "[1]", "[8,12]") + "}",
+       12,
        {"bytes [4, 8)", "not covered", "tensor 'b'"}},
       {"HoleAtStart", "{" + entry("a", "\"F32\"", "[1]", "[4,8]") + "}", 8, {"bytes [0, 4)", "not covered"}},
       {"TrailingBytes", "{" + entry("w", "\"F32\"", "[2]", "[0,8]") + "}", 12, {"bytes [8, 12)", "not covered"}},
       {"DataWithoutTensors", "{}", 4, {"bytes [0, 4)", "not covered"}},
       {"DuplicateTensor",
-       "{" + entry("w", "\"F32\"", "[1]", "[0,4]") + "," + entry("w", "\"F32\"", "[1]", "[4,8]") + "}", 8,
+       "{" + entry("w", "\"F32\"", "[1]", "[0,4]") + "," + entry("w", "\"F32\"", "[1]", "[4,8]") + "}",
+       8,
        {"key 'w' twice"}},
-      {"DuplicateField", R"({"w":{"dtype":"F32","dtype":"F16","shape":[2],"data_offsets":[0,8]}})", 8,
+      {"DuplicateField",
+       R"({"w":{"dtype":"F32","dtype":"F16","shape":[2],"data_offsets":[0,8]}})",
+       8,
        {"key 'dtype' twice"}},
       {"EmptyName", "{" + entry("", "\"F32\"", "[2]", "[0,8]") + "}", 8, {"empty name"}},
       // Nested 300000 deep: the message shows an excerpt (dump() recursed once per level and
       // overflowed the stack).
-      {"ShapeNestedDeep", "{" + entry("w", "\"F32\"", nested(300000), "[0,0]") + "}", 0,
+      {"ShapeNestedDeep",
+       "{" + entry("w", "\"F32\"", nested(300000), "[0,0]") + "}",
+       0,
        {"tensor 'w'", "shape [[[[[...]]]]] has an element that is not"}},
-      {"OffsetsNestedDeep", "{" + entry("w", "\"F32\"", "[0]", nested(300000)) + "}", 0,
+      {"OffsetsNestedDeep",
+       "{" + entry("w", "\"F32\"", "[0]", nested(300000)) + "}",
+       0,
        {"tensor 'w'", "data_offsets [[[[[...]]]]] is not an array of two"}},
-      {"ShapeLongString", "{" + entry("w", "\"F32\"", "[\"" + std::string(100000, 'a') + "\"]", "[0,0]") + "}", 0,
+      {"ShapeLongString",
+       "{" + entry("w", "\"F32\"", "[\"" + std::string(100000, 'a') + "\"]", "[0,0]") + "}",
+       0,
        {"tensor 'w'", "shape [\"aaaaaaaaaa", "a... has an element"}},
       {"MetadataNotObject", R"({"__metadata__":["a"]})", 0, {"__metadata__ is a JSON array"}},
-      {"MetadataValueNotString", R"({"__metadata__":{"epoch":3}})", 0,
+      {"MetadataValueNotString",
+       R"({"__metadata__":{"epoch":3}})",
+       0,
        {"__metadata__ value for 'epoch' is a JSON number"}},
   };
   return cases;
