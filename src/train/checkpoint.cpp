@@ -520,13 +520,26 @@ void CheckpointManager::remove_temporaries() const {
   }
 }
 
-std::optional<double> CheckpointManager::best_top1() const {
+std::optional<double> CheckpointManager::best_top1(const Model* model) const {
   std::error_code ec;
   if (!fs::exists(best_path(), ec)) return std::nullopt;
   Probe p = probe_safetensors(best_path());
+  if (p.problem.empty() && model != nullptr) {
+    // The data too (its CRC) and the tensors: a flipped bit, or a best file of another model
+    // copied in, is no baseline for this run's next improvement.
+    try {
+      const SafetensorsFile file = SafetensorsFile::load(best_path());
+      check_kind_and_version(best_path(), file.metadata(), kKindCheckpoint);
+      std::vector<Expected> expected;
+      for (const auto& [name, t] : model_tensors(*model)) expected.push_back({name, t.shape, nullptr});
+      check_tensors(file, *model, expected, [](const std::string& name) { return starts_with(name, kMomentumPrefix); });
+    } catch (const Error& e) {
+      p.problem = e.what();
+    }
+  }
   if (!p.problem.empty()) {
-    RN_LOG_WARN("best checkpoint '{}' is damaged ({}); it will be replaced at the next improvement", best_path(),
-                p.problem);
+    RN_LOG_WARN("best checkpoint '{}' is damaged or not this run's ({}); it will be replaced at the next improvement",
+                best_path(), p.problem);
     return std::nullopt;
   }
   auto it = p.metadata.find(kTop1Key);
@@ -544,7 +557,7 @@ std::string CheckpointManager::save(const Model& model, const Optimizer& opt, co
   RN_CHECK(!ec) << "cannot create checkpoint folder '" << dir_ << "': " << ec.message();
   remove_temporaries();
   if (!best_read_) {
-    best_known_ = best_top1();
+    best_known_ = best_top1(&model);
     best_read_ = true;
   }
   const bool improved = top1 && (!best_known_ || *top1 > *best_known_);

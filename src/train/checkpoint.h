@@ -124,8 +124,9 @@ class CheckpointManager {
 
   // The periodic checkpoints present (complete names only), oldest first.
   std::vector<std::string> checkpoints() const;
-  // The top-1 recorded in best.safetensors, if it exists and is intact.
-  std::optional<double> best_top1() const;
+  // The top-1 recorded in best.safetensors, if it exists and is intact: its header (size,
+  // header CRC) alone, or with `model`, also its data's CRC and tensors that are the model's.
+  std::optional<double> best_top1(const Model* model = nullptr) const;
 
   const std::string& dir() const { return dir_; }
   std::string best_path() const;

@@ -12,6 +12,7 @@
 
 #include "core/check.h"
 #include "core/rng.h"
+#include "log_capture.h"
 #include "model/safetensors.h"
 #include "model/zoo.h"
 #include "test_dir.h"
@@ -417,6 +418,50 @@ TEST(CheckpointManager, RotationKeepsLastAndBest) {
   EXPECT_EQ(load_checkpoint(resumed.best_path(), back, nullptr).step, 70);
   EXPECT_EQ(file_names(m.dir()),
             (std::vector<std::string>{"best.safetensors", "step-00000060.safetensors", "step-00000070.safetensors"}));
+}
+
+// A resumed run's best.safetensors is read whole before it counts as the best so far: one with a
+// flipped data bit, or another model's copied in, would otherwise keep every later improvement
+// below its recorded top-1 from being saved as the best.
+TEST(CheckpointManager, ADamagedOrForeignBestIsNoBaseline) {
+  TestDir dir;
+  Model model = make_model("resnet20", 1);
+  Optimizer opt(OptimizerConfig{}, model.params());
+  {
+    CheckpointManager m(dir.path().string(), 0, true);
+    save_at(m, model, opt, 10, 0.9);
+  }
+  CheckpointManager m(dir.path().string(), 0, true);
+  ASSERT_EQ(m.best_top1(&model), 0.9);
+  {
+    std::fstream f(m.best_path(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-1, std::ios::end);
+    const char c = static_cast<char>(f.get() ^ 0x10);
+    f.seekp(-1, std::ios::end);
+    f.put(c);
+  }
+  EXPECT_EQ(m.best_top1(), 0.9) << "the header alone still reads";
+  {
+    LogCapture log;
+    CheckpointManager resumed(dir.path().string(), 0, true);
+    save_at(resumed, model, opt, 20, 0.5);
+    EXPECT_CONTAINS(log.text(), "is damaged or not this run's");
+    EXPECT_CONTAINS(log.text(), "the tensor data is damaged");
+    EXPECT_EQ(load_checkpoint(resumed.best_path(), model, nullptr).step, 20);
+  }
+
+  // Another model's best, with a higher top-1, copied in.
+  Model other = make_model("resnet32", 1);
+  Optimizer other_opt(OptimizerConfig{}, other.params());
+  CheckpointManager theirs(dir.file("other_run"), 0, true);
+  save_at(theirs, other, other_opt, 5, 0.99);
+  fs::remove(m.best_path());
+  fs::copy_file(theirs.best_path(), m.best_path());
+  LogCapture log;
+  CheckpointManager resumed(dir.path().string(), 0, true);
+  save_at(resumed, model, opt, 30, 0.4);
+  EXPECT_CONTAINS(log.text(), "does not fit model 'resnet20'");
+  EXPECT_EQ(load_checkpoint(resumed.best_path(), model, nullptr).step, 30);
 }
 
 TEST(CheckpointManager, KeepAllWithoutBest) {
