@@ -267,7 +267,17 @@ void DeviceMonitor::loop() {
       return;
     }
     s.time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (on_sample_) on_sample_(s);
+    // The callback writes a record (metrics.jsonl): a full disk or a file-size limit must not
+    // escape this thread (std::terminate, no checkpoint). The monitor stops; the trainer's own
+    // next write meets the same error and ends the run with it.
+    if (on_sample_) {
+      try {
+        on_sample_(s);
+      } catch (const std::exception& e) {
+        RN_LOG_WARN("device monitor: recording a sample of {} failed ({}); monitor stopped", name_, e.what());
+        return;
+      }
+    }
     lock.lock();
     latest_ = s;
     ++count_;

@@ -66,5 +66,20 @@ TEST(DeviceMonitor, SamplesUntilStopped) {
   EXPECT_THROW(DeviceMonitor(std::make_unique<CountingProbe>(), 0, nullptr), Error);
 }
 
+// A callback that throws (its record's write failed: a full disk) stops the monitor with a
+// warning; it used to escape the thread and end the process through std::terminate.
+TEST(DeviceMonitor, ACallbackThatThrowsStopsTheMonitorNotTheProcess) {
+  std::atomic<int> calls{0};
+  DeviceMonitor m(std::make_unique<CountingProbe>(), 0.01, [&](const DeviceSample&) {
+    ++calls;
+    RN_FAIL() << "cannot write to 'metrics.jsonl': No space left on device";
+  });
+  for (int i = 0; i < 100 && calls.load() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(calls.load(), 1) << "the monitor stops at the first failure";
+  EXPECT_EQ(m.samples(), 0);
+  m.stop();
+}
+
 }  // namespace
 }  // namespace rn
