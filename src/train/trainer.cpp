@@ -574,6 +574,24 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
         }
       }
     }
+    if (world.size > 1 && loaded) {
+      // The same name may not be the same file on every rank (a stale cache of the shared file
+      // system; a step's checkpoint is rewritten under its name when a stop at an epoch's last
+      // step is followed by the epoch's own): ranks at different positions would issue
+      // different collectives and corrupt each other. Compared once, on every rank alike.
+      const TrainState& mine = loaded->state;
+      const std::vector<double> steps = comm.all_gather(static_cast<double>(mine.step), "the resumed step");
+      const std::vector<double> epochs = comm.all_gather(static_cast<double>(mine.epoch), "the resumed epoch");
+      const std::vector<double> batches =
+          comm.all_gather(static_cast<double>(mine.batch_in_epoch), "the resumed batch of the epoch");
+      for (size_t r = 1; r < steps.size(); ++r)
+        RN_CHECK(steps[r] == steps[0] && epochs[r] == epochs[0] && batches[r] == batches[0])
+            << "rank " << r << " read " << loaded->path << " as step " << steps[r] << " (epoch " << epochs[r] + 1
+            << ", batch " << batches[r] << "), and rank 0 as step " << steps[0] << " (epoch " << epochs[0] + 1
+            << ", batch " << batches[0]
+            << "): the file differs between the ranks' views of the run folder (a stale cache of a shared file "
+               "system?); resume when every rank sees the same file";
+    }
     if (loaded) {
       from_checkpoint = true;
       st = loaded->state;

@@ -335,6 +335,34 @@ TEST(DistTrain, EveryRankResumesFromTheCheckpointRankZeroChooses) {
     EXPECT_EQ(train[i]["loss"], straight[i]["loss"]) << "step " << i + 1 << ": the samples of another step?";
 }
 
+// A rank whose view of the run folder holds another file under the name rank 0 chose (a stale
+// cache of a shared file system): the ranks compare the positions they read and stop, naming
+// both, where rank 1 used to resume steps behind rank 0 and crash in mismatched collectives.
+// Here each rank runs in its own copy of the folder (mpirun -wdir, a relative --resume).
+TEST(DistTrain, RanksThatReadTheCheckpointAsDifferentPositionsStop) {
+  const fs::path dir = fresh_dir("resume_stale_view");
+  fs::create_directories(dir / "a");
+  const std::vector<std::string> sets = {"run.checkpoint.every_steps=4", "run.checkpoint.keep_last=0",
+                                         "schedule.epochs=1"};
+  std::vector<std::string> first = train_args(dir / "a" / "run", 16, sets);
+  first.insert(first.end(), {"--max-steps", "8"});
+  RunResult r = run(under_mpirun(2, first), 600, dir / "first.log");
+  ASSERT_EQ(r.status, 0) << r.output;
+  fs::copy(dir / "a", dir / "b", fs::copy_options::recursive);
+  const fs::path stale = dir / "b" / "run" / "checkpoints" / "step-00000008.safetensors";
+  fs::remove(stale);
+  fs::copy_file(dir / "a" / "run" / "checkpoints" / "step-00000004.safetensors", stale);
+  r = run(one_rank_each({"-wdir", (dir / "a").string(), resnet_binary(), "train", "--resume", "run"},
+                        {"-wdir", (dir / "b").string(), resnet_binary(), "train", "--resume", "run"}),
+          600, dir / "second.log");
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("rank 1 read run/checkpoints/step-00000008.safetensors as step 4 (epoch 1, batch 4), and "
+                          "rank 0 as step 8 (epoch 1, batch 8)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(records(dir / "a" / "run", "train").size(), 8u) << "no step after the resume";
+}
+
 // A rank 0 that did not run for longer than the timeout (stopped here; a paused machine in life)
 // finds rank 1 silent for as long: it used to name rank 1, healthy all along, as the rank that
 // held up the job, in train.log too. Now it says it was away, and either the job goes on or the
