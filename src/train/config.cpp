@@ -600,7 +600,10 @@ std::vector<Field> build_fields() {
                       at_least(1)));
   f.push_back(
       RN_CONFIG_FIELD(run.eval_interval_epochs, "epochs between evaluations; 0: only after the last", at_least(0)));
-  f.push_back(RN_CONFIG_FIELD(run.checkpoint.every_steps, "also checkpoint every N steps; 0: off", at_least(0)));
+  f.push_back(RN_CONFIG_FIELD(run.checkpoint.every_steps,
+                              "also checkpoint every N steps (one due at an epoch's last step is written after that "
+                              "epoch's evaluation, with its top-1, so that it may become best.safetensors); 0: off",
+                              at_least(0)));
   f.push_back(RN_CONFIG_FIELD(run.checkpoint.every_epoch, "checkpoint at the end of every epoch"));
   f.push_back(RN_CONFIG_FIELD(run.checkpoint.keep_last, "periodic checkpoints kept; 0: all", at_least(0)));
   f.push_back(RN_CONFIG_FIELD(run.checkpoint.keep_best, "also keep the checkpoint with the best validation top-1"));

@@ -866,6 +866,9 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
   };
 
   const int64_t epochs = cfg.schedule.epochs;
+  const auto periodic_save_due = [&](int64_t step) {
+    return cfg.run.checkpoint.every_steps > 0 && step % cfg.run.checkpoint.every_steps == 0;
+  };
   bool stop = false;
   if (fresh_folder) fresh_folder->keep();
   if (rewrite_config) write_file_atomic(run_dir + "/config.yaml", cfg.to_yaml());
@@ -1070,11 +1073,10 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
         result.interrupted = agreed.stop;
         break;
       }
-      // At the epoch's last step the epoch-end checkpoint (after the evaluation) follows: the
-      // same step is not written twice.
-      const bool epoch_save_follows =
-          st.batch_in_epoch == steps_per_epoch && (cfg.run.checkpoint.every_epoch || st.epoch + 1 == epochs);
-      if (cfg.run.checkpoint.every_steps > 0 && st.step % cfg.run.checkpoint.every_steps == 0 && !epoch_save_follows) {
+      // A periodic checkpoint due at the epoch's last step is the epoch-end one (below), written
+      // after the evaluation with its top-1, so that it may become best.safetensors; the same
+      // step is not written twice.
+      if (periodic_save_due(st.step) && st.batch_in_epoch != steps_per_epoch) {
         const auto t0 = std::chrono::steady_clock::now();
         save(false, std::nullopt);
         diag.between_steps(t0);
@@ -1191,7 +1193,8 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
           ev.unreadable > 0 ? fmt::format("; {} left out", counted(ev.unreadable, "unreadable file")) : std::string());
       st.best_top1 = std::max(st.best_top1, ev.top1);
     }
-    if (cfg.run.checkpoint.every_epoch || last) save(true, top1);
+    const bool epoch_saved = cfg.run.checkpoint.every_epoch || last || periodic_save_due(st.step);
+    if (epoch_saved) save(true, top1);
     if (writer) write_report(run_dir);
     // A stop request that came after the evaluation read its last batch (or during an epoch
     // end without one): the run stops here, not after the next epoch's first step. Every rank
@@ -1199,7 +1202,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
     if (!last && agree_on_step(comm, 0.0f, g_stop).stop) {
       g_stop = false;  // answered
       RN_LOG_INFO("stop requested at the end of epoch {}: saving a checkpoint", done_epoch + 1);
-      if (!cfg.run.checkpoint.every_epoch) save(true, top1);
+      if (!epoch_saved) save(true, top1);
       stop = true;
       result.interrupted = true;
     }

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "log_capture.h"
+#include "model/safetensors.h"
 #include "small_run.h"
 #include "test_dir.h"
 #include "train/trainer.h"
@@ -22,6 +23,28 @@ TEST(EpochEnd, APeriodicCheckpointOnTheLastStepIsWrittenOnce) {
   test::train_until(cfg, 6);
   EXPECT_EQ(log.count("step-00000002.safetensors"), 1) << log.text();
   EXPECT_EQ(log.count("step-00000004.safetensors"), 1) << log.text();
+}
+
+// Without epoch checkpoints, a periodic one due at an evaluated epoch's last step is written
+// after the evaluation with its top-1, so best.safetensors can be it: written before, it never
+// could, and the best was whatever the last epoch's save gave.
+TEST(EpochEnd, APeriodicCheckpointAtAnEpochsEndCarriesItsEvaluation) {
+  TestDir dir;
+  Config cfg = test::small_run_config(dir.file("run"));  // 3 epochs of 4 steps
+  cfg.run.checkpoint.every_epoch = false;
+  cfg.run.checkpoint.every_steps = 4;
+  cfg.run.checkpoint.keep_last = 0;
+  cfg.run.eval_interval_epochs = 1;
+  cfg.validate();
+  LogCapture log;
+  const TrainResult r = train(cfg);
+  for (const char* step : {"step-00000004", "step-00000008", "step-00000012"}) {
+    EXPECT_EQ(log.count("checkpoint " + r.run_dir + "/checkpoints/" + step + ".safetensors"), 1) << log.text();
+    const SafetensorsFile f = SafetensorsFile::load(r.run_dir + "/checkpoints/" + step + ".safetensors");
+    EXPECT_TRUE(f.metadata().count("checkpoint.top1")) << step << ": written before its epoch's evaluation";
+  }
+  const SafetensorsFile best = SafetensorsFile::load(r.run_dir + "/checkpoints/best.safetensors");
+  EXPECT_EQ(std::stod(best.metadata().at("checkpoint.top1")), r.best_top1);
 }
 
 TEST(EpochEnd, AResumeAtAnEpochsLastStepReportsNoMemoryForIt) {
