@@ -136,6 +136,14 @@ void check_resume_config(const std::string& checkpoint_path, const std::string& 
         "resuming with other kernels or threads than {} was trained with ({}): the run goes on with the same "
         "recipe, but it may not match an uninterrupted run bit for bit",
         checkpoint_path, rounding);
+  // The decoded-image cache keeps images at data.cache_short_side, and with it on every image
+  // is decoded so (docs/images.md): turned on or off, the crops of every later step change.
+  if ((trained.data.cache_mb > 0) != (now.data.cache_mb > 0) && now.data.dataset == DatasetKind::imagefolder)
+    RN_LOG_WARN(
+        "data.cache_mb is {} now and was {} when {} was written: with the cache images are decoded at its "
+        "resolution (data.cache_short_side {}), without it at the crop's, so the steps from here see other pixels "
+        "than an uninterrupted run would; the run goes on",
+        now.data.cache_mb, trained.data.cache_mb, checkpoint_path, now.data.cache_short_side);
   RN_CHECK(changed.empty()) << "cannot resume " << run_dir << ": its config.yaml differs from the configuration "
                             << checkpoint_path << " was trained with, in keys that change results (" << changed
                             << "). Put them back, or start a new run from these weights with --set model.pretrained="

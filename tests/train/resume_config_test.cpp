@@ -9,6 +9,8 @@
 #include <string>
 
 #include "core/check.h"
+#include "data/image_folder_files.h"
+#include "log_capture.h"
 #include "model/safetensors.h"
 #include "small_run.h"
 #include "test_dir.h"
@@ -149,6 +151,44 @@ TEST(ResumeConfig, SetTakesTheKeysThatCannotChangeResults) {
   const std::string log = read_file(a.run_dir + "/train.log");
   const size_t last_line = log.rfind('\n', log.size() - 2);
   EXPECT_NE(log.find("[error] the step limit (--max-steps) is 6", last_line), std::string::npos) << log;
+}
+
+// The image cache turned on or off at a resume changes the pixels of every later step (cached
+// images are decoded at the cache's resolution): said, where it used to pass as a key that
+// cannot change results. Its size alone changes nothing and is not mentioned.
+TEST(ResumeConfig, TurningTheImageCacheOnOrOffIsSaid) {
+  TestDir dir;
+  test::write_image_folder(dir.path() / "data/train", 2, 4);
+  test::write_image_folder(dir.path() / "data/val", 2, 1);
+  Config cfg = test::small_run_config(dir.file("run"));
+  cfg.model.num_classes = 2;
+  cfg.model.in_channels = 3;
+  cfg.data.dataset = DatasetKind::imagefolder;
+  cfg.data.root = dir.file("data");
+  cfg.data.train_subset = 0;
+  cfg.data.val_subset = 0;
+  cfg.data.batch_size = 2;
+  cfg.data.mean = {0.5, 0.5, 0.5};
+  cfg.data.std = {0.25, 0.25, 0.25};
+  cfg.data.augment.eval_resize = 16;
+  cfg.data.cache_mb = 8;
+  cfg.validate();
+  const TrainResult a = test::train_until(cfg, 2);
+  TrainOptions resume;
+  resume.resume_dir = a.run_dir;
+  resume.max_steps = 3;
+  resume.resume_overrides = {"data.cache_mb=16"};
+  {
+    LogCapture log;
+    EXPECT_EQ(train(cfg, resume).steps, 3);
+    EXPECT_EQ(log.text().find("data.cache_mb is"), std::string::npos) << log.text();
+  }
+  resume.max_steps = 4;
+  resume.resume_overrides = {"data.cache_mb=0"};
+  LogCapture log;
+  EXPECT_EQ(train(cfg, resume).steps, 4);
+  EXPECT_NE(log.text().find("data.cache_mb is 0 now and was 16 when"), std::string::npos) << log.text();
+  EXPECT_NE(log.text().find("other pixels than an uninterrupted run would"), std::string::npos);
 }
 
 // A moved (or copied) run folder resumes where it is now, and its config.yaml's run.out_dir
