@@ -36,10 +36,12 @@ std::string text(const json& record, const char* key) {
 // The records that describe the run as it finally went: what resumed runs rewound over is
 // dropped (see report.h).
 struct History {
+  std::vector<const json*> kept;  // every kind, in file order
   std::vector<const json*> train, eval;
   std::vector<const json*> grad, device, variance, variance_warnings;  // diagnostics.h
   std::vector<const json*> starts;  // what started and resumed the run (its build and libraries), never rewound
   int rewinds = 0;
+  int sessions_with_variance = 0;  // "variance" records kept: one per session that trained
 };
 
 History build_history(const std::vector<json>& records) {
@@ -47,32 +49,47 @@ History build_history(const std::vector<json>& records) {
   double max_step = -INFINITY;
   std::map<std::string, double> last_step_of_kind;
   History h;
+  auto recount = [&] {
+    max_step = -INFINITY;
+    last_step_of_kind.clear();
+    for (const json* k : kept) {
+      double s = number(*k, "step");
+      if (!std::isfinite(s)) continue;
+      max_step = std::max(max_step, s);
+      last_step_of_kind[(*k)["kind"].get<std::string>()] = s;
+    }
+  };
   for (const json& r : records) {
     const std::string& kind = r["kind"].get_ref<const std::string&>();
-    if (kind == "start") {  // at the step a resume goes back to: it rewinds nothing
+    if (kind == "start") {
+      // A resume starts at its checkpoint's step: what the sessions before it recorded past
+      // that step (a kill after the checkpoint, a rewind to an older one) is superseded.
       h.starts.push_back(&r);
+      const double from = number(r, "step");
+      if (std::isfinite(from) && r.value("resumed", false)) {
+        const size_t before = kept.size();
+        std::erase_if(kept, [&](const json* k) { return number(*k, "step") > from; });
+        if (kept.size() != before) {
+          ++h.rewinds;
+          recount();
+        }
+      }
       continue;
     }
     double step = number(r, "step");
     if (std::isfinite(step)) {
+      // Files without start records (older runs): a step below the last one seen is a resume,
+      // and a kind repeating its last step replaces that kind's records. Device samples repeat a
+      // step by nature (several per step, during an evaluation or a checkpoint).
       auto last = last_step_of_kind.find(kind);
       bool back = step < max_step;
-      bool repeat = last != last_step_of_kind.end() && step <= last->second;
+      bool repeat = kind != "device" && last != last_step_of_kind.end() && step <= last->second;
       if (back || repeat) {
-        // Going back is a resume: everything from this step on is superseded. A repeated
-        // step of one kind only replaces that kind's records.
         h.rewinds += back ? 1 : 0;
         std::erase_if(kept, [&](const json* k) {
           return number(*k, "step") >= step && (back || (*k)["kind"].get_ref<const std::string&>() == kind);
         });
-        max_step = -INFINITY;
-        last_step_of_kind.clear();
-        for (const json* k : kept) {
-          double s = number(*k, "step");
-          if (!std::isfinite(s)) continue;
-          max_step = std::max(max_step, s);
-          last_step_of_kind[(*k)["kind"].get<std::string>()] = s;
-        }
+        recount();
       }
       max_step = std::max(max_step, step);
       last_step_of_kind[kind] = step;
@@ -88,6 +105,8 @@ History build_history(const std::vector<json>& records) {
     if (kind == "variance") h.variance.push_back(r);
     if (kind == "variance_warning") h.variance_warnings.push_back(r);
   }
+  h.sessions_with_variance = static_cast<int>(h.variance.size());
+  h.kept = std::move(kept);
   return h;
 }
 
@@ -246,10 +265,14 @@ std::string diagnostics_section(const History& h) {
     html += "<table class=\"summary\">\n";
     if (!h.variance.empty()) {
       const json& v = *h.variance.back();
-      html += fmt::format("<tr><th>throughput CV</th><td>{:.2f} % over {:g} steps (mean step {:.2f} ms; largest "
-                          "window spread {:.2f} %)</td></tr>\n",
-                          100 * number(v, "throughput_cv"), number(v, "steps"), 1e3 * number(v, "mean_step_s"),
-                          100 * number(v, "max_window_spread"));
+      // One analysis per session: a resumed run shows its last session's.
+      html += fmt::format(
+          "<tr><th>throughput CV{}</th><td>{:.2f} % over {:g} steps (mean step {:.2f} ms; largest "
+          "window spread {:.2f} %)</td></tr>\n",
+          h.sessions_with_variance > 1 ? fmt::format(" (the last of {} sessions)", h.sessions_with_variance)
+                                       : std::string(),
+          100 * number(v, "throughput_cv"), number(v, "steps"), 1e3 * number(v, "mean_step_s"),
+          100 * number(v, "max_window_spread"));
     }
     for (const json* w : h.variance_warnings)
       html += fmt::format("<tr><th>variance warning at step {:g}</th><td>{}: {}</td></tr>\n", number(*w, "step"),
@@ -315,17 +338,18 @@ std::string run_name(const std::string& run_dir) {
 }
 
 // The planned and measured memory of each level the run trained at ("memory" records).
-std::string memory_table(const std::vector<json>& records) {
+std::string memory_table(const std::vector<const json*>& records) {
   auto mib = [](const json& r, const char* key) {
     const double v = number(r, key);
     return std::isfinite(v) ? fmt::format("{:.1f} MiB", v / 1048576.0) : std::string("n/a");
   };
   // A run on a device measures the device's peak instead of the arena's host pages.
-  const bool device = std::any_of(records.begin(), records.end(), [](const json& r) {
-    return r["kind"].get_ref<const std::string&>() == "memory" && r.contains("device_peak");
+  const bool device = std::any_of(records.begin(), records.end(), [](const json* r) {
+    return (*r)["kind"].get_ref<const std::string&>() == "memory" && r->contains("device_peak");
   });
   std::string rows;
-  for (const json& r : records) {
+  for (const json* record : records) {
+    const json& r = *record;
     if (r["kind"].get_ref<const std::string&>() != "memory") continue;
     rows += fmt::format("<tr><td>{:g}</td><td>O{:g}</td><td>{:g}</td>", number(r, "epoch"), number(r, "level"),
                         number(r, "batch"));
@@ -343,9 +367,10 @@ std::string memory_table(const std::vector<json>& records) {
 
 // The input-pipeline analysis of each epoch ("pipeline" records): loader stage times per
 // batch, the data-wait share and the verdict.
-std::string pipeline_table(const std::vector<json>& records) {
+std::string pipeline_table(const std::vector<const json*>& records) {
   std::string rows;
-  for (const json& r : records) {
+  for (const json* record : records) {
+    const json& r = *record;
     if (r["kind"].get_ref<const std::string&>() != "pipeline") continue;
     const double batches = std::max(1.0, number(r, "batches"));
     rows += fmt::format("<tr><td>{:g}</td>", number(r, "epoch"));
@@ -372,9 +397,10 @@ std::string pipeline_table(const std::vector<json>& records) {
 
 // Data-parallel communication per epoch ("comm" records): all-reduce time per step and the
 // share hidden behind backward. Nothing for single-process runs.
-std::string comm_table(const std::vector<json>& records) {
+std::string comm_table(const std::vector<const json*>& records) {
   std::string rows;
-  for (const json& r : records) {
+  for (const json* record : records) {
+    const json& r = *record;
     if (r["kind"].get_ref<const std::string&>() != "comm") continue;
     rows += fmt::format(
         "<tr><td>{:g}</td><td>{:g}</td><td>{:g}</td><td>{:.2f}</td><td>{:.2f}</td><td>{:.2f}</td><td>{:.0f}%</td>"
@@ -407,11 +433,11 @@ std::string render_report_html(const std::vector<json>& records, const std::stri
     html += summary_table(h);
   }
   html += software_table(h);
-  html += "<h2>Input pipeline</h2>\n" + pipeline_table(records);
-  html += comm_table(records);
+  html += "<h2>Input pipeline</h2>\n" + pipeline_table(h.kept);
+  html += comm_table(h.kept);
   html += "<h2>Plots</h2>\n" + plots(h);
   html += "<h2>Diagnostics</h2>\n" + diagnostics_section(h);
-  html += "<h2>Memory</h2>\n" + memory_table(records);
+  html += "<h2>Memory</h2>\n" + memory_table(h.kept);
   html += "<h2>Configuration</h2>\n";
   html += config_yaml.empty() ? "<p>no config.yaml in the run folder</p>\n"
                               : "<pre>" + html_escape(config_yaml) + "</pre>\n";

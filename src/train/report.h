@@ -11,11 +11,12 @@
 //   memory     planned and measured peak memory after the first epoch at each memory level
 //   config     RUN_DIR/config.yaml verbatim, when present
 //
-// A resumed run appends to metrics.jsonl after rewinding to its checkpoint, so the file may
-// step backwards: a record whose step is below the last one seen starts over from there,
-// and every earlier record at or after that step is dropped (a record repeating a step of
-// its own kind replaces that kind's records only). Missing or empty metrics give a page that
-// says "no data".
+// A resumed run appends to metrics.jsonl after rewinding to its checkpoint: its "start"
+// record names the checkpoint's step, and every earlier record past that step, of any kind (the
+// per-epoch tables too), is dropped; dropping any counts as a rewind. In files without start
+// records, a record whose step is below the last one seen starts over from there, and one
+// repeating a step of its own kind replaces that kind's records (device samples excepted: they
+// repeat a step by nature). Missing or empty metrics give a page that says "no data".
 #pragma once
 
 #include <nlohmann/json.hpp>

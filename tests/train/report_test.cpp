@@ -257,6 +257,53 @@ TEST(Report, ResumedRunSupersedesWhatItRewoundOver) {
   EXPECT_NE(html.find("<th>final training loss</th><td>2.2000</td>"), std::string::npos);
 }
 
+// A resume's start record names the step of its checkpoint: every kind of record the sessions
+// before it wrote past that step is superseded (the per-epoch tables too, which used to show an
+// epoch twice), and that counts as a rewind; a resume from the step it stopped at does not.
+// Device samples, several at one step by nature, are all kept.
+TEST(Report, AResumeSupersedesEveryKindPastItsCheckpoint) {
+  auto rec = [](const char* kind, int epoch, int step) {
+    return nlohmann::json{{"kind", kind}, {"epoch", epoch}, {"step", step}, {"time", step}};
+  };
+  auto train = [&](int epoch, int step) {
+    nlohmann::json r = rec("train", epoch, step);
+    r["loss"] = 1.0;
+    return r;
+  };
+  auto start = [](int step, bool resumed) {
+    return nlohmann::json{{"kind", "start"}, {"epoch", 1}, {"step", step}, {"resumed", resumed}};
+  };
+  auto pipeline = [&](int epoch, int step) {
+    nlohmann::json r = rec("pipeline", epoch, step);
+    r["batches"] = 10;
+    r["wait_share"] = 0.1;
+    return r;
+  };
+  auto memory = [&](int epoch, int step) {
+    nlohmann::json r = rec("memory", epoch, step);
+    r["level"] = 0;
+    return r;
+  };
+  auto device = [&](int step, double time, double util) {
+    nlohmann::json r = rec("device", 1, step);
+    r["time"] = time;
+    r["cpu_util"] = util;
+    return r;
+  };
+  // Stopped at 10 (the epoch's end), resumed there: no rewind. Killed at 25 after the
+  // checkpoint at 20 was written: the resume from 20 drops epoch 3's records past it.
+  std::vector<nlohmann::json> records = {
+      start(0, false), train(1, 5),   device(5, 1, 50), device(5, 2, 60), device(5, 3, 70), train(1, 10),
+      pipeline(1, 10), memory(1, 10), start(10, true),  train(2, 20),     pipeline(2, 20),  train(3, 25),
+      pipeline(3, 30), memory(3, 30), start(20, true),  train(3, 25),     train(3, 30),     pipeline(3, 30)};
+  const std::string html = render_report_html(records, "", "resumed");
+  EXPECT_NE(html.find("<th>resumes (rewound to a checkpoint)</th><td>1</td>"), std::string::npos) << html;
+  EXPECT_NE(html.find("<th>records</th><td>5 train, 0 eval</td>"), std::string::npos) << html;
+  EXPECT_EQ(count_of(html, "<tr><td>3</td>"), 1) << "epoch 3's pipeline row once:\n" << html;
+  EXPECT_EQ(count_of(html, "<tr><td>1</td><td>O0</td>"), 1) << "the memory row of epoch 1 alone:\n" << html;
+  EXPECT_EQ(count_of(html, "<title>CPU utilisation (mean of cores) at "), 3) << html;
+}
+
 // "start" records (one per start and resume) name the build; they rewind nothing, and a change
 // of build is shown with the step it took over at.
 TEST(Report, NamesTheBuildsThatRanIt) {
