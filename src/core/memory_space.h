@@ -27,8 +27,10 @@ class MemorySpace {
   // until the work has run.
   virtual void copy_to_device_async(void* dst, const void* src, size_t bytes) { copy(dst, src, bytes); }
   virtual void zero(void* p, size_t bytes) = 0;
-  // The most bytes allocated at once so far (0 where not tracked: host memory).
+  // The most bytes allocated at once so far (0 where not tracked: host memory), or since
+  // reset_peak(), which starts it afresh at what is allocated now.
   virtual size_t peak_bytes() const { return 0; }
+  virtual void reset_peak() {}
 };
 
 MemorySpace& host_memory();

@@ -765,6 +765,12 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
     step = std::make_unique<TrainStep>(*plan, optimizer, scaler, policy, sink_size);
     step->set_gradient_reducer(reducer);
     const PlannedPeak p = plan->planned_peak(1);
+    // The peaks measured for this level's memory line start here: the last level's (its
+    // evaluation's, at O0 the largest) would otherwise stand for this one's.
+    if (old_arena > 0) {
+      reset_peak_resident();
+      backend->memory().reset_peak();
+    }
     if (old_arena > 0)
       RN_LOG_INFO("epoch {}: memory level {} -> {}, re-planned: arena {:.1f} MiB -> {:.1f} MiB", epoch + 1,
                   memory_level_name(old_level), memory_level_name(level), old_arena / 1048576.0, p.arena / 1048576.0);
@@ -1140,10 +1146,8 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
     if (stop) break;
     // Measured only where this process ran steps of the epoch: a resume at an epoch's last step
     // finishes that epoch without one, and would report this session's plan with nothing measured.
-    if (!memory_logged && steps_here > 0) {
-      log_measured_memory(*plan, metrics, st.epoch + 1, st.step);
-      memory_logged = true;
-    }
+    // After the epoch's evaluation, whose plan comes on top of the training arena's.
+    const bool log_memory = !memory_logged && steps_here > 0;
     if (trace) trace->write(run_dir + "/trace.json");
     const int64_t done_epoch = st.epoch;
     ++st.epoch;
@@ -1200,6 +1204,10 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
           100 * ev.top1, 100 * ev.top5, ev.samples,
           ev.unreadable > 0 ? fmt::format("; {} left out", counted(ev.unreadable, "unreadable file")) : std::string());
       st.best_top1 = std::max(st.best_top1, ev.top1);
+    }
+    if (log_memory) {
+      log_measured_memory(*plan, metrics, done_epoch + 1, st.step);
+      memory_logged = true;
     }
     const bool epoch_saved = cfg.run.checkpoint.every_epoch || last || periodic_save_due(st.step);
     if (epoch_saved) save(true, top1);

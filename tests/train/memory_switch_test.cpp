@@ -104,6 +104,32 @@ TEST(MemorySwitch, ScheduleMidRunGivesTheSameWeightsAsOneLevel) {
   EXPECT_EQ(memory_levels_logged(b.run_dir), (std::vector<int64_t>{1, 2, 0}));
 }
 
+// Each level's memory line measures its own epoch: the peaks start afresh at a switch. The
+// O2 line of a run that began at O0 used to carry O0's peak (its evaluation's), 3x its own.
+TEST(MemorySwitch, EachLevelsPeakIsItsOwn) {
+  TestDir dir;
+  Config cfg = test::small_run_config(dir.file("run"));
+  cfg.data.batch_size = 128;  // 16x16 resnet20: O0 plans about 9x O2's arena
+  cfg.data.train_subset = 256;
+  cfg.data.val_subset = 128;
+  cfg.schedule.epochs = 2;
+  cfg.run.eval_interval_epochs = 1;
+  cfg.memory.level = MemoryLevel::O0;
+  cfg.memory.schedule = "1:O2";
+  cfg.validate();
+  const TrainResult r = train(cfg);
+  std::vector<double> peak, planned;
+  for (const auto& rec : read_metrics(r.run_dir + "/metrics.jsonl"))
+    if (rec.value("kind", "") == "memory") {
+      peak.push_back(rec.at("peak_resident").get<double>());
+      planned.push_back(rec.at("planned_total").get<double>());
+    }
+  ASSERT_EQ(peak.size(), 2u);
+  ASSERT_GT(planned[0] - planned[1], 40.0 * 1048576) << "the levels must differ for the test to mean anything";
+  EXPECT_LT(peak[1], peak[0] - (planned[0] - planned[1]) / 2)
+      << "O2's peak " << peak[1] / 1048576 << " MiB against O0's " << peak[0] / 1048576 << " MiB";
+}
+
 TEST(MemorySwitch, CheckpointAtO1ResumesAtO2) {
   TestDir dir;
   const Config ref = small_config((dir.path() / "ref").string());

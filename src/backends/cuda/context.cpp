@@ -74,6 +74,11 @@ void* DeviceMemory::allocate(size_t bytes) {
   return p;
 }
 
+void DeviceMemory::reset_peak() {
+  std::lock_guard lock(mutex_);
+  peak_ = in_use_;
+}
+
 void DeviceMemory::free(void* p) noexcept {
   if (!p) return;
   cudaFree(p);

@@ -30,6 +30,7 @@ class DeviceMemory final : public MemorySpace {
   void zero(void* p, size_t bytes) override;  // stream-ordered, asynchronous
   void copy_to_device_async(void* dst, const void* src, size_t bytes) override;
   size_t peak_bytes() const override { return peak_; }
+  void reset_peak() override;
 
  private:
   cudaStream_t stream_;
