@@ -9,6 +9,7 @@
 
 #include "core/check.h"
 #include "core/plural.h"
+#include "train/config.h"
 
 namespace rn {
 
@@ -26,8 +27,24 @@ std::string grad_summary_path(const std::string& run) {
   namespace fs = std::filesystem;
   RN_CHECK(fs::exists(run)) << "'" << run << "' does not exist: name a run folder or its grad_summary.jsonl";
   const fs::path p = fs::is_directory(run) ? fs::path(run) / "grad_summary.jsonl" : fs::path(run);
-  RN_CHECK(fs::exists(p)) << "no gradient summary at '" << p.string()
-                          << "': the run did not monitor gradients (set diagnostics.grad_monitor_interval > 0)";
+  if (!fs::exists(p)) {
+    // A run that monitors gradients but stopped before its first monitored step has none yet:
+    // its config says which.
+    int64_t interval = 0;
+    if (fs::is_directory(run) && fs::exists(fs::path(run) / "config.yaml")) {
+      try {
+        interval = load_config((fs::path(run) / "config.yaml").string()).diagnostics.grad_monitor_interval;
+      } catch (const Error&) {
+        interval = 0;  // unreadable: the general advice below
+      }
+    }
+    RN_CHECK(interval <= 0) << "no gradient summary at '" << p.string() << "': the run monitors gradients every "
+                            << interval
+                            << " steps (diagnostics.grad_monitor_interval) but wrote no summary yet: it stopped "
+                               "before its first monitored step";
+    RN_FAIL() << "no gradient summary at '" << p.string()
+              << "': the run did not monitor gradients (set diagnostics.grad_monitor_interval > 0)";
+  }
   return p.string();
 }
 

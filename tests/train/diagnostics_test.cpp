@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <thread>
@@ -223,6 +224,33 @@ TEST(Summary, AResumedMonitorCutsATornLastLineOff) {
     f << records[0].to_json().dump() << "\n";  // what the resumed run appends
   }
   EXPECT_EQ(read_grad_summary(path).size(), 2u);
+}
+
+// A run folder without a summary: one that does not monitor gradients is told how to, one that
+// does but stopped before its first monitored step is told that (it used to be told to set
+// the interval it had set).
+TEST(Summary, AMissingSummarySaysWhyFromTheRunsConfig) {
+  TestDir dir;
+  auto error_for = [&](const std::string& run) {
+    try {
+      grad_summary_path(run);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  Config c;
+  c.diagnostics.grad_monitor_interval = 0;
+  std::filesystem::create_directories(dir.file("off"));
+  std::ofstream(dir.file("off/config.yaml")) << c.to_yaml();
+  EXPECT_NE(error_for(dir.file("off")).find("the run did not monitor gradients"), std::string::npos);
+  c.diagnostics.grad_monitor_interval = 100;
+  std::filesystem::create_directories(dir.file("early"));
+  std::ofstream(dir.file("early/config.yaml")) << c.to_yaml();
+  const std::string e = error_for(dir.file("early"));
+  EXPECT_NE(e.find("monitors gradients every 100 steps (diagnostics.grad_monitor_interval) but wrote no summary yet"),
+            std::string::npos)
+      << e;
 }
 
 TEST(Summary, SummaryFileRoundTripAndErrors) {
