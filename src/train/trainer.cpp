@@ -828,7 +828,8 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
   // Every record's "epoch" counts from 1: the epoch it belongs to (the one being trained, or
   // the one just completed); "epochs_from" tells a reader of older files, which counted train
   // records from 0, which convention a file uses.
-  metrics.append(MetricsRecord("start", st.epoch + 1, st.step)
+  // The epoch about to be trained; a resume of a finished run trains none, and is at its last.
+  metrics.append(MetricsRecord("start", std::min(st.epoch + 1, std::max<int64_t>(cfg.schedule.epochs, 1)), st.step)
                      .add("epochs_from", int64_t{1})
                      .add("software", build_description())
                      .add("libraries", describe_libraries(library_versions()))

@@ -15,6 +15,7 @@
 #include "small_run.h"
 #include "test_dir.h"
 #include "train/config.h"
+#include "train/metrics.h"
 #include "train/trainer.h"
 
 namespace rn {
@@ -63,6 +64,11 @@ TEST(ResumeConfig, AnEditThatChangesResultsIsRefusedOthersAreNot) {
   const TrainResult again = train(cfg, rest);
   EXPECT_EQ(again.steps, 12);
   EXPECT_TRUE(again.complete);
+  // Its start record is at the last epoch (it said epoch 4 of 3).
+  int64_t start_epoch = 0;
+  for (const auto& r : read_metrics(a.run_dir + "/metrics.jsonl"))
+    if (r["kind"] == "start") start_epoch = r["epoch"].get<int64_t>();
+  EXPECT_EQ(start_epoch, 3);
 }
 
 // A resume of a folder that is not there, and a run folder that cannot be made, are errors
