@@ -28,7 +28,10 @@ const CachedImage* DecodedCache::insert(int64_t index, const CachedImage& image)
   // Reserve the bytes first so that concurrent inserts never overshoot the capacity.
   size_t used = used_.load(std::memory_order_relaxed);
   do {
-    if (used + bytes > capacity_) return nullptr;
+    if (used + bytes > capacity_) {
+      refused_.fetch_add(1, std::memory_order_relaxed);
+      return nullptr;
+    }
   } while (!used_.compare_exchange_weak(used, used + bytes, std::memory_order_relaxed));
   auto* entry = new CachedImage(image);
   CachedImage* expected = nullptr;

@@ -41,6 +41,8 @@ class DecodedCache {
   size_t bytes_used() const { return used_.load(std::memory_order_relaxed); }
   int64_t entries() const { return entries_.load(std::memory_order_relaxed); }
   int64_t size() const { return static_cast<int64_t>(slots_.size()); }
+  // Inserts refused for want of room so far: the cache is full for the images it lacks.
+  int64_t refused() const { return refused_.load(std::memory_order_relaxed); }
 
  private:
   std::vector<std::atomic<CachedImage*>> slots_;
@@ -48,6 +50,7 @@ class DecodedCache {
   int short_side_;
   std::atomic<size_t> used_{0};
   std::atomic<int64_t> entries_{0};
+  std::atomic<int64_t> refused_{0};
 };
 
 }  // namespace rn

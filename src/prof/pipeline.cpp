@@ -1,9 +1,12 @@
 #include "prof/pipeline.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/plural.h"
 
@@ -59,10 +62,27 @@ PipelineVerdict analyse_pipeline(const PipelineSpan& s, double threshold) {
                              counted(s.workers, "worker"), v.loader_rate,
                              v.step_rate > 0 ? v.loader_rate / v.step_rate : 0, v.step_rate);
     } else {
+      // What can make it faster here: more workers only where a core is left for one. The step's
+      // threads are busy only while it is not waiting for data.
+      std::vector<std::string> ways;
+      const double step_busy = std::max(1, s.step_threads) * (1 - v.wait_share);
+      const bool cores_left = s.cores <= 0 || s.workers + step_busy <= s.cores - 0.5;
+      if (cores_left) ways.emplace_back("more workers");
+      ways.emplace_back("packed shards");
+      if (s.cache == PipelineSpan::Cache::off) ways.emplace_back("the cache");
+      if (s.cache == PipelineSpan::Cache::full) ways.emplace_back("a larger data.cache_mb (the cache is full)");
+      const std::string no_workers =
+          cores_left
+              ? std::string()
+              : fmt::format(
+                    "; more workers would not help: {} and the step's {} (busy {:.0f}% of the time) already "
+                    "take the {} cores",
+                    counted(s.workers, "worker"), counted(s.step_threads, "thread"), 100 * (1 - v.wait_share), s.cores);
       v.text = waiting + fmt::format(
-                             "the loader makes at most {:.0f} img/s with {}, the step takes {:.0f} img/s, so "
-                             "input must get {:.2f}x faster (more workers, packed shards, the cache)",
-                             v.loader_rate, counted(s.workers, "worker"), v.step_rate, v.factor);
+                             "the loader makes at most {:.0f} img/s with {}, the step takes {:.0f} img/s, so input "
+                             "must get {:.2f}x faster ({}){}",
+                             v.loader_rate, counted(s.workers, "worker"), v.step_rate, v.factor,
+                             fmt::format("{}", fmt::join(ways, ", ")), no_workers);
     }
   } else {
     v.factor = v.step_rate > 0 ? v.loader_rate / v.step_rate : 0;

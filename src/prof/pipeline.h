@@ -35,6 +35,11 @@ struct PipelineSpan {
   double wait = 0;     // the training thread waiting for batches
   double copy = 0;     // host-to-device copy (or, on CPU, into the step's input)
   double compute = 0;  // the training step itself
+  // What the advice may suggest: the machine's cores and the step's threads (0: unknown), and
+  // the decoded-image cache's state.
+  int cores = 0;
+  int step_threads = 0;
+  enum class Cache { off, room, full } cache = Cache::off;
   // The rest of the wall time: the loop's own work between steps (gradient monitor,
   // checkpoints, log lines and records).
   double other() const { return std::max(0.0, wall - wait - copy - compute); }

@@ -881,6 +881,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
   };
 
   const int64_t epochs = cfg.schedule.epochs;
+  bool cache_full_said = false;
   const auto periodic_save_due = [&](int64_t step) {
     return cfg.run.checkpoint.every_steps > 0 && step % cfg.run.checkpoint.every_steps == 0;
   };
@@ -1103,6 +1104,24 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
     if (steps_here > 0 && (!stop || st.batch_in_epoch == steps_per_epoch)) {
       pipeline.loader = train_loader.epoch_times();
       pipeline.workers = train_loader.workers();
+      // On a device the step's host threads are few and mostly waiting: only the workers count.
+      pipeline.cores = static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, world.local_size);
+      pipeline.step_threads = step->on_device() ? 1 : host_threads();
+      if (const DecodedCache* cache = train_loader.cache()) {
+        pipeline.cache = cache->refused() > 0 ? PipelineSpan::Cache::full : PipelineSpan::Cache::room;
+        // Said once: a full cache keeps the images it has, and the others are decoded every epoch.
+        if (cache->refused() > 0 && !cache_full_said) {
+          cache_full_said = true;
+          const double per_image =
+              cache->entries() > 0 ? static_cast<double>(cache->bytes_used()) / static_cast<double>(cache->entries())
+                                   : 0.0;
+          RN_LOG_INFO(
+              "the image cache is full: {} of {} images in {:.0f} MiB (data.cache_mb={}); the others are read and "
+              "decoded every epoch; about {:.0f} MiB would hold them all",
+              cache->entries(), cache->size(), static_cast<double>(cache->bytes_used()) / 1048576.0, cfg.data.cache_mb,
+              per_image * static_cast<double>(cache->size()) / 1048576.0);
+        }
+      }
       pipeline.wait = train_loader.epoch_wait_seconds();
       pipeline.wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_t0).count();
       const PipelineVerdict verdict = analyse_pipeline(pipeline);

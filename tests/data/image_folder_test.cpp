@@ -15,6 +15,7 @@
 #include "../train/test_dir.h"
 #include "core/check.h"
 #include "data/augment.h"
+#include "data/image_cache.h"
 #include "data/image_codec.h"
 #include "data/loader.h"
 
@@ -265,6 +266,23 @@ TEST(ImageFolder, ListFileWithErrorsNamingTheLine) {
   e = error_of([&] { ImageListDataset((dir.path() / "root").string(), dir.file("bad2.txt")); });
   EXPECT_NE(e.find("bad2.txt:1"), std::string::npos) << e;
   EXPECT_NE(e.find("not an integer"), std::string::npos) << e;
+}
+
+// A full cache counts the images it had no room for (the trainer says once that it is full, and
+// the pipeline verdict advises a larger data.cache_mb rather than "the cache").
+TEST(DecodedCache, CountsTheImagesItHasNoRoomFor) {
+  CachedImage image;
+  image.pixels.assign(300, 7);
+  image.width = image.height = 10;
+  DecodedCache cache(3, 2 * image.bytes(), 10);
+  EXPECT_NE(cache.insert(0, image), nullptr);
+  EXPECT_NE(cache.insert(1, image), nullptr);
+  EXPECT_EQ(cache.refused(), 0);
+  EXPECT_EQ(cache.insert(2, image), nullptr);
+  EXPECT_EQ(cache.refused(), 1);
+  EXPECT_EQ(cache.entries(), 2);
+  EXPECT_NE(cache.insert(1, image), nullptr) << "an image it has is no refusal";
+  EXPECT_EQ(cache.refused(), 1);
 }
 
 TEST(ImageLoader, EveryImageExactlyOncePerEpochAcrossRanks) {

@@ -31,6 +31,29 @@ TEST(PipelineVerdict, ASlowLoaderMustGetFaster) {
   EXPECT_TRUE(has(v.text, "input must get 4.00x faster")) << v.text;
 }
 
+// The ways out named fit the machine and the cache: no more workers where the cores are taken,
+// no "the cache" where it is on with room, a larger one where it is full.
+TEST(PipelineVerdict, TheAdviceFitsTheCoresAndTheCache) {
+  PipelineSpan s = span(2, 8.0, 3.0);
+  s.cores = 8;
+  s.step_threads = 2;
+  std::string text = analyse_pipeline(s).text;
+  EXPECT_TRUE(has(text, "(more workers, packed shards, the cache)")) << text;
+  s.cores = 2;  // 2 workers and 2 step threads busy 25% of the time: 2.5 cores of 2
+  s.cache = PipelineSpan::Cache::full;
+  text = analyse_pipeline(s).text;
+  EXPECT_TRUE(has(text,
+                  "(packed shards, a larger data.cache_mb (the cache is full)); more workers would not help: 2 "
+                  "workers and the step's 2 threads (busy 25% of the time) already take the 2 cores"))
+      << text;
+  s.cores = 4;  // the step mostly waits: a core is left for a worker
+  EXPECT_TRUE(has(analyse_pipeline(s).text, "(more workers, packed shards, a larger data.cache_mb"));
+  s.cores = 2;
+  s.cache = PipelineSpan::Cache::room;
+  text = analyse_pipeline(s).text;
+  EXPECT_TRUE(has(text, "faster (packed shards);")) << text;
+}
+
 TEST(PipelineVerdict, NoWorkersIsNamedAsTheCause) {
   const PipelineVerdict v = analyse_pipeline(span(0, 0.1, 0.1));  // 1000 img/s, loaded in line
   EXPECT_TRUE(v.input_bound);
