@@ -1,5 +1,7 @@
 #include "data/loader.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <chrono>
 #include <string>
@@ -221,8 +223,12 @@ void DataLoader::fill(Slot& slot, WorkerState& state) {
   slot.times.batches = 1;
   if (options_.trace && !slot.error) {
     const PipelineTimes& t = slot.times;
-    options_.trace->complete("load batch " + std::to_string(slot.batch), "data", start_us, trace_now_us() - start_us,
-                             {{"read_ms", 1e3 * t.read},
+    // Counted from 1, as the trainer's log counts epochs and batches (its step spans are global).
+    options_.trace->complete(fmt::format("load batch {} of epoch {}", slot.batch + 1, slot.epoch + 1), "data", start_us,
+                             trace_now_us() - start_us,
+                             {{"epoch", static_cast<double>(slot.epoch + 1)},
+                              {"batch", static_cast<double>(slot.batch + 1)},
+                              {"read_ms", 1e3 * t.read},
                               {"decode_ms", 1e3 * t.decode},
                               {"augment_ms", 1e3 * t.augment},
                               {"collate_ms", 1e3 * t.collate},

@@ -537,8 +537,15 @@ TEST(ImageLoader, TraceHasOneSpanPerBatch) {
   std::ifstream in(dir.file("trace.json"));
   const nlohmann::json j = nlohmann::json::parse(in);
   int spans = 0;
-  for (const auto& e : j["traceEvents"]) spans += e["ph"] == "X";
+  std::set<std::string> names;
+  for (const auto& e : j["traceEvents"])
+    if (e["ph"] == "X") {
+      ++spans;
+      names.insert(e["name"].get<std::string>());
+      EXPECT_EQ(e["args"]["epoch"], 1) << e.dump();  // counted from 1, as the log counts
+    }
   EXPECT_EQ(spans, 4);
+  EXPECT_TRUE(names.count("load batch 1 of epoch 1") && names.count("load batch 4 of epoch 1")) << j.dump();
 }
 
 }  // namespace
