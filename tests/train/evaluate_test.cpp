@@ -51,26 +51,49 @@ struct Evaluated {
   std::vector<std::string> sources;  // the image of each prediction, in order
 };
 
+// An evaluator of `model` on the reference backend and the validation loader of `cfg`.
+struct EvalSetup {
+  EvalSetup(const Config& cfg, Model& model)
+      : backend(make_backend("ref")),
+        loader(make_val_loader(cfg, DType::f32, Layout::nhwc)),
+        evaluator(model, *backend, [] {
+          PlanOptions po;
+          po.layout = Layout::nhwc;
+          return po;
+        }()) {}
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<DataLoader> loader;
+  Evaluator evaluator;
+};
+
 Evaluated evaluate(const Config& cfg, Model& model) {
-  auto backend = make_backend("ref");
-  std::unique_ptr<DataLoader> loader = make_val_loader(cfg, DType::f32, Layout::nhwc);
-  PlanOptions po;
-  po.layout = Layout::nhwc;
-  Evaluator ev(model, *backend, po);
+  EvalSetup setup(cfg, model);
   std::vector<Prediction> preds;
   Evaluated out;
-  out.result = ev.run(*loader, 0, &preds);
-  const auto& ds = dynamic_cast<const EncodedDataset&>(loader->dataset());
+  out.result = setup.evaluator.run(*setup.loader, 0, &preds);
+  const auto& ds = dynamic_cast<const EncodedDataset&>(setup.loader->dataset());
   for (const Prediction& p : preds) out.sources.push_back(fs::path(ds.source(p.index)).filename().string());
   std::sort(out.sources.begin(), out.sources.end());
   return out;
 }
 
-TEST(Evaluator, LeavesUnreadableFilesOut) {
+// A validation folder of 3 classes of `per_class` images, its config and a resnet20 for it.
+struct ValFolder {
+  explicit ValFolder(int per_class)
+      : root((test::write_image_folder(dir.path() / "data/val", 3, per_class), dir.file("data"))),
+        cfg(eval_config(root)),
+        model(build_model(cfg.model.name, model_options(cfg.model))) {}
   TestDir dir;
-  test::write_image_folder(dir.path() / "data/val", 3, 3);
-  const Config cfg = eval_config(dir.file("data"));
-  Model model(build_model(cfg.model.name, model_options(cfg.model)));
+  std::string root;  // the data folder: val/ below it
+  Config cfg;
+  Model model;
+};
+
+TEST(Evaluator, LeavesUnreadableFilesOut) {
+  ValFolder v(3);
+  TestDir& dir = v.dir;
+  const Config& cfg = v.cfg;
+  Model& model = v.model;
   const Evaluated clean = evaluate(cfg, model);
   EXPECT_EQ(clean.result.samples, 9);
   EXPECT_EQ(clean.result.unreadable, 0);
@@ -90,10 +113,10 @@ TEST(Evaluator, LeavesUnreadableFilesOut) {
 // Also where a stand-in's label lies far below the top logit (a loss near 200 here): -log of its
 // float probability stopped at the underflow (69), so the bad file still moved the loss.
 TEST(Evaluator, LeavesUnreadableFilesOutOfALargeLoss) {
-  TestDir dir;
-  test::write_image_folder(dir.path() / "data/val", 3, 3);
-  const Config cfg = eval_config(dir.file("data"));
-  Model model(build_model(cfg.model.name, model_options(cfg.model)));
+  ValFolder v(3);
+  TestDir& dir = v.dir;
+  const Config& cfg = v.cfg;
+  Model& model = v.model;
   model.init(1);
   static_cast<float*>(model.named("fc.bias").data)[1] = 200;
   const Evaluated clean = evaluate(cfg, model);
@@ -108,10 +131,9 @@ TEST(Evaluator, LeavesUnreadableFilesOutOfALargeLoss) {
 // Outputs that are not finite are misses, not a top-5 of 100%: with a NaN the ordering the sort
 // relies on breaks, and with three classes every finite row has its label in the top 5.
 TEST(Evaluator, NonFiniteOutputsAreMisses) {
-  TestDir dir;
-  test::write_image_folder(dir.path() / "data/val", 3, 2);
-  const Config cfg = eval_config(dir.file("data"));
-  Model model(build_model(cfg.model.name, model_options(cfg.model)));
+  ValFolder v(2);
+  const Config& cfg = v.cfg;
+  Model& model = v.model;
   model.init(1);
   EXPECT_EQ(evaluate(cfg, model).result.top5, 1.0);
   Tensor fc = model.named("fc.weight");
@@ -156,16 +178,13 @@ class OtherRankComm final : public Communicator {
 // A training run's stop request ends an evaluation before its next batch, without figures, and
 // on every rank of a job: a rank without the request learns of it in the sums' all-reduce.
 TEST(Evaluator, AStopRequestAbandonsItOnEveryRank) {
-  TestDir dir;
-  test::write_image_folder(dir.path() / "data/val", 3, 3);
-  const Config cfg = eval_config(dir.file("data"));
-  Model model(build_model(cfg.model.name, model_options(cfg.model)));
+  ValFolder v(3);
+  const Config& cfg = v.cfg;
+  Model& model = v.model;
   model.init(1);
-  auto backend = make_backend("ref");
-  PlanOptions po;
-  po.layout = Layout::nhwc;
-  Evaluator ev(model, *backend, po);
-  std::unique_ptr<DataLoader> loader = make_val_loader(cfg, DType::f32, Layout::nhwc);
+  EvalSetup setup(cfg, model);
+  Evaluator& ev = setup.evaluator;
+  DataLoader* loader = setup.loader.get();
 
   std::atomic<bool> stop{false};
   const EvalResult full = ev.run(*loader, 0, nullptr, nullptr, &stop);
