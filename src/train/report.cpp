@@ -66,7 +66,8 @@ History build_history(const std::vector<json>& records) {
       // that step (a kill after the checkpoint, a rewind to an older one) is superseded.
       h.starts.push_back(&r);
       const double from = number(r, "step");
-      if (std::isfinite(from) && r.value("resumed", false)) {
+      const auto resumed = r.find("resumed");
+      if (std::isfinite(from) && resumed != r.end() && resumed->is_boolean() && resumed->get<bool>()) {
         const size_t before = kept.size();
         std::erase_if(kept, [&](const json* k) { return number(*k, "step") > from; });
         if (kept.size() != before) {

@@ -302,6 +302,9 @@ TEST(Report, AResumeSupersedesEveryKindPastItsCheckpoint) {
   EXPECT_EQ(count_of(html, "<tr><td>3</td>"), 1) << "epoch 3's pipeline row once:\n" << html;
   EXPECT_EQ(count_of(html, "<tr><td>1</td><td>O0</td>"), 1) << "the memory row of epoch 1 alone:\n" << html;
   EXPECT_EQ(count_of(html, "<title>CPU utilisation (mean of cores) at "), 3) << html;
+  // A start record whose "resumed" is not a boolean (an edited file) rewinds nothing, and throws nothing.
+  records.push_back({{"kind", "start"}, {"epoch", 1}, {"step", 0}, {"resumed", "yes"}});
+  EXPECT_NE(render_report_html(records, "", "edited").find("<th>records</th><td>5 train"), std::string::npos);
 }
 
 // "start" records (one per start and resume) name the build; they rewind nothing, and a change
