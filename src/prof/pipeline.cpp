@@ -81,8 +81,8 @@ PipelineVerdict analyse_pipeline(const PipelineSpan& s, double threshold) {
       v.text = waiting + fmt::format(
                              "the loader makes at most {:.0f} img/s with {}, the step takes {:.0f} img/s, so input "
                              "must get {:.2f}x faster ({}){}",
-                             v.loader_rate, counted(s.workers, "worker"), v.step_rate, v.factor,
-                             fmt::format("{}", fmt::join(ways, ", ")), no_workers);
+                             v.loader_rate, counted(s.workers, "worker"), v.step_rate, v.factor, fmt::join(ways, ", "),
+                             no_workers);
     }
   } else {
     v.factor = v.step_rate > 0 ? v.loader_rate / v.step_rate : 0;

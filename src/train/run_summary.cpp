@@ -34,8 +34,7 @@ std::string grad_summary_path(const std::string& run) {
     if (fs::is_directory(run) && fs::exists(fs::path(run) / "config.yaml")) {
       try {
         interval = load_config((fs::path(run) / "config.yaml").string()).diagnostics.grad_monitor_interval;
-      } catch (const Error&) {
-        interval = 0;  // unreadable: the general advice below
+      } catch (const Error&) {  // unreadable: the general advice below
       }
     }
     RN_CHECK(interval <= 0) << "no gradient summary at '" << p.string() << "': the run monitors gradients every "

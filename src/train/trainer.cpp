@@ -770,10 +770,9 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
     if (old_arena > 0) {
       reset_peak_resident();
       backend->memory().reset_peak();
-    }
-    if (old_arena > 0)
       RN_LOG_INFO("epoch {}: memory level {} -> {}, re-planned: arena {:.1f} MiB -> {:.1f} MiB", epoch + 1,
                   memory_level_name(old_level), memory_level_name(level), old_arena / 1048576.0, p.arena / 1048576.0);
+    }
     RN_LOG_INFO(
         "training plan: batch {}, memory level {}, arena {:.1f} MiB; planned peak {:.1f} MiB "
         "(of which parameters, gradients, optimizer state {:.1f} MiB, workspace {:.1f} MiB)",
