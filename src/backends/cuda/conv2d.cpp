@@ -41,9 +41,6 @@ class CudnnConv final : public Conv2dKernel {
  private:
   std::string key(Direction dir) const;
   CudnnAlgoChoice choose(Direction dir);
-  std::optional<size_t> fma_workspace(Direction dir, int algo) const {
-    return algo_workspace(dir, algo, CUDNN_FMA_MATH);
-  }
   std::optional<size_t> algo_workspace(Direction dir, int algo, cudnnMathType_t math) const;
   std::string unusable(Direction dir, const CudnnAlgoChoice& c) const;
   void* weights_krsc(const Tensor& w) const;  // the transposed weights in the scratch
@@ -208,24 +205,26 @@ CudnnAlgoChoice CudnnConv::choose(Direction dir) {
     found = candidates(r, got, det, fp32, what);
   }
   clear_nonsticky_error();  // an allocation the search tried and gave up on
-  // A search result's workspace is that of its own math type, and fp32 always runs with FMA
-  // math: a default-math result that does not run with FMA math, or needs more workspace than
-  // the limit with it, gives way to the next.
+  // Each candidate is confirmed by cuDNN's workspace query at the math type it will run with
+  // before it is taken. A search result's workspace is that of its own math type, and fp32
+  // always runs with FMA math: a default-math result that does not run with FMA math, or needs
+  // more workspace than the limit with it, gives way to the next. A deterministic choice comes
+  // from the heuristics, which predict rather than run: a pick cuDNN then refuses to run gives
+  // way to the next too, where taking it would fail the first step.
   std::optional<CudnnAlgoChoice> chosen;
-  int no_fma = 0, over_limit = 0;  // candidates passed over, and why
+  int not_run = 0, over_limit = 0;  // candidates passed over, and why
   for (CudnnAlgoChoice c : found) {
-    if (fp32) {
-      const std::optional<size_t> fma = fma_workspace(dir, c.algo);
-      if (!fma) {
-        ++no_fma;
-        continue;
-      }
-      if (*fma > kMaxAlgoWorkspace) {
-        ++over_limit;
-        continue;
-      }
-      c.workspace = std::max(c.workspace, *fma);
+    const auto runs_with = fp32 ? CUDNN_FMA_MATH : static_cast<cudnnMathType_t>(c.math_type);
+    const std::optional<size_t> need = algo_workspace(dir, c.algo, runs_with);
+    if (!need) {
+      ++not_run;
+      continue;
     }
+    if (*need > kMaxAlgoWorkspace) {
+      ++over_limit;
+      continue;
+    }
+    c.workspace = std::max(c.workspace, *need);
     chosen = c;
     break;
   }
@@ -234,7 +233,9 @@ CudnnAlgoChoice CudnnConv::choose(Direction dir) {
     RN_UNSUPPORTED() << "cuda backend: cuDNN has no usable algorithm for " << what
                      << (det ? " (deterministic algorithms only: high_precision mode or run.deterministic)" : "")
                      << (fp32 ? " (fp32: FMA math only, no TF32)" : "")
-                     << (no_fma ? "; " + std::to_string(no_fma) + " ran only without FMA math" : "")
+                     << (not_run ? "; cuDNN does not run " + std::to_string(not_run) +
+                                       (fp32 ? " with FMA math" : " with its math type")
+                                 : "")
                      << (over_limit ? "; " + std::to_string(over_limit) + " need over the " +
                                           std::to_string(kMaxAlgoWorkspace >> 20) + " MiB workspace limit with it"
                                     : "");

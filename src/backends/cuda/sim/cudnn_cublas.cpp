@@ -145,7 +145,10 @@ size_t workspace_bytes(const Conv& c) { return 256 + 4 * w_elems(c); }
 // allows (kHugeWorkspace): the backend must then take the next; and the deterministic
 // backward-data one is reported with FMA math, which the backend prefers to a faster
 // default-math result. The successful ones compute the same sums here; which one the backend takes
-// shows in the algorithm cache.
+// shows in the algorithm cache. cuDNN's heuristics are a prediction, not a run: for half data
+// they put first a forward algorithm that the workspace query, the measured search and the
+// convolution itself refuse (`heuristic_only`), so the deterministic choice, which comes from
+// the heuristics, must confirm its pick before taking it; for fp32 data it is not supported.
 enum class WithFma { runs, reported, not_supported, huge_workspace };
 constexpr size_t kHugeWorkspace = size_t{2} << 30;
 template <typename Algo>
@@ -154,8 +157,11 @@ struct Reported {
   cudnnStatus_t status;
   cudnnDeterminism_t determinism;
   WithFma fma = WithFma::runs;
+  bool heuristic_only = false;
 };
 constexpr Reported<cudnnConvolutionFwdAlgo_t> kForward[] = {
+    {CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED, CUDNN_STATUS_SUCCESS, CUDNN_DETERMINISTIC, WithFma::not_supported,
+     true},
     {CUDNN_CONVOLUTION_FWD_ALGO_GEMM, CUDNN_STATUS_SUCCESS, CUDNN_DETERMINISTIC, WithFma::not_supported},
     {CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, CUDNN_STATUS_SUCCESS, CUDNN_DETERMINISTIC},
     {CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, CUDNN_STATUS_SUCCESS, CUDNN_DETERMINISTIC},
@@ -183,7 +189,7 @@ const Reported<Algo>* reported(const Reported<Algo> (&table)[N], Algo algo) {
 template <typename Algo, size_t N>
 bool runs(const Reported<Algo> (&table)[N], Algo algo, const cudnnConvolutionStruct* cd) {
   const Reported<Algo>* r = reported(table, algo);
-  if (!r || r->status != CUDNN_STATUS_SUCCESS) return false;
+  if (!r || r->status != CUDNN_STATUS_SUCCESS || r->heuristic_only) return false;
   return !cd || cd->math != CUDNN_FMA_MATH || r->fma == WithFma::runs || r->fma == WithFma::reported;
 }
 
@@ -193,7 +199,7 @@ bool runs(const Reported<Algo> (&table)[N], Algo algo, const cudnnConvolutionStr
 // caller's question (workspace_size). `reversed`: in the opposite order, as a measured search
 // may order them on another run (timing noise; $RN_SIM_SEARCH_ORDER=reversed).
 template <typename Perf, typename Algo, size_t N>
-void results(const Conv& c, const Reported<Algo> (&table)[N], int requested, int* returned, Perf* perf,
+void results(const Conv& c, const Reported<Algo> (&table)[N], int requested, int* returned, Perf* perf, bool heuristic,
              bool reversed = false) {
   *returned = 0;
   for (size_t i = 0; i < N; ++i) {
@@ -202,9 +208,9 @@ void results(const Conv& c, const Reported<Algo> (&table)[N], int requested, int
     Perf& p = perf[(*returned)++];
     p = Perf{};
     p.algo = r.algo;
-    p.status = r.status;
-    p.time = r.status == CUDNN_STATUS_SUCCESS ? static_cast<float>(*returned) : -1.0f;
-    p.memory = r.status == CUDNN_STATUS_SUCCESS ? workspace_bytes(c) : 0;
+    p.status = r.heuristic_only && !(heuristic && c.type != rn::DType::f32) ? CUDNN_STATUS_NOT_SUPPORTED : r.status;
+    p.time = p.status == CUDNN_STATUS_SUCCESS ? static_cast<float>(*returned) : -1.0f;
+    p.memory = p.status == CUDNN_STATUS_SUCCESS ? workspace_bytes(c) : 0;
     p.determinism = r.determinism;
     p.mathType = c.type != rn::DType::f32   ? c.cd.math
                  : r.fma == WithFma::reported ? CUDNN_FMA_MATH
@@ -240,7 +246,7 @@ cudnnStatus_t find(const cudnnTensorStruct* x, const cudnnFilterStruct* w, const
   Conv c;
   if (const cudnnStatus_t st = describe(x, w, cd, y, &c); st != CUDNN_STATUS_SUCCESS) return st;
   const char* order = std::getenv("RN_SIM_SEARCH_ORDER");
-  results(c, table, requested, returned, perf, order != nullptr && std::string_view(order) == "reversed");
+  results(c, table, requested, returned, perf, false, order != nullptr && std::string_view(order) == "reversed");
   return CUDNN_STATUS_SUCCESS;
 }
 
@@ -253,7 +259,7 @@ cudnnStatus_t heuristics(const cudnnTensorStruct* x, const cudnnFilterStruct* w,
   if (!returned || !perf || requested < 1) return CUDNN_STATUS_BAD_PARAM;
   Conv c;
   if (const cudnnStatus_t st = describe(x, w, cd, y, &c); st != CUDNN_STATUS_SUCCESS) return st;
-  results(c, table, requested, returned, perf);
+  results(c, table, requested, returned, perf, true);
   return CUDNN_STATUS_SUCCESS;
 }
 
@@ -266,7 +272,7 @@ cudnnStatus_t workspace_size(const cudnnTensorStruct* x, const cudnnFilterStruct
   Conv c;
   if (const cudnnStatus_t st = describe(x, w, cd, y, &c); st != CUDNN_STATUS_SUCCESS) return st;
   const Reported<Algo>* r = reported(table, algo);
-  if (!r || r->status != CUDNN_STATUS_SUCCESS) return CUDNN_STATUS_NOT_SUPPORTED;
+  if (!r || r->status != CUDNN_STATUS_SUCCESS || r->heuristic_only) return CUDNN_STATUS_NOT_SUPPORTED;
   const bool fma = c.cd.math == CUDNN_FMA_MATH;
   if (fma && r->fma == WithFma::not_supported) return CUDNN_STATUS_NOT_SUPPORTED;
   *bytes = fma && r->fma == WithFma::huge_workspace ? kHugeWorkspace : workspace_bytes(c);
