@@ -204,6 +204,33 @@ TEST(CudaFusedStep, TableStepsRecordTheirLoss) {
   EXPECT_THROW(dev.step->table_losses(4), Error);
 }
 
+// A captured step holds the table's address: a table of the same size (the next window)
+// keeps the graph, a larger one moves the table and makes the graph stale, so that the step
+// is captured again rather than replayed against freed memory.
+TEST(CudaFusedStep, ALargerTableMakesACapturedStepStale) {
+  RN_REQUIRE_GPU();
+  FusedStepDesc d;
+  d.total = 64;
+  d.params = {{0, 64, 0.0f, false}};
+  DeviceStep dev(d);
+  auto graph = dev.backend->make_step_graph();
+  ASSERT_NE(graph, nullptr);
+  const Device where = dev.step->loss_scale_tensor().device;
+  Buf wb(DType::f32, 64), gb(DType::f32, 64), loss(DType::f32, 1);
+  const Tensor wt = flat(wb.data(), 64, DType::f32, where), gt = flat(gb.data(), 64, DType::f32, where);
+  dev.step->set_loss_source(flat(loss.data(), 1, DType::f32, where));
+  dev.step->set_lr_table({0.1f, 0.2f});
+  graph->capture([&] { dev.step->step(wt, gt, nullptr, -1.0f); });
+  ASSERT_TRUE(graph->captured());
+  dev.step->set_lr_table({0.3f, 0.4f});
+  EXPECT_TRUE(graph->captured()) << "a table of the same size stays where it was";
+  graph->replay();
+  dev.backend->synchronize();
+  dev.step->set_lr_table({0.1f, 0.2f, 0.3f, 0.4f});
+  EXPECT_FALSE(graph->captured()) << "the table moved under the graph";
+  EXPECT_THROW(graph->replay(), Error);
+}
+
 }  // namespace
 }  // namespace rn::cuda
 #endif  // RN_HAVE_CUDA || RN_CUDA_SIM

@@ -62,8 +62,10 @@ class Context {
   void reserve(size_t bytes);
   void* workspace() const { return workspace_.data(); }
   size_t workspace_bytes() const { return workspace_.bytes(); }
-  // Counts reallocations of the workspace: a captured graph that used an older one is stale.
+  // Counts moves of device memory a captured graph holds the address of (reallocations of the
+  // workspace, a fused step's grown tables): a graph captured before the last move is stale.
   uint64_t workspace_generation() const { return workspace_generation_; }
+  void captured_memory_moved() { ++workspace_generation_; }
 
   int* error_flags() const { return static_cast<int*>(flags_.data()); }  // [0]: bad label + 1
   // Waits for the stream, then throws if a kernel raised an error flag.

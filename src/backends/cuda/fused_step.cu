@@ -164,13 +164,14 @@ class CudaFusedStep final : public FusedStepKernel {
     return t;
   }
 
-  // A captured step holds the table's and the losses' addresses: they grow, never move, so
-  // windows of one size reuse them.
+  // A captured step holds the table's and the losses' addresses: windows of one size reuse
+  // them; a larger table moves them, and a graph captured before is then stale (captured()).
   void set_lr_table(const std::vector<float>& lrs) override {
     RN_CHECK(!lrs.empty()) << "fused step: empty learning-rate table";
     if (lr_table_.bytes() < lrs.size() * sizeof(float)) {
       lr_table_ = DeviceBuffer(mem_, lrs.size() * 4);
       losses_ = DeviceBuffer(mem_, lrs.size() * 4);
+      ctx_->captured_memory_moved();
     }
     mem_.copy(lr_table_.data(), lrs.data(), lrs.size() * sizeof(float));
     lr_table_size_ = static_cast<int>(lrs.size());
