@@ -1,19 +1,43 @@
 #include "core/log.h"
 
 #include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/dist_sink.h>
 #include <spdlog/sinks/stdout_sinks.h>
 
-#include <algorithm>
 #include <mutex>
 
 #include "core/check.h"
 
 namespace rn {
 
+namespace {
+
+// The logger's one sink: it hands each message to the outputs (stderr, a run's train.log, a
+// test's capture) under the lock it writes under, and the outputs change under that lock, so
+// that a message from another thread (a data-parallel run's communication thread outlives
+// train.log) never walks the list while it is reallocated.
+class Outputs final : public spdlog::sinks::dist_sink_mt {
+ public:
+  void edit(const std::function<void(std::vector<spdlog::sink_ptr>&)>& f) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    f(sinks_);
+  }
+};
+
+const std::shared_ptr<Outputs>& outputs() {
+  static const std::shared_ptr<Outputs> instance = [] {
+    auto o = std::make_shared<Outputs>();
+    o->add_sink(std::make_shared<spdlog::sinks::stderr_sink_mt>());
+    return o;
+  }();
+  return instance;
+}
+
+}  // namespace
+
 std::shared_ptr<spdlog::logger> logger() {
   static std::shared_ptr<spdlog::logger> instance = [] {
-    auto sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();
-    auto l = std::make_shared<spdlog::logger>("resnet", sink);
+    auto l = std::make_shared<spdlog::logger>("resnet", spdlog::sink_ptr(outputs()));
     l->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%l] %v");
     l->set_level(spdlog::level::info);
     l->flush_on(spdlog::level::info);
@@ -22,18 +46,12 @@ std::shared_ptr<spdlog::logger> logger() {
   return instance;
 }
 
-namespace {
-std::mutex& sinks_mutex() {
-  static std::mutex mu;
-  return mu;
-}
-}  // namespace
+void add_log_output(const spdlog::sink_ptr& s) { outputs()->add_sink(s); }
+void remove_log_output(const spdlog::sink_ptr& s) { outputs()->remove_sink(s); }
+void edit_log_outputs(const std::function<void(std::vector<spdlog::sink_ptr>&)>& edit) { outputs()->edit(edit); }
 
 LogFile::~LogFile() {
-  if (!sink_) return;
-  std::lock_guard<std::mutex> lock(sinks_mutex());
-  auto& sinks = logger()->sinks();
-  sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
+  if (sink_) remove_log_output(sink_);
 }
 
 void LogFile::open(const std::string& path) { open_sink(path, "", spdlog::level::trace); }
@@ -44,12 +62,11 @@ void LogFile::open_for_errors(const std::string& path, const std::string& label)
 
 void LogFile::open_sink(const std::string& path, const std::string& label, spdlog::level::level_enum level) {
   RN_CHECK(!sink_) << "log file '" << path << "': this LogFile is open already";
-  std::lock_guard<std::mutex> lock(sinks_mutex());
   try {
     auto sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>(path, /*truncate=*/false);
     sink->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%l] " + label + "%v");
     sink->set_level(level);
-    logger()->sinks().push_back(sink);
+    add_log_output(sink);
     sink_ = std::move(sink);
   } catch (const spdlog::spdlog_ex& e) {
     RN_FAIL() << "cannot open log file '" << path << "': " << e.what();

@@ -4,14 +4,23 @@
 
 #include <spdlog/spdlog.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace rn {
 
 std::shared_ptr<spdlog::logger> logger();
 void set_log_level(const std::string& level);  // "debug", "info", "warn", "error"
+
+// Where the logger's messages go (stderr first; a run's train.log; a test's capture). Never
+// through logger()->sinks(): these change the outputs under the lock each message is written
+// under, safe while other threads log.
+void add_log_output(const spdlog::sink_ptr& s);
+void remove_log_output(const spdlog::sink_ptr& s);
+void edit_log_outputs(const std::function<void(std::vector<spdlog::sink_ptr>&)>& edit);
 
 // A file that receives every message of the logger while this object lives (a run's
 // train.log): attached by open(), detached by the destructor, so that a process that trains

@@ -272,21 +272,25 @@ ProgressPrinter::ProgressPrinter(Mode mode, std::FILE* bar_out) : out_(bar_out),
     bar_ = mode == Mode::bar && bar_out != nullptr;
   }
   if (bar_ && bar_out == stderr) {
-    for (auto& s : logger()->sinks()) {
-      if (!writes_to_stderr(s)) continue;
-      s = std::make_shared<ScreenAwareSink>(s, screen_);
-      wrapped_sinks_ = true;
-    }
+    edit_log_outputs([&](std::vector<spdlog::sink_ptr>& outputs) {
+      for (auto& s : outputs) {
+        if (!writes_to_stderr(s)) continue;
+        s = std::make_shared<ScreenAwareSink>(s, screen_);
+        wrapped_sinks_ = true;
+      }
+    });
   }
 }
 
 ProgressPrinter::~ProgressPrinter() {
   finish();
   if (!wrapped_sinks_) return;
-  for (auto& s : logger()->sinks()) {
-    auto wrapper = std::dynamic_pointer_cast<ScreenAwareSink>(s);
-    if (wrapper && wrapper->screen() == screen_.get()) s = wrapper->inner();
-  }
+  edit_log_outputs([&](std::vector<spdlog::sink_ptr>& outputs) {
+    for (auto& s : outputs) {
+      auto wrapper = std::dynamic_pointer_cast<ScreenAwareSink>(s);
+      if (wrapper && wrapper->screen() == screen_.get()) s = wrapper->inner();
+    }
+  });
 }
 
 double ProgressPrinter::eta_seconds(const ProgressFields& f) const {

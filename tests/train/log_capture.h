@@ -16,12 +16,9 @@ class LogCapture {
  public:
   LogCapture() : sink_(std::make_shared<spdlog::sinks::ostream_sink_mt>(stream_)) {
     sink_->set_pattern("%v");
-    logger()->sinks().push_back(sink_);
+    add_log_output(sink_);
   }
-  ~LogCapture() {
-    auto& sinks = logger()->sinks();
-    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
-  }
+  ~LogCapture() { remove_log_output(sink_); }
   std::string text() const { return stream_.str(); }
   // How many times `what` appears in what was captured.
   int count(const std::string& what) const {
