@@ -65,14 +65,27 @@ int64_t monotonic_ns() {
   return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
+// Two signals at once (Ctrl-C directly and through mpirun) may run this on two threads: the
+// second can find the flag set and the time not yet, which is the same request, not a late
+// second one.
 extern "C" void on_stop_signal(int sig) {
   const int64_t now = monotonic_ns();
   if (!g_stop.exchange(true)) {
     g_stop_at_ns = now;
-  } else if (now - g_stop_at_ns >= int64_t{2} * 1000000000) {
+    return;
+  }
+  const int64_t first = g_stop_at_ns.load();
+  if (first != 0 && now - first >= int64_t{2} * 1000000000) {
     std::signal(sig, SIG_DFL);
     std::raise(sig);
   }
+}
+
+// A stop request was answered (or there is none yet): the next signal is a new first one.
+// The time goes first, so that a signal in between never pairs the new flag with the old time.
+void clear_stop_request() {
+  g_stop_at_ns = 0;
+  g_stop = false;
 }
 
 // Keys that do not change the recipe a run follows, so a resumed run's config.yaml may differ
@@ -357,7 +370,7 @@ void check_ranks_agree(const Config& cfg, Communicator& comm) {
 void install_stop_signal_handlers() {
   // Cleared here, not when train() starts: a signal during the set-up (an MPI start-up can
   // take seconds) is a stop request the first step answers.
-  g_stop = false;
+  clear_stop_request();
   // SIGHUP (the terminal or ssh session went away) stops like SIGTERM, with a checkpoint.
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) std::signal(sig, on_stop_signal);
   // A console that is gone (`| head`, a closed tee) must not end the run: writes to it fail
@@ -1080,7 +1093,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
         interval_t0 = std::chrono::steady_clock::now();
       }
       if (agreed.stop || at_limit) {
-        if (agreed.stop) g_stop = false;  // answered: a later train() in this process runs afresh
+        if (agreed.stop) clear_stop_request();  // answered: a later train() in this process runs afresh
         RN_LOG_INFO("{} at step {}: saving a checkpoint", agreed.stop ? "stop requested" : "step limit reached",
                     st.step);
         save(false, std::nullopt);
@@ -1182,7 +1195,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
         // than a batch scheduler's grace period): the checkpoint is the one a stop at the
         // epoch's last step writes, so that the resume evaluates this epoch and saves it as
         // the epoch's checkpoint (best.safetensors included) then.
-        g_stop = false;  // answered
+        clear_stop_request();  // answered
         st.epoch = done_epoch;
         st.batch_in_epoch = steps_per_epoch;
         RN_LOG_INFO(
@@ -1235,7 +1248,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
     // end without one): the run stops here, not after the next epoch's first step. Every rank
     // comes here and agrees on it as on a step.
     if (!last && agree_on_step(comm, 0.0f, g_stop).stop) {
-      g_stop = false;  // answered
+      clear_stop_request();  // answered
       RN_LOG_INFO("stop requested at the end of epoch {}: saving a checkpoint", done_epoch + 1);
       if (!epoch_saved) save(true, top1);
       stop = true;

@@ -4,11 +4,15 @@
 // tests/ops/cuda_emulation_test.cpp.)
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
+#include <csignal>
+#include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 
 #include "log_capture.h"
 #include "small_run.h"
@@ -19,6 +23,25 @@
 
 namespace rn {
 namespace {
+
+// The first signal asks for a stop; another within 2 s is the same request (a terminal's
+// Ctrl-C reaches a rank directly and through mpirun); one 2 s or more later, the stop not yet
+// answered (a set-up that blocks), ends the process as the signal would have.
+TEST(StopRequestDeathTest, ASecondSignalTwoSecondsLaterEndsTheProcess) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        install_stop_signal_handlers();
+        std::raise(SIGTERM);
+        std::raise(SIGINT);
+        std::fprintf(stderr, "the same request again\n");
+        std::this_thread::sleep_for(std::chrono::milliseconds(2100));
+        std::raise(SIGTERM);
+        std::fprintf(stderr, "still alive\n");
+        std::_Exit(0);
+      },
+      ::testing::KilledBySignal(SIGTERM), "the same request again");
+}
 
 TEST(StopRequest, TheStepsSinceTheLastLogLineGetTheirTrainRecord) {
   TestDir dir;
