@@ -128,7 +128,7 @@ struct Nvml {
   nvmlReturn_t (*name)(nvmlDevice_t, char*, unsigned int) = nullptr;
   nvmlReturn_t (*power)(nvmlDevice_t, unsigned int*) = nullptr;  // milliwatts
   nvmlReturn_t (*clock)(nvmlDevice_t, int, unsigned int*) = nullptr;
-  nvmlReturn_t (*temperature)(nvmlDevice_t, int, unsigned int*) = nullptr;
+  nvmlReturn_t (*temperature)(nvmlDevice_t, int, unsigned int*) = nullptr;  // optional
   nvmlReturn_t (*utilization)(nvmlDevice_t, nvmlUtilization_t*) = nullptr;
   nvmlReturn_t (*memory)(nvmlDevice_t, nvmlMemory_t*) = nullptr;
   nvmlReturn_t (*throttle)(nvmlDevice_t, unsigned long long*) = nullptr;  // optional
@@ -154,7 +154,7 @@ class NvmlProbe : public DeviceProbe {
     if (nvml_.power(dev_, &v) == 0) s.fields["power_w"] = s.power_w = v / 1000.0;
     if (nvml_.clock(dev_, kNvmlClockSm, &v) == 0) s.fields["sm_clock_mhz"] = s.clock_mhz = v;
     if (nvml_.clock(dev_, kNvmlClockMem, &v) == 0) s.fields["mem_clock_mhz"] = v;
-    if (nvml_.temperature(dev_, kNvmlTemperatureGpu, &v) == 0) s.fields["temperature_c"] = v;
+    if (nvml_.temperature && nvml_.temperature(dev_, kNvmlTemperatureGpu, &v) == 0) s.fields["temperature_c"] = v;
     nvmlUtilization_t u{};
     if (nvml_.utilization(dev_, &u) == 0) {
       s.fields["gpu_util"] = u.gpu;
@@ -195,7 +195,6 @@ std::unique_ptr<DeviceProbe> make_nvml_probe(unsigned index, std::string* why_no
                   load_symbol(n.lib, "nvmlDeviceGetName", n.name) &&
                   load_symbol(n.lib, "nvmlDeviceGetPowerUsage", n.power) &&
                   load_symbol(n.lib, "nvmlDeviceGetClockInfo", n.clock) &&
-                  load_symbol(n.lib, "nvmlDeviceGetTemperature", n.temperature) &&
                   load_symbol(n.lib, "nvmlDeviceGetUtilizationRates", n.utilization) &&
                   load_symbol(n.lib, "nvmlDeviceGetMemoryInfo", n.memory);
   if (!ok) {
@@ -203,6 +202,8 @@ std::unique_ptr<DeviceProbe> make_nvml_probe(unsigned index, std::string* why_no
     dlclose(n.lib);
     return nullptr;
   }
+  // Deprecated in newer drivers (nvmlDeviceGetTemperatureV): a sample without it still counts.
+  load_symbol(n.lib, "nvmlDeviceGetTemperature", n.temperature);
   load_symbol(n.lib, "nvmlDeviceGetCurrentClocksEventReasons", n.throttle) ||
       load_symbol(n.lib, "nvmlDeviceGetCurrentClocksThrottleReasons", n.throttle);
   if (const nvmlReturn_t r = n.init(); r != 0) {

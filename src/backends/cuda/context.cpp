@@ -154,6 +154,13 @@ Context::Context(const CudaBackendOptions& o)
   flags_.zero();
   RN_LOG_INFO("cuda backend: {} (sm_{}), cuDNN {}, implementation mode {}, algorithm cache {}", gpu_name_, sm_,
               cudnnGetVersion(), cuda_impl_mode_name(mode_), algo_cache_.path());
+  // One major version links (libcudnn.so.9), but an older minor than the headers' is the first
+  // suspect when a cuDNN call fails (a wheel's cuDNN ahead on the library path).
+  if (cudnnGetVersion() < static_cast<size_t>(CUDNN_VERSION))
+    RN_LOG_WARN(
+        "cuda backend: built against cuDNN {}, running with the older {} found on the library path; if a "
+        "cuDNN call fails, put a cuDNN at least as new first on LD_LIBRARY_PATH",
+        CUDNN_VERSION, cudnnGetVersion());
 }
 
 Context::~Context() {
