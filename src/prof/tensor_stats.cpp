@@ -1,6 +1,7 @@
 #include "prof/tensor_stats.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -38,18 +39,28 @@ nlohmann::json TensorStats::to_json() const {
           {"hist", hist}};
 }
 
+namespace {
+// The bins' lower edges, 0 then 1e-10, 1e-9, ...: computed once, as a monitor or an import
+// bins every value of every tensor (a log10 and pow per value were most of an import's time).
+const std::array<double, TensorStats::kBins>& bin_edges() {
+  static const std::array<double, TensorStats::kBins> edges = [] {
+    std::array<double, TensorStats::kBins> e{};
+    for (int b = 1; b < TensorStats::kBins; ++b) e[static_cast<size_t>(b)] = std::pow(10.0, kFirstDecade + b - 1);
+    return e;
+  }();
+  return edges;
+}
+}  // namespace
+
 double tensor_stats_bin_lower(int bin) {
   RN_CHECK(bin >= 0 && bin < TensorStats::kBins) << "histogram bin " << bin << " out of range";
-  return bin == 0 ? 0.0 : std::pow(10.0, kFirstDecade + bin - 1);
+  return bin_edges()[static_cast<size_t>(bin)];
 }
 
+// The last bin whose lower edge is at most `a` (bin 0 for anything below 1e-10).
 int tensor_stats_bin(double a) {
-  // floor(log10) can be off by one next to a power of ten: correct against the edges.
-  int bin = static_cast<int>(std::floor(std::log10(a))) - kFirstDecade + 1;
-  bin = std::clamp(bin, 0, TensorStats::kBins - 1);
-  while (bin > 0 && a < tensor_stats_bin_lower(bin)) --bin;
-  while (bin + 1 < TensorStats::kBins && a >= tensor_stats_bin_lower(bin + 1)) ++bin;
-  return bin;
+  const auto& e = bin_edges();
+  return static_cast<int>(std::upper_bound(e.begin() + 1, e.end(), a) - e.begin()) - 1;
 }
 
 TensorStats tensor_stats(const float* x, int64_t n, double multiplier) {
