@@ -10,7 +10,7 @@
 # PyTorch runs twice when jemalloc is installed (`apt-get install libjemalloc2`): as it comes,
 # and with jemalloc set to keep freed memory (dirty_decay_ms:-1). PyTorch's default CPU
 # allocator hands large blocks back to the system and faults them in again every step, which
-# costs it 30-40% on ResNet-50 here (bench/RESULTS.md); the second column is PyTorch without
+# cost it 30-40% on ResNet-50 on dev-2c, nothing on dev-2c-xeon (bench/RESULTS.md); the second column is PyTorch without
 # that cost, the fairer measure of the kernels.
 # Usage: bench/cpu_step.sh [ROUNDS=3] [THREADS=2]
 set -euo pipefail
