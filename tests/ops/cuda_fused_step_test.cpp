@@ -179,17 +179,30 @@ TEST(CudaFusedStep, LarsMatchesTheHostBitForBit) {
 
 // Sink mode's record: each step that takes its rate from the table copies the loss into the
 // entry's slot; a step given its rate (eager) records nothing.
+// One fp32 parameter of 64 values without weight decay, and the loss the step reads.
+struct OneParamStep {
+  static FusedStepDesc desc() {
+    FusedStepDesc d;
+    d.total = 64;
+    d.params = {{0, 64, 0.0f, false}};
+    return d;
+  }
+  OneParamStep() {
+    const Device where = dev.step->loss_scale_tensor().device;
+    wt = flat(wb.data(), 64, DType::f32, where);
+    gt = flat(gb.data(), 64, DType::f32, where);
+    dev.step->set_loss_source(flat(loss.data(), 1, DType::f32, where));
+  }
+  DeviceStep dev{desc()};
+  Buf wb{DType::f32, 64}, gb{DType::f32, 64}, loss{DType::f32, 1};
+  Tensor wt, gt;
+};
+
 TEST(CudaFusedStep, TableStepsRecordTheirLoss) {
   RN_REQUIRE_GPU();
-  FusedStepDesc d;
-  d.total = 64;
-  d.params = {{0, 64, 0.0f, false}};
-  DeviceStep dev(d);
-  const Device where = dev.step->loss_scale_tensor().device;
-  Buf wb(DType::f32, 64), gb(DType::f32, 64), loss(DType::f32, 1);
+  OneParamStep one;
+  auto& [dev, wb, gb, loss, wt, gt] = one;
   gb.set(std::vector<float>(64, 0.5f));
-  const Tensor wt = flat(wb.data(), 64, DType::f32, where), gt = flat(gb.data(), 64, DType::f32, where);
-  dev.step->set_loss_source(flat(loss.data(), 1, DType::f32, where));
   dev.step->set_lr_table({0.1f, 0.2f, 0.3f});
   // Each step waits for the last: the step reads the loss on the backend's own stream.
   for (int k = 0; k < 3; ++k) {
@@ -209,16 +222,10 @@ TEST(CudaFusedStep, TableStepsRecordTheirLoss) {
 // is captured again rather than replayed against freed memory.
 TEST(CudaFusedStep, ALargerTableMakesACapturedStepStale) {
   RN_REQUIRE_GPU();
-  FusedStepDesc d;
-  d.total = 64;
-  d.params = {{0, 64, 0.0f, false}};
-  DeviceStep dev(d);
+  OneParamStep one;
+  auto& [dev, wb, gb, loss, wt, gt] = one;
   auto graph = dev.backend->make_step_graph();
   ASSERT_NE(graph, nullptr);
-  const Device where = dev.step->loss_scale_tensor().device;
-  Buf wb(DType::f32, 64), gb(DType::f32, 64), loss(DType::f32, 1);
-  const Tensor wt = flat(wb.data(), 64, DType::f32, where), gt = flat(gb.data(), 64, DType::f32, where);
-  dev.step->set_loss_source(flat(loss.data(), 1, DType::f32, where));
   dev.step->set_lr_table({0.1f, 0.2f});
   graph->capture([&] { dev.step->step(wt, gt, nullptr, -1.0f); });
   ASSERT_TRUE(graph->captured());
