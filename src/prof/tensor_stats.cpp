@@ -40,8 +40,8 @@ nlohmann::json TensorStats::to_json() const {
 }
 
 namespace {
-// The bins' lower edges, 0 then 1e-10, 1e-9, ...: computed once, as a monitor or an import
-// bins every value of every tensor (a log10 and pow per value were most of an import's time).
+// The bins' lower edges, 0 then 1e-10, 1e-9, ...: computed once, as the gradient monitor bins
+// every value of every tensor (instead of a log10 and up to a few pow calls per value).
 const std::array<double, TensorStats::kBins>& bin_edges() {
   static const std::array<double, TensorStats::kBins> edges = [] {
     std::array<double, TensorStats::kBins> e{};
