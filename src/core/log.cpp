@@ -24,10 +24,15 @@ class Outputs final : public spdlog::sinks::dist_sink_mt {
   }
 };
 
+// The console's pattern is set on the console's sink, not through the logger: a logger's
+// pattern goes to every output, and an output attached before the logger's first use (a
+// train.log with its rank label, a test's capture) keeps its own.
 const std::shared_ptr<Outputs>& outputs() {
   static const std::shared_ptr<Outputs> instance = [] {
     auto o = std::make_shared<Outputs>();
-    o->add_sink(std::make_shared<spdlog::sinks::stderr_sink_mt>());
+    auto console = std::make_shared<spdlog::sinks::stderr_sink_mt>();
+    console->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%l] %v");
+    o->add_sink(console);
     return o;
   }();
   return instance;
@@ -38,7 +43,6 @@ const std::shared_ptr<Outputs>& outputs() {
 std::shared_ptr<spdlog::logger> logger() {
   static std::shared_ptr<spdlog::logger> instance = [] {
     auto l = std::make_shared<spdlog::logger>("resnet", spdlog::sink_ptr(outputs()));
-    l->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%l] %v");
     l->set_level(spdlog::level::info);
     l->flush_on(spdlog::level::info);
     return l;
