@@ -40,6 +40,7 @@ std::unique_ptr<Backend> make_backend(const std::string& name, [[maybe_unused]] 
   if (name == "cpu") {
     CpuBackendOptions o;
     o.winograd = !options.high_precision;
+    o.bf16_conv_arithmetic = options.cpu_bf16_conv_arithmetic;
     return make_cpu_backend(o);
   }
 #ifdef RN_HAVE_CUDA

@@ -50,6 +50,7 @@ struct BenchArgs {
   std::string memory_cap;
   int sink = 0;  // device: replay the step as a CUDA graph, timing sink-step windows
   bool high_precision = false;  // run.implementation_mode=high_precision
+  std::string bf16_conv_arithmetic = "auto";  // run.cpu_bf16_conv_arithmetic
 };
 
 // `out`: stdout, or stderr under --json (whose stdout holds JSON lines only).
@@ -179,16 +180,21 @@ void print_result(const BenchSetup& s, MemoryLevel level, const BenchResult& r) 
   const BenchArgs& a = s.args;
   auto hb = [](size_t v) { return human_bytes(static_cast<double>(v)); };
   const char* mode = a.high_precision ? "high_precision" : "high_performance";
+  // A bf16 arithmetic asked for is part of what was measured (auto's choice is in the log).
+  const std::string mode_shown = a.bf16_conv_arithmetic == "auto" || s.backend.device() != Device::cpu
+                                     ? std::string(mode)
+                                     : fmt::format("{}, bf16 convolutions {}", mode, a.bf16_conv_arithmetic);
   if (a.json) {
     fmt::print(
         "{{\"system\":\"resnet.cpp\",\"model\":\"{}\",\"precision\":\"{}\",\"half\":\"{}\",\"batch\":{},"
         "\"device\":\"{}\",\"threads\":{},\"memory_level\":\"{}\",\"median_step_s\":{:.6f},"
         "\"images_per_sec\":{:.3f},\"steps\":{},\"planned_arena\":{},\"planned_total\":{},"
         "\"arena_high_water\":{},\"peak_resident\":{},\"resident_growth\":{},\"device_peak\":{},\"sink\":{},"
-        "\"implementation_mode\":\"{}\",\"build\":{}}}\n",
+        "\"implementation_mode\":\"{}\",\"cpu_bf16_conv_arithmetic\":\"{}\",\"build\":{}}}\n",
         a.model, a.precision, a.half, r.batch, s.backend.name(), host_threads(), memory_level_name(level),
         r.median_step_s, r.batch / r.median_step_s, a.steps, r.planned.arena, r.planned.total(), r.arena.high_water,
-        r.peak_resident, r.resident_growth, r.device_peak, a.sink, mode, nlohmann::json(build_description()).dump());
+        r.peak_resident, r.resident_growth, r.device_peak, a.sink, mode, a.bf16_conv_arithmetic,
+        nlohmann::json(build_description()).dump());
   } else {
     // On a device the arena is device memory: its peak is measured by the device's allocator,
     // not by the host's page residency.
@@ -196,7 +202,7 @@ void print_result(const BenchSetup& s, MemoryLevel level, const BenchResult& r) 
     fmt::print(
         "{} | {} | batch {} | {} ({}) | {} | memory {} | planned arena {}, total {} | measured {}, peak RSS {} "
         "(+{}) | median step {:.3f} s | {:.2f} img/s ({} steps)\n",
-        a.model, s.policy.describe(), r.batch, s.backend.name(), mode, counted(host_threads(), "thread"),
+        a.model, s.policy.describe(), r.batch, s.backend.name(), mode_shown, counted(host_threads(), "thread"),
         memory_level_name(level), hb(r.planned.arena), hb(r.planned.total()),
         device ? "device peak " + hb(r.device_peak) : "arena high-water " + hb(r.arena.high_water), hb(r.peak_resident),
         hb(r.resident_growth), r.median_step_s, r.batch / r.median_step_s, a.steps);
@@ -208,6 +214,7 @@ ModelOptions bench_model_options(const BenchArgs& a) { return model_options_for(
 std::unique_ptr<Backend> bench_backend(const BenchArgs& a) {
   BackendOptions bo;
   bo.high_precision = a.high_precision;
+  bo.cpu_bf16_conv_arithmetic = bf16_conv_arithmetic_from_name(a.bf16_conv_arithmetic);
   return make_backend_for(device_from_name(a.device), bo);
 }
 
@@ -357,6 +364,7 @@ Runner add_bench_command(CLI::App& app) {
                 "stderr");
   cmd->add_flag("--high-precision", a->high_precision,
                 "run.implementation_mode=high_precision: deterministic algorithms on a GPU, no Winograd on a CPU");
+  cmd->add_option("--bf16-conv-arithmetic", a->bf16_conv_arithmetic, kBf16ConvArithmeticHelp)->capture_default_str();
   cmd->add_flag("--profile", a->profile, "Time every plan step and print the slowest");
   cmd->add_option("--sink", a->sink, "GPU: replay the step as a CUDA graph, synchronising every N steps (0: eager)")
       ->capture_default_str()

@@ -52,6 +52,7 @@ struct ProfileArgs {
   std::string device = "auto";
   std::string memory = "O1";
   bool high_precision = false;
+  std::string bf16_conv_arithmetic = "auto";
   int steps = 5, warmup = 2, threads = 0, top = 30;
   std::string trace = "profile_trace.json";
   std::string json;
@@ -68,6 +69,7 @@ int run_profile_cmd(const ProfileArgs& a) {
   o.precision = precision_level_for(a.precision, o.dtype);
   o.device = device_from_name(a.device);
   o.high_precision = a.high_precision;
+  o.bf16_conv_arithmetic = bf16_conv_arithmetic_from_name(a.bf16_conv_arithmetic);
   o.memory = memory_level_from_name(a.memory);
   o.steps = a.steps;
   o.warmup = a.warmup;
@@ -145,6 +147,7 @@ Runner add_profile_command(CLI::App& app) {
   cmd->add_option("--memory-level", a->memory, "Memory level O0, O1 or O2")->capture_default_str();
   cmd->add_flag("--high-precision", a->high_precision,
                 "run.implementation_mode=high_precision: deterministic algorithms on a GPU, no Winograd on a CPU");
+  cmd->add_option("--bf16-conv-arithmetic", a->bf16_conv_arithmetic, kBf16ConvArithmeticHelp)->capture_default_str();
   cmd->add_option("--steps", a->steps, "Profiled steps (and as many unprofiled)")
       ->capture_default_str()
       ->check(positive_number());

@@ -60,6 +60,11 @@ DType compute_dtype_from_name(const std::string& text, const std::string& option
   return *dt;
 }
 
+Bf16ConvArithmetic bf16_conv_arithmetic_from_name(const std::string& text) {
+  return parse_enum(text, {Bf16ConvArithmetic::automatic, Bf16ConvArithmetic::native, Bf16ConvArithmetic::fp32},
+                    "--bf16-conv-arithmetic");
+}
+
 DType compute_dtype_for(const std::string& text, const std::string& precision) {
   if (!text.empty()) return compute_dtype_from_name(text, "--dtype");
   return precision.empty() || precision == "O0" ? DType::f32 : DType::bf16;

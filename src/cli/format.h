@@ -41,6 +41,12 @@ DType compute_dtype_for(const std::string& text, const std::string& precision);
 // implies (O0 for fp32, O2 for a half dtype); throws rn::Error for an unknown level, a half
 // dtype at O0 or fp32 at O1-O3.
 PrecisionLevel precision_level_for(const std::string& precision, DType dtype);
+// --bf16-conv-arithmetic's value (auto, native or fp32: run.cpu_bf16_conv_arithmetic); throws
+// rn::Error naming the option and the text otherwise.
+Bf16ConvArithmetic bf16_conv_arithmetic_from_name(const std::string& text);
+inline constexpr const char* kBf16ConvArithmeticHelp =
+    "run.cpu_bf16_conv_arithmetic: the cpu backend's bf16 convolutions in oneDNN's bf16 kernels (native), its fp32 "
+    "ones on the same values (fp32), or as a timing of bf16 against fp32 at the first one decides (auto)";
 // Throws rn::Error naming `option` unless `path` could be written later: its folder exists
 // and is writable, and it is not itself a folder. Called before long work whose result goes
 // there, so that a typo fails at once rather than after the work.

@@ -54,4 +54,11 @@ float round_to_dtype(float f, DType t);
 // Converts `n` elements between any two floating types (f32, bf16, f16).
 void convert(void* dst, DType dst_type, const void* src, DType src_type, size_t n);
 
+// The arithmetic of the cpu backend's ungrouped bf16 convolutions (backends/cpu/conv2d.cpp,
+// run.cpu_bf16_conv_arithmetic). native: oneDNN's bf16 kernels. fp32: the same bf16 values
+// widened (exactly) to fp32 for oneDNN's fp32 kernels, the result rounded back to bf16.
+// automatic: chosen per convolution from how fast this CPU's bf16 GEMM runs against its
+// fp32 one (CpuBackendOptions::bf16_speedup).
+enum class Bf16ConvArithmetic : uint8_t { automatic, native, fp32 };
+
 }  // namespace rn

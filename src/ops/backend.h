@@ -92,6 +92,7 @@ struct BackendOptions {
   // The CPU's oneDNN kernels have one already; on a GPU it limits cuDNN's choice.
   bool deterministic = false;
   int device = 0;  // the accelerator's index (a data-parallel rank's World::device)
+  Bf16ConvArithmetic cpu_bf16_conv_arithmetic = Bf16ConvArithmetic::automatic;  // the cpu backend only
 };
 
 // "ref", "cpu" (oneDNN), "cuda" (when built). An unknown or unavailable name is an error

@@ -51,8 +51,9 @@ class Conv2dKernel {
   // The library's name for the forward algorithm in use, where the backend tells ("" else).
   virtual std::string implementation() const { return {}; }
   // The dtype its multiply-adds run in: desc().dtype, unless the backend widens half tensors
-  // for fp32 kernels (the cpu backend's bf16 convolutions on CPUs without AMX). The per-layer
-  // profile holds such a layer against the fp32 peak; the doctor shows it.
+  // for fp32 kernels (the cpu backend's bf16 convolutions where run.cpu_bf16_conv_arithmetic
+  // chooses fp32). The per-layer profile holds such a layer against the fp32 peak; the doctor
+  // shows it.
   virtual DType arithmetic() const { return desc_.dtype; }
 
   // y = conv(x, w) + b          (b may be null; required iff desc.p.bias)

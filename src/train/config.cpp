@@ -48,6 +48,9 @@ constexpr EnumItem<DeviceChoice> kDeviceChoices[] = {{DeviceChoice::auto_select,
                                                      {DeviceChoice::cuda, "cuda"}};
 constexpr EnumItem<ImplementationMode> kImplementationModes[] = {
     {ImplementationMode::high_performance, "high_performance"}, {ImplementationMode::high_precision, "high_precision"}};
+constexpr EnumItem<Bf16ConvArithmetic> kBf16ConvArithmetics[] = {{Bf16ConvArithmetic::automatic, "auto"},
+                                                                 {Bf16ConvArithmetic::native, "native"},
+                                                                 {Bf16ConvArithmetic::fp32, "fp32"}};
 constexpr EnumItem<MemoryLevel> kMemoryLevels[] = {
     {MemoryLevel::O0, "O0"}, {MemoryLevel::O1, "O1"}, {MemoryLevel::O2, "O2"}};
 // Only the half types are valid for precision.half_dtype.
@@ -63,6 +66,7 @@ std::span<const EnumItem<DeviceChoice>> enum_items(DeviceChoice) { return kDevic
 std::span<const EnumItem<MemoryLevel>> enum_items(MemoryLevel) { return kMemoryLevels; }
 std::span<const EnumItem<ImplementationMode>> enum_items(ImplementationMode) { return kImplementationModes; }
 std::span<const EnumItem<DType>> enum_items(DType) { return kHalfTypes; }
+std::span<const EnumItem<Bf16ConvArithmetic>> enum_items(Bf16ConvArithmetic) { return kBf16ConvArithmetics; }
 std::span<const EnumItem<BadFilePolicy>> enum_items(BadFilePolicy) { return kBadFilePolicies; }
 
 template <class E>
@@ -584,8 +588,14 @@ std::vector<Field> build_fields() {
                       "channels in 16s, at least 64, 50M+ multiply-adds, an AVX-512 CPU); high_precision only "
                       "deterministic cuDNN algorithms, no reduced-precision "
                       "cuBLAS reductions and direct CPU convolutions (BN and the loss accumulate in fp32 in "
-                      "both; on a CPU without AMX, bf16 convolutions with 96+ multiply-adds per activation "
-                      "element compute in fp32 on the same bf16 values in both). Logged at start"));
+                      "both; run.cpu_bf16_conv_arithmetic applies in both). Logged at start"));
+  f.push_back(RN_CONFIG_FIELD(
+      run.cpu_bf16_conv_arithmetic,
+      "the cpu backend's bf16 convolutions: native (oneDNN's bf16 kernels), fp32 (the same bf16 values "
+      "computed by its fp32 kernels, Winograd included, the result rounded to bf16) or auto: native on AMX "
+      "CPUs; elsewhere oneDNN's bf16 and fp32 GEMMs are timed once (logged) and where bf16 is slower, "
+      "convolutions with 96+ multiply-adds per activation element compute in fp32. Only the summation "
+      "order differs; the tensors stay bf16"));
   f.push_back(RN_CONFIG_FIELD(run.sink_size,
                               "GPU sink mode: capture the training step as a CUDA graph and replay it, "
                               "synchronising with the host (loss read-back, next learning rates) every sink_size "
@@ -832,6 +842,7 @@ std::string_view enum_name(DeviceChoice v) { return name_of(v); }
 std::string_view enum_name(ImplementationMode v) { return name_of(v); }
 std::string_view enum_name(MemoryLevel v) { return name_of(v); }
 std::string_view enum_name(BadFilePolicy v) { return name_of(v); }
+std::string_view enum_name(Bf16ConvArithmetic v) { return name_of(v); }
 
 double scaled_peak_lr(const OptimizerConfig& cfg, int64_t global_batch) {
   if (cfg.lr_scale_batch == 0) return cfg.base_lr;

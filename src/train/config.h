@@ -42,6 +42,7 @@ std::string_view enum_name(DeviceChoice v);
 std::string_view enum_name(ImplementationMode v);
 std::string_view enum_name(MemoryLevel v);
 std::string_view enum_name(BadFilePolicy v);
+std::string_view enum_name(Bf16ConvArithmetic v);  // YAML: auto | native | fp32
 
 struct ModelConfig {
   std::string name = "resnet20";  // resnet18/34/50/101/152, resnet20/32/44/56/110, resnet50_gdw
@@ -160,8 +161,12 @@ struct RunConfig {
   // high_precision: only deterministic cuDNN algorithms, no reduced-precision cuBLAS
   // reductions, direct CPU convolutions; high_performance: the fastest measured cuDNN
   // algorithms, Winograd for the CPU's 3x3 stride-1 convolutions computed in fp32 where it
-  // pays. (On CPUs without AMX, bf16 convolutions that pay compute in fp32 in both modes.)
+  // pays. (Where a CPU's bf16 dot products are slower than its fp32 ones, bf16 convolutions
+  // that pay compute in fp32 in both modes: cpu_bf16_conv_arithmetic.)
   ImplementationMode implementation_mode = ImplementationMode::high_performance;
+  // The arithmetic of bf16 convolutions on the cpu backend (core/dtype.h): auto measures
+  // whether this CPU's bf16 dot products outrun its fp32 ones (logged at the first).
+  Bf16ConvArithmetic cpu_bf16_conv_arithmetic = Bf16ConvArithmetic::automatic;
   // GPU sink mode: the step is captured as a CUDA graph and replayed; the host
   // synchronises (reads the loss, uploads the next rates) every sink_size steps. 0: eager.
   int64_t sink_size = 0;

@@ -33,6 +33,7 @@ BackendOptions backend_options_for(const RunConfig& run) {
   BackendOptions o;
   o.high_precision = run.implementation_mode == ImplementationMode::high_precision;
   o.deterministic = run.deterministic;
+  o.cpu_bf16_conv_arithmetic = run.cpu_bf16_conv_arithmetic;
   return o;
 }
 

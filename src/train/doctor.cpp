@@ -394,8 +394,8 @@ std::string DoctorReport::table() const {
                    bn_dtype, loss_dtype, master_dtype);
   if (fp32_arithmetic_convs > 0)
     s += fmt::format(
-        "  {} of {} convolutions compute in fp32 arithmetic on {} tensors (\"{}, fp32 arith\": this CPU has no AMX; "
-        "the products are exact either way, only the summation order differs)\n",
+        "  {} of {} convolutions compute in fp32 arithmetic on {} tensors (\"{}, fp32 arith\": "
+        "run.cpu_bf16_conv_arithmetic; the products are exact either way, only the summation order differs)\n",
         fp32_arithmetic_convs, convs, half, half);
   if (!mixed_ran) s += fmt::format("  {} run: not made: {}\n", level, not_run_why);
   s += fmt::format(

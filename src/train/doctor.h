@@ -57,7 +57,7 @@ struct DoctorReport {
   std::string precision;    // PrecisionPolicy::describe() (or what it would be)
   std::string bn_dtype, loss_dtype, master_dtype, activation_dtype;
   // Of the mixed run's convolutions: how many, and how many compute in fp32 arithmetic on
-  // half tensors (a CPU without AMX); 0 and 0 when it did not run.
+  // half tensors (run.cpu_bf16_conv_arithmetic); 0 and 0 when it did not run.
   int convs = 0, fp32_arithmetic_convs = 0;
   double loss_scale = 1;  // the scale the doctor checked (configured initial)
   std::string loss_scale_policy = "dynamic";  // precision.loss_scale.policy ("none": the advice names a policy)

@@ -227,6 +227,7 @@ ProfileReport run_profile(const ProfileOptions& o) {
   model.init(1);
   BackendOptions bo;
   bo.high_precision = o.high_precision;
+  bo.cpu_bf16_conv_arithmetic = o.bf16_conv_arithmetic;
   auto backend = make_backend_for(o.device, bo);
   PrecisionConfig pc;
   pc.level = o.precision.value_or(o.dtype == DType::f32 ? PrecisionLevel::O0 : PrecisionLevel::O2);

@@ -37,6 +37,7 @@ struct ProfileOptions {
   std::optional<PrecisionLevel> precision;  // nullopt: O0 for fp32, O2 for a half dtype
   DeviceChoice device = DeviceChoice::auto_select;
   bool high_precision = false;  // run.implementation_mode=high_precision
+  Bf16ConvArithmetic bf16_conv_arithmetic = Bf16ConvArithmetic::automatic;  // run.cpu_bf16_conv_arithmetic
   MemoryLevel memory = MemoryLevel::O1;
   int steps = 5, warmup = 2;
   int threads = 0;
@@ -50,7 +51,7 @@ struct LayerProfile {
   double flops = 0;             // 2 x macs + elementwise estimate
   double bytes = 0;             // per step
   // Conv and linear layers: the dtype their multiply-adds run in (Plan::arithmetic(): fp32
-  // for the bf16 convolutions a CPU without AMX computes in fp32), whose GEMM peak is their
+  // for the bf16 convolutions the cpu backend computes in fp32), whose GEMM peak is their
   // roof; nullopt for the other layers (held against the profiled dtype's peaks).
   std::optional<DType> arithmetic;
   std::string implementation;  // conv layers: the forward algorithm (Plan::implementation())

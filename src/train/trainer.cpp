@@ -105,6 +105,7 @@ bool may_differ_on_resume(const std::string& key) {
                                       "run.eval_interval_epochs",
                                       "run.device",
                                       "run.implementation_mode",
+                                      "run.cpu_bf16_conv_arithmetic",
                                       "run.deterministic",
                                       "run.sink_size",
                                       "precision.loss_scale.max_skips_in_a_row",
@@ -138,7 +139,7 @@ void check_resume_config(const std::string& checkpoint_path, const std::string& 
   std::string changed, rounding;
   // Keys that keep the recipe but not the rounding (sink mode replays the same kernels).
   static const std::set<std::string> kRounding = {"run.threads", "run.device", "run.implementation_mode",
-                                                  "run.deterministic"};
+                                                  "run.cpu_bf16_conv_arithmetic", "run.deterministic"};
   for (const std::string& d : config_differences(trained, now)) {
     const std::string key = d.substr(0, d.find(':'));
     if (!may_differ_on_resume(key)) changed += (changed.empty() ? "" : "; ") + d;

@@ -136,6 +136,10 @@ TEST(DiagCli, ProfileWritesJsonAndTrace) {
             std::string::npos);
   EXPECT_EQ(run({"profile", "--dtype", "int8"}, dir / "bad.log"), 1);
   EXPECT_NE(read_all(dir / "bad.log").find("int8"), std::string::npos);
+  EXPECT_EQ(run({"profile", "--bf16-conv-arithmetic", "fast"}, dir / "bad_arith.log"), 1);
+  EXPECT_NE(read_all(dir / "bad_arith.log").find("unknown --bf16-conv-arithmetic 'fast' (expected auto, native, fp32)"),
+            std::string::npos)
+      << read_all(dir / "bad_arith.log");
   // An output that cannot be written fails before the profile, not after it.
   // args with `option`'s value replaced.
   auto with = [&](const std::string& option, const std::string& value) {

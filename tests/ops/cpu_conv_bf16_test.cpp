@@ -36,12 +36,18 @@ Conv2dDesc conv(int64_t c, int64_t k, int64_t kernel, int64_t stride, int64_t ba
   return d;
 }
 
-std::unique_ptr<Backend> cpu(Arith arith, bool winograd = true) {
+// `speedup`: the bf16/fp32 GEMM rate automatic goes by (0: this CPU's, measured).
+std::unique_ptr<Backend> cpu(Arith arith, bool winograd = true, double speedup = 0) {
   CpuBackendOptions o;
   o.bf16_conv_arithmetic = arith;
   o.winograd = winograd;
+  o.bf16_speedup = speedup;
   return make_cpu_backend(o);
 }
+
+// The rates of the two hosts the rule was measured on: dev-2c-xeon's bf16 GEMM at 0.6x its fp32
+// one, dev-2c's (AMD EPYC) at 1.7x.
+constexpr double kSlowBf16 = 0.6, kFastBf16 = 1.7;
 
 // Whether the kernel computes its bf16 tensors in fp32 (Conv2dKernel::arithmetic()), checked
 // against what its implementation() says.
@@ -63,19 +69,39 @@ TEST(CpuConvBf16, ArithmeticChosenPerShape) {
   const Conv2dDesc c3 = conv(64, 64, 3, 1, 4, 21, l), c1_low = conv(64, 256, 1, 1, 4, 21, l),
                    c1_high = conv(128, 512, 1, 1, 4, 21, l),
                    grouped = conv(128, 512, 1, 1, 4, 21, l, DType::bf16, false, /*groups=*/4);
-  auto automatic = cpu(Arith::automatic), native = cpu(Arith::native), fp32 = cpu(Arith::fp32);
-  if (cpu_has_amx()) {
-    EXPECT_FALSE(fp32_arithmetic(*automatic->make_conv2d(c3))) << "AMX: oneDNN's bf16 kernels";
-  } else {
+  auto native = cpu(Arith::native), fp32 = cpu(Arith::fp32);
+  {  // bf16 slower than fp32 (dev-2c-xeon): fp32 where the conversions pay.
+    auto automatic = cpu(Arith::automatic, true, kSlowBf16);
     const auto k3 = automatic->make_conv2d(c3);
     EXPECT_TRUE(fp32_arithmetic(*k3)) << k3->implementation();
     EXPECT_EQ(winograd(*k3), cpu_has_winograd()) << k3->implementation();
     EXPECT_FALSE(fp32_arithmetic(*automatic->make_conv2d(c1_low))) << "51 per element: not worth the conversions";
     EXPECT_TRUE(fp32_arithmetic(*automatic->make_conv2d(c1_high))) << "102 per element";
     EXPECT_FALSE(fp32_arithmetic(*automatic->make_conv2d(grouped))) << "grouped: native";
-    const auto precise = cpu(Arith::automatic, /*winograd=*/false)->make_conv2d(c3);
-    EXPECT_TRUE(fp32_arithmetic(*precise));
+    const auto precise = cpu(Arith::automatic, /*winograd=*/false, kSlowBf16)->make_conv2d(c3);
+    EXPECT_TRUE(fp32_arithmetic(*precise)) << "288 per element";
     EXPECT_FALSE(winograd(*precise)) << "high_precision mode: direct, in either arithmetic";
+  }
+  {  // bf16 faster (dev-2c): native throughout.
+    auto automatic = cpu(Arith::automatic, true, kFastBf16);
+    for (const Conv2dDesc& d : {c3, c1_low, c1_high, grouped}) {
+      const auto k = automatic->make_conv2d(d);
+      EXPECT_FALSE(fp32_arithmetic(*k)) << d.str() << ": " << k->implementation();
+    }
+  }
+  {  // The line is 1: as fast is native, a little slower is fp32 where it pays.
+    EXPECT_FALSE(fp32_arithmetic(*cpu(Arith::automatic, true, 1.0)->make_conv2d(c1_high)));
+    EXPECT_TRUE(fp32_arithmetic(*cpu(Arith::automatic, true, 0.99)->make_conv2d(c1_high)));
+    EXPECT_FALSE(fp32_arithmetic(*cpu(Arith::automatic, true, 0.99)->make_conv2d(c1_low)));
+  }
+  {  // Measured: this CPU's own choice, which follows the same line.
+    auto automatic = cpu(Arith::automatic);
+    const double s = cpu_bf16_speedup();
+    EXPECT_GT(s, 0.05);
+    EXPECT_LT(s, 100);
+    const bool c1_high_fp32 = !cpu_has_amx() && s < 1;
+    EXPECT_EQ(fp32_arithmetic(*automatic->make_conv2d(c1_high)), c1_high_fp32) << "bf16 speedup " << s;
+    EXPECT_FALSE(fp32_arithmetic(*automatic->make_conv2d(c1_low))) << "bf16 speedup " << s;
   }
   for (const Conv2dDesc& d : {c3, c1_low, c1_high, grouped}) {
     const auto k = native->make_conv2d(d);
@@ -117,10 +143,9 @@ TEST(CpuConvBf16, PlanShowsEachConvolutionsArithmetic) {
     Arith arith;
     DType wide, narrow;
   };
-  const DType amx_or_fp32 = cpu_has_amx() ? DType::bf16 : DType::f32;
   for (const Expect& e : {Expect{Arith::fp32, DType::f32, DType::f32}, Expect{Arith::native, DType::bf16, DType::bf16},
-                          Expect{Arith::automatic, amx_or_fp32, DType::bf16}}) {
-    auto backend = cpu(e.arith);
+                          Expect{Arith::automatic, DType::f32, DType::bf16}}) {
+    auto backend = cpu(e.arith, true, kSlowBf16);
     Plan plan(model, backend.get(), po);
     EXPECT_EQ(plan.arithmetic(wide), e.wide) << static_cast<int>(e.arith);
     EXPECT_EQ(plan.arithmetic(narrow), e.narrow) << static_cast<int>(e.arith);

@@ -178,6 +178,9 @@ TEST(Config, WrongTypeNamesKeyTypeAndValue) {
   EXPECT_TRUE(contains(e, "key 'model.name' = 'resnet21' is not one of")) << e;
   EXPECT_TRUE(contains(e, "did you mean 'resnet20'?")) << e;
 
+  e = error_of([] { load_config("", {"run.cpu_bf16_conv_arithmetic=fast"}); });
+  EXPECT_TRUE(contains(e, "key 'run.cpu_bf16_conv_arithmetic' expects one of auto | native | fp32, got 'fast'")) << e;
+
   e = error_of([] { load_config_from_string("optimizer: 3\n"); });
   EXPECT_TRUE(contains(e, "'optimizer' is a section")) << e;
 
@@ -327,6 +330,13 @@ TEST(Config, KeyTableIsComplete) {
     EXPECT_TRUE(names.count(k)) << k;
   EXPECT_EQ(enum_name(LossScalePolicy::static_scale), "static");
   EXPECT_EQ(enum_name(DeviceChoice::auto_select), "auto");
+  EXPECT_EQ(enum_name(Bf16ConvArithmetic::automatic), "auto");
+  EXPECT_EQ(load_config("", {}).run.cpu_bf16_conv_arithmetic, Bf16ConvArithmetic::automatic);
+  EXPECT_EQ(load_config("", {"run.cpu_bf16_conv_arithmetic=fp32"}).run.cpu_bf16_conv_arithmetic,
+            Bf16ConvArithmetic::fp32);
+  EXPECT_EQ(
+      load_config_from_string("run:\n  cpu_bf16_conv_arithmetic: native\n", {}, "x.yaml").run.cpu_bf16_conv_arithmetic,
+      Bf16ConvArithmetic::native);
 }
 
 // docs/config.md is generated from the table; regenerate with RN_UPDATE_DOCS=1.

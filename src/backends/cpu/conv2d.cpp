@@ -13,21 +13,26 @@
 // next to the convolution). Its relative error is ~1e-6 (direct: ~1e-7), within the fp32
 // parity bounds; high_precision mode keeps the direct algorithm.
 //
-// bf16 in fp32 arithmetic (CpuBackendOptions::bf16_conv_arithmetic: automatic, the default,
-// takes it on CPUs without AMX for the convolutions that pay). There a bf16 dot
-// product instruction (avx512_bf16's vdpbf16ps) does no more multiply-adds per cycle than
-// two fp32 FMAs, and oneDNN's bf16 convolutions ran at about half its fp32 ones' rate
-// (dev-2c-xeon: bf16 GEMM 158 GFLOP/s against fp32 264). So a bf16 convolution that does
-// enough work per element runs as an fp32 one on the same values: its bf16 operands are
-// widened to fp32 (exactly) by the reorders that feed oneDNN's fp32 kernel, and its fp32
-// result is rounded to bf16 once on the way out, as the bf16 kernel rounds its fp32
-// accumulators. The products are the same exact values, summed in fp32 in both, so the two
-// differ only in summation order; dw is fp32 in both. The conversions are memory passes,
-// paid for from 96 multiply-adds per activation element read or written (x and y), measured
-// per ResNet-50 convolution at batch 16 (bench/micro/micro_conv.cpp, forward and both
-// backwards): its 1x1 convolutions at 32, 51 and 85 were 0.85-1.09x as fast converted, those
-// at 102 and more 1.06-1.45x, the stem 1.4x, the 3x3 ones 1.3x (stride 2) and 2-2.9x (stride 1,
-// which then run as Winograd like fp32 ones, in high_performance mode).
+// bf16 in fp32 arithmetic (rn::Bf16ConvArithmetic: automatic, the default, takes it where
+// this CPU's bf16 dot products are slower than its fp32 FMAs, for the convolutions that pay).
+// Without AMX, how fast avx512_bf16's dot product (vdpbf16ps) runs depends on the core:
+// dev-2c-xeon's oneDNN bf16 GEMM ran at 0.6x its fp32 one (158 GFLOP/s against 264), dev-2c's
+// AMD EPYC at about twice. So automatic measures that ratio once (cpu_bf16_speedup()). Where
+// bf16 is slower, a bf16 convolution that does enough work per element runs as an fp32 one on
+// the same values: its bf16 operands are widened to fp32 (exactly) by the reorders that feed
+// oneDNN's fp32 kernel, and its fp32 result is rounded to bf16 once on the way out, as the
+// bf16 kernel rounds its fp32 accumulators. The products are the same exact values, summed in
+// fp32 in both, so the two differ only in summation order; dw is fp32 in both. The
+// conversions are memory passes, paid for from 96 multiply-adds per activation element read
+// or written (x and y), measured per ResNet-50 convolution at batch 16 on dev-2c-xeon
+// (bench/micro/micro_conv.cpp, forward and both backwards): its 1x1 convolutions at 32, 51 and
+// 85 were 0.85-1.09x as fast converted, those at 102 and more 1.06-1.45x, the stem 1.4x, the
+// 3x3 ones 1.3x (stride 2) and 2-2.9x (stride 1, which then run as Winograd like fp32 ones, in
+// high_performance mode). Where bf16 is faster, native: on dev-2c (bf16 GEMM 1.7x the fp32
+// rate) native bf16 beat fp32 arithmetic on all 18 ResNet-50 convolutions, by 1.1-1.3x on the
+// 3x3 stride-1 ones that run as Winograd in fp32 and 1.5-3.8x on the others (bench/RESULTS.md).
+// No CPU measured lies between 0.6x and 1.7x; a Winograd convolution just above 1 might still
+// gain from fp32 there.
 #include "backends/cpu/weighted_op.h"
 
 namespace rn::cpu {
@@ -54,19 +59,20 @@ bool winograd_eligible(const Conv2dDesc& d, DType arithmetic) {
 }
 
 // The dtype a convolution computes in: fp32 for the ungrouped bf16 ones when asked, or,
-// automatically, when they do at least this many multiply-adds per activation element.
+// automatically, where bf16 runs slower than fp32 and they do at least this many
+// multiply-adds per activation element.
 constexpr int64_t kFp32ArithmeticMinMacsPerElement = 96;
 DType arithmetic_dtype(const Context& ctx, const Conv2dDesc& d) {
-  using A = CpuBackendOptions::Bf16ConvArithmetic;
   if (d.dtype != DType::bf16 || d.p.groups != 1) return d.dtype;
   switch (ctx.bf16_conv_arithmetic()) {
-    case A::native:
+    case Bf16ConvArithmetic::native:
       return d.dtype;
-    case A::fp32:
+    case Bf16ConvArithmetic::fp32:
       return DType::f32;
-    case A::automatic:
+    case Bf16ConvArithmetic::automatic:
       break;
   }
+  if (ctx.bf16_speedup() >= 1) return d.dtype;
   const int64_t elements = d.x_shape().numel() + d.y_shape().numel();
   return d.macs() >= kFp32ArithmeticMinMacsPerElement * elements ? DType::f32 : d.dtype;
 }

@@ -2,11 +2,19 @@
 // policy) and the helpers every CPU kernel uses.
 #include "backends/cpu/cpu_backend.h"
 
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
 #include <sstream>
 
 #include "backends/cpu/cpu_common.h"
 #include "core/log.h"
+#include "core/plural.h"
 
 namespace rn {
 
@@ -28,7 +36,70 @@ std::string_view isa_name(dnnl::cpu_isa isa) {
   }
 }
 
+// The best of `calls` timed calls of one [M, K] x [K, N] GEMM in `t` after two warm-ups, in
+// seconds. The operands hold 0x3f bytes (about 0.75 in both types: no denormals, no overflow).
+double best_gemm_seconds(dnnl::memory::data_type t, int calls) {
+  constexpr int64_t kM = 2048, kK = 256, kN = 256;
+  using tag = dnnl::memory::format_tag;
+  const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(eng);
+  const dnnl::memory::desc a_md({kM, kK}, t, tag::ab), b_md({kK, kN}, t, tag::ab), c_md({kM, kN}, t, tag::ab);
+  const dnnl::matmul prim(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), eng));
+  dnnl::memory a(a_md, eng), b(b_md, eng), c(c_md, eng);
+  std::memset(a.get_data_handle(), 0x3f, a_md.get_size());
+  std::memset(b.get_data_handle(), 0x3f, b_md.get_size());
+  const std::unordered_map<int, dnnl::memory> args = {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}};
+  double best = 0;
+  for (int i = -2; i < calls; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    prim.execute(stream, args);
+    stream.wait();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (i >= 0) best = i == 0 ? s : std::min(best, s);
+  }
+  return best;
+}
+
 }  // namespace
+
+double cpu_bf16_speedup() {
+  static std::mutex mutex;
+  static std::map<int, double> by_threads;
+  const std::lock_guard lock(mutex);
+  const int threads = omp_get_max_threads();
+  if (const auto it = by_threads.find(threads); it != by_threads.end()) return it->second;
+  RN_CHECK(cpu_has_native_bf16(nullptr)) << "cpu_bf16_speedup: this CPU has no native bf16 arithmetic";
+  double speedup = 0;
+  try {
+    // fp32 before and after bf16, the faster taken: a load that comes and goes is seen by both.
+    double f32 = best_gemm_seconds(dnnl::memory::data_type::f32, 5);
+    const double bf16 = best_gemm_seconds(dnnl::memory::data_type::bf16, 5);
+    f32 = std::min(f32, best_gemm_seconds(dnnl::memory::data_type::f32, 3));
+    speedup = f32 / bf16;
+  } catch (const dnnl::error& e) {
+    RN_FAIL() << "cpu backend: the bf16/fp32 GEMM measurement failed in oneDNN: " << e.what();
+  }
+  by_threads.emplace(threads, speedup);
+  // What automatic (conv2d.cpp) makes of it. Near its line a noisy measurement may go either
+  // way from one run to the next, and with it the summation order: said, with the key that fixes it.
+  const double s = speedup;
+  const bool near = s > 0.8 && s < 1.25;
+  const std::string what = s >= 1 ? "natively (oneDNN's bf16 kernels)"
+                                  : "in fp32 arithmetic where they do 96 or more multiply-adds per activation element";
+  if (near) {
+    RN_LOG_WARN(
+        "cpu backend: bf16 GEMM measured at {:.2f}x the fp32 rate ({}), close to the line (1) the automatic "
+        "choice of arithmetic draws: bf16 convolutions compute {} (run.cpu_bf16_conv_arithmetic auto), and another "
+        "run may choose otherwise; set it to native or fp32 to fix the choice",
+        s, counted(threads, "thread"), what);
+  } else {
+    RN_LOG_INFO(
+        "cpu backend: bf16 GEMM measured at {:.2f}x the fp32 rate ({}): bf16 convolutions compute {} "
+        "(run.cpu_bf16_conv_arithmetic auto)",
+        s, counted(threads, "thread"), what);
+  }
+  return speedup;
+}
 
 // oneDNN's effective ISA already accounts for cpuid, the OS (XSAVE state for AMX) and a
 // DNNL_MAX_CPU_ISA limit. Its ISA values are bit sets, each containing the ones below it.
@@ -70,8 +141,18 @@ namespace cpu {
 Context::Context(const CpuBackendOptions& options)
     : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_), options_(options) {
   native_bf16_ = cpu_has_native_bf16(&bf16_why_not_);
-  if (options_.bf16_conv_arithmetic == CpuBackendOptions::Bf16ConvArithmetic::automatic && cpu_has_amx())
-    options_.bf16_conv_arithmetic = CpuBackendOptions::Bf16ConvArithmetic::native;
+  RN_CHECK(options_.bf16_speedup >= 0) << "CpuBackendOptions::bf16_speedup " << options_.bf16_speedup
+                                       << ": a rate ratio, or 0 to measure it";
+  // AMX's tile multiplies are many times fp32's rate: nothing to measure.
+  if (options_.bf16_conv_arithmetic == Bf16ConvArithmetic::automatic && options_.bf16_speedup == 0 && cpu_has_amx())
+    options_.bf16_conv_arithmetic = Bf16ConvArithmetic::native;
+}
+
+double Context::bf16_speedup() const {
+  if (options_.bf16_speedup > 0) return options_.bf16_speedup;
+  const std::lock_guard lock(speedup_mutex_);
+  if (measured_speedup_ == 0) measured_speedup_ = cpu_bf16_speedup();
+  return measured_speedup_;
 }
 
 void Context::reserve_temp(size_t bytes) {
@@ -228,9 +309,9 @@ class CpuBackend final : public Backend {
                                            "where it pays"
                                          : "cpu, implementation mode high_performance (direct convolutions: no "
                                            "AVX-512 here for Winograd";
-    using A = CpuBackendOptions::Bf16ConvArithmetic;
+    using A = Bf16ConvArithmetic;
     if (ctx_->native_bf16() && ctx_->bf16_conv_arithmetic() == A::automatic)
-      s += "; bf16 convolutions in fp32 arithmetic where it pays, as this CPU has no AMX";
+      s += "; bf16 convolutions in native or fp32 arithmetic as a bf16/fp32 GEMM timing at the first one decides";
     else if (ctx_->native_bf16() && ctx_->bf16_conv_arithmetic() == A::fp32)
       s += "; bf16 convolutions in fp32 arithmetic";
     return s + ")";

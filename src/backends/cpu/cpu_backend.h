@@ -31,14 +31,17 @@ struct CpuBackendOptions {
   // residual add+ReLU and the backward's ReLU mask folded into its passes). false: oneDNN's
   // batch norm with separate add+ReLU and mask passes, kept for comparisons (bench/micro).
   bool batch_norm_loops = true;
-  // The arithmetic of ungrouped bf16 convolutions (backends/cpu/conv2d.cpp). native:
-  // oneDNN's bf16 kernels. fp32: the same bf16 values widened (exactly) to fp32 for
-  // oneDNN's fp32 kernels (Winograd included) and the result rounded back to bf16.
-  // automatic (default): native where oneDNN may use AMX; elsewhere, whose bf16 dot
-  // products are no faster than its fp32 FMAs, fp32 for the convolutions that do enough
-  // multiply-adds per activation element to pay for the conversions, native for the rest.
-  enum class Bf16ConvArithmetic : uint8_t { automatic, native, fp32 };
+  // The arithmetic of ungrouped bf16 convolutions (rn::Bf16ConvArithmetic,
+  // backends/cpu/conv2d.cpp). automatic (default): native on AMX CPUs. Elsewhere it follows
+  // bf16_speedup: where bf16 dot products run at least as fast as fp32 FMAs (dev-2c's AMD
+  // EPYC: about twice), native; where slower (dev-2c-xeon: 0.6x), fp32 for the convolutions
+  // that do enough multiply-adds per activation element to pay for the conversions.
+  using Bf16ConvArithmetic = rn::Bf16ConvArithmetic;
   Bf16ConvArithmetic bf16_conv_arithmetic = Bf16ConvArithmetic::automatic;
+  // What automatic goes by: oneDNN's bf16 GEMM rate over its fp32 one on this CPU. 0 (default):
+  // measured (cpu_bf16_speedup()) at the first bf16 convolution automatic decides, except on
+  // AMX CPUs; tests set it to decide as another CPU would.
+  double bf16_speedup = 0;
 };
 std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options = {});
 // True when this CPU runs bf16 natively; otherwise *why says what is missing.
@@ -48,6 +51,11 @@ bool cpu_has_native_bf16(std::string* why);
 bool cpu_has_winograd();
 // True when oneDNN may use AMX (avx512_core_amx) on this CPU: its bf16 tile multiplies.
 bool cpu_has_amx();
+// How many times faster oneDNN multiplies in bf16 than in fp32 here: a [2048, 256] x
+// [256, 256] GEMM in each (fp32 accumulation), the best of 5 calls after 2 warm-ups, at the
+// current OpenMP thread count. Measured once per process and thread count (about 20 ms; the
+// result is logged), then cached. Needs native bf16 (cpu_has_native_bf16).
+double cpu_bf16_speedup();
 // The oneDNN library loaded at run time: "2.7.3" (the version, not its git hash).
 std::string onednn_version();
 }  // namespace rn

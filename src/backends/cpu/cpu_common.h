@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <initializer_list>
 #include <memory>
+#include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <string>
 #include <unordered_map>
@@ -40,7 +41,10 @@ class Context {
   // Whether NHWC batch norm runs our loops (batch_norm_nhwc.h) rather than oneDNN.
   bool batch_norm_loops() const { return options_.batch_norm_loops; }
   // CpuBackendOptions::bf16_conv_arithmetic, automatic resolved to native on AMX CPUs.
-  CpuBackendOptions::Bf16ConvArithmetic bf16_conv_arithmetic() const { return options_.bf16_conv_arithmetic; }
+  Bf16ConvArithmetic bf16_conv_arithmetic() const { return options_.bf16_conv_arithmetic; }
+  // What automatic goes by: CpuBackendOptions::bf16_speedup, or cpu_bf16_speedup() measured at
+  // the first call (and logged, with a warning where it lies close to conv2d.cpp's line, 1).
+  double bf16_speedup() const;
   const dnnl::engine& engine() const { return engine_; }
   dnnl::stream& stream() { return stream_; }
 
@@ -60,6 +64,8 @@ class Context {
   bool native_bf16_ = false;
   CpuBackendOptions options_;
   std::string bf16_why_not_;
+  mutable std::mutex speedup_mutex_;
+  mutable double measured_speedup_ = 0;
 };
 using ContextPtr = std::shared_ptr<Context>;
 
