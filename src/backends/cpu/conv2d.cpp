@@ -29,8 +29,9 @@
 // 85 were 0.85-1.09x as fast converted, those at 102 and more 1.06-1.45x, the stem 1.4x, the
 // 3x3 ones 1.3x (stride 2) and 2-2.9x (stride 1, which then run as Winograd like fp32 ones, in
 // high_performance mode). Where bf16 is faster, native: on dev-2c (bf16 GEMM 1.7x the fp32
-// rate) native bf16 beat fp32 arithmetic on all 18 ResNet-50 convolutions, by 1.1-1.3x on the
-// 3x3 stride-1 ones that run as Winograd in fp32 and 1.5-3.8x on the others (bench/RESULTS.md).
+// rate) native bf16 beat fp32 arithmetic on all 18 ResNet-50 convolutions in two runs, by
+// 1.1-1.4x on the 3x3 stride-1 ones that run as Winograd in fp32 and 1.5-3.8x on the others
+// (bench/RESULTS.md).
 // No CPU measured lies between 0.6x and 1.7x; a Winograd convolution just above 1 might still
 // gain from fp32 there.
 #include "backends/cpu/weighted_op.h"

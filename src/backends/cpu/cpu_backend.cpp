@@ -311,7 +311,8 @@ class CpuBackend final : public Backend {
                                            "AVX-512 here for Winograd";
     using A = Bf16ConvArithmetic;
     if (ctx_->native_bf16() && ctx_->bf16_conv_arithmetic() == A::automatic)
-      s += "; bf16 convolutions in native or fp32 arithmetic as a bf16/fp32 GEMM timing at the first one decides";
+      s += "; bf16 convolutions native where a bf16/fp32 GEMM timing finds bf16 as fast, else in fp32 arithmetic where "
+           "it pays";
     else if (ctx_->native_bf16() && ctx_->bf16_conv_arithmetic() == A::fp32)
       s += "; bf16 convolutions in fp32 arithmetic";
     return s + ")";
