@@ -17,6 +17,7 @@
 #include "cli/commands.h"
 #include "cli/format.h"
 #include "core/build_info.h"
+#include "core/memory_space.h"
 #include "core/plural.h"
 #include "core/rng.h"
 #include "core/thread_pool.h"
@@ -190,10 +191,11 @@ void print_result(const BenchSetup& s, MemoryLevel level, const BenchResult& r) 
         "\"device\":\"{}\",\"threads\":{},\"memory_level\":\"{}\",\"median_step_s\":{:.6f},"
         "\"images_per_sec\":{:.3f},\"steps\":{},\"planned_arena\":{},\"planned_total\":{},"
         "\"arena_high_water\":{},\"peak_resident\":{},\"resident_growth\":{},\"device_peak\":{},\"sink\":{},"
-        "\"implementation_mode\":\"{}\",\"cpu_bf16_conv_arithmetic\":\"{}\",\"build\":{}}}\n",
+        "\"implementation_mode\":\"{}\",\"cpu_bf16_conv_arithmetic\":\"{}\",\"host_huge_page_bytes\":{},"
+        "\"build\":{}}}\n",
         a.model, a.precision, a.half, r.batch, s.backend.name(), host_threads(), memory_level_name(level),
         r.median_step_s, r.batch / r.median_step_s, a.steps, r.planned.arena, r.planned.total(), r.arena.high_water,
-        r.peak_resident, r.resident_growth, r.device_peak, a.sink, mode, a.bf16_conv_arithmetic,
+        r.peak_resident, r.resident_growth, r.device_peak, a.sink, mode, a.bf16_conv_arithmetic, host_huge_page_bytes(),
         nlohmann::json(build_description()).dump());
   } else {
     // On a device the arena is device memory: its peak is measured by the device's allocator,

@@ -35,6 +35,15 @@ class MemorySpace {
 
 MemorySpace& host_memory();
 
+// Host memory as the host space and HostBuffer allocate it, released with std::free. At
+// least Arena::kAlignment-aligned; a block of host_huge_page_bytes() or more is aligned to
+// it, rounded up to whole huge pages and advised MADV_HUGEPAGE. Throws rn::Error when out
+// of memory.
+void* host_allocate(size_t bytes);
+// The transparent huge page size the host allocator uses (2 MiB on x86-64), or 0: no THP
+// in this kernel, or RN_HUGE_PAGES=0 in the environment (read once, at the first call).
+size_t host_huge_page_bytes();
+
 namespace detail {
 struct SpaceFree {
   MemorySpace* space = nullptr;

@@ -70,12 +70,7 @@ std::string Tensor::str() const {
 
 void HostBuffer::Free::operator()(void* p) const { std::free(p); }
 
-HostBuffer::HostBuffer(size_t bytes) : bytes_(bytes) {
-  size_t alloc = align_up(bytes == 0 ? 1 : bytes, Arena::kAlignment);
-  void* p = std::aligned_alloc(Arena::kAlignment, alloc);
-  RN_CHECK(p != nullptr) << "out of host memory allocating " << bytes << " bytes";
-  data_.reset(p);
-}
+HostBuffer::HostBuffer(size_t bytes) : bytes_(bytes) { data_.reset(host_allocate(bytes)); }
 
 void HostBuffer::zero() {
   if (data_) std::memset(data_.get(), 0, bytes_);

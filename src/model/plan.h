@@ -128,6 +128,7 @@ class Plan {
   // What the steps run so far have touched of the arena (its pages are released when the
   // plan is made): the measured high-water mark to hold against arena_bytes.
   RangeResidency arena_residency() const;
+  const Arena& arena() const { return arena_; }
   const std::vector<BufferSpec>& buffers() const { return buffers_; }
   int num_steps() const { return static_cast<int>(steps_.size()); }
   // The dtype the multiply-adds of conv or linear node `node` run in (Conv2dKernel::

@@ -99,8 +99,9 @@ TEST_F(ImportCli, TorchvisionResnetsAreRecognisedWithTheirClasses) {
     std::vector<std::string> args = {"import", (dir_ / "r18_5.pth").string(), "--out", out.string()};
     if (named) args.insert(args.end(), {"--model", "resnet18"});
     ASSERT_EQ(resnet(args), 0) << log();
-    if (!named)
+    if (!named) {
       EXPECT_NE(log().find("torchvision's resnet18 with 5 classes, by its tensors"), std::string::npos) << log();
+    }
     const std::string yaml = SafetensorsFile::load(out.string()).metadata().at("config_yaml");
     EXPECT_NE(yaml.find("num_classes: 5"), std::string::npos) << yaml;
     EXPECT_NE(yaml.find("image_size: [224, 224]"), std::string::npos) << yaml;

@@ -2,7 +2,9 @@
 // the real binary on a small model.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
@@ -142,6 +144,34 @@ TEST(ResnetBench, FindMaxBatchFitsMoreAtEachLevel) {
   }
   EXPECT_LT(batch[0], batch[1]);
   EXPECT_LT(batch[1], batch[2]);
+}
+
+// Large host blocks come in transparent huge pages unless RN_HUGE_PAGES=0; the JSON line
+// says which (the page size, 0 for none), since it moves the step's speed by several percent.
+TEST(ResnetBench, HugePagesAreReportedAndCanBeTurnedOff) {
+  size_t host_huge = 0;
+  if (FILE* f = std::fopen("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size", "r")) {
+    if (std::fscanf(f, "%zu", &host_huge) != 1) host_huge = 0;
+    std::fclose(f);
+  }
+  const std::string args = "bench " + kSmall + " --batch 4 --steps 1 --warmup 0 --json";
+  auto huge_page_bytes = [&](const char* env) -> size_t {
+    if (env) ::setenv("RN_HUGE_PAGES", env, 1);
+    const Output o = run_resnet(args, true);
+    ::unsetenv("RN_HUGE_PAGES");
+    EXPECT_EQ(o.status, 0) << o.text;
+    const size_t at = o.text.find('{');
+    if (o.status != 0 || at == std::string::npos) return SIZE_MAX;
+    return nlohmann::json::parse(o.text.substr(at)).at("host_huge_page_bytes").get<size_t>();
+  };
+  EXPECT_EQ(huge_page_bytes(nullptr), host_huge);
+  EXPECT_EQ(huge_page_bytes("1"), host_huge);
+  EXPECT_EQ(huge_page_bytes("0"), 0u);
+  ::setenv("RN_HUGE_PAGES", "yes", 1);
+  const Output bad = run_resnet(args);
+  ::unsetenv("RN_HUGE_PAGES");
+  EXPECT_NE(bad.status, 0) << bad.text;
+  EXPECT_NE(bad.text.find("RN_HUGE_PAGES=yes: expected 0"), std::string::npos) << bad.text;
 }
 
 TEST(ResnetBench, BadMemoryArgumentsAreClearErrors) {
