@@ -1,8 +1,9 @@
 // Where tensors live. A MemorySpace allocates, frees, copies and zeroes bytes in one kind
-// of memory; the host space is plain aligned host memory, a device backend brings its own
-// (CUDA: device memory, copies through the runtime, which with unified addressing works in
-// every direction). Plans, arenas and the model's flat buffers allocate through the
-// backend's space, so a CPU run is unchanged and a GPU run keeps everything on the device.
+// of memory; the host space is aligned host memory (large blocks in huge pages), a device
+// backend brings its own (CUDA: device memory, copies through the runtime, which with
+// unified addressing works in every direction). Plans, arenas and the model's flat buffers
+// allocate through the backend's space, so a CPU run is unchanged and a GPU run keeps
+// everything on the device.
 #pragma once
 
 #include <cstddef>
