@@ -10,24 +10,55 @@
 namespace rn {
 
 namespace {
-// The size of a transparent huge page, 0 where the kernel has none or RN_HUGE_PAGES=0.
-size_t read_huge_page_bytes() {
+struct HugePages {
+  size_t bytes = 0;     // the transparent huge page size in use; 0: none
+  std::string why_off;  // where bytes is 0
+};
+
+// The first word in brackets of a /sys/kernel/mm/transparent_hugepage setting ("always
+// [madvise] never" -> "madvise"), or "" where the file is missing.
+std::string thp_setting(const char* name) {
+  std::ifstream f(std::string("/sys/kernel/mm/transparent_hugepage/") + name);
+  std::string line;
+  if (!std::getline(f, line)) return "";
+  const size_t open = line.find('['), close = line.find(']', open);
+  return open == std::string::npos || close == std::string::npos ? "" : line.substr(open + 1, close - open - 1);
+}
+
+HugePages read_huge_pages() {
   if (const char* env = std::getenv("RN_HUGE_PAGES"); env && *env) {
     const std::string v(env);
     RN_CHECK(v == "0" || v == "1") << "RN_HUGE_PAGES=" << v
                                    << ": expected 0 (4 KiB pages only) or 1 (huge pages for large host blocks)";
-    if (v == "0") return 0;
+    if (v == "0") return {0, "RN_HUGE_PAGES=0"};
   }
   std::ifstream f("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size");
   size_t bytes = 0;
-  if (!(f >> bytes) || bytes < 4096 || (bytes & (bytes - 1)) != 0) return 0;
-  return bytes;
+  if (!(f >> bytes) || bytes < 4096 || (bytes & (bytes - 1)) != 0)
+    return {0, "this kernel has no transparent huge pages"};
+  return {bytes, ""};
+}
+
+const HugePages& huge_pages() {
+  static const HugePages h = read_huge_pages();
+  return h;
 }
 }  // namespace
 
-size_t host_huge_page_bytes() {
-  static const size_t bytes = read_huge_page_bytes();
-  return bytes;
+size_t host_huge_page_bytes() { return huge_pages().bytes; }
+
+std::string host_memory_description() {
+  const HugePages& h = huge_pages();
+  if (h.bytes == 0) return "4 KiB pages (" + h.why_off + ")";
+  const std::string size =
+      h.bytes % (1u << 20) == 0 ? std::to_string(h.bytes >> 20) + " MiB" : std::to_string(h.bytes >> 10) + " KiB";
+  const std::string enabled = thp_setting("enabled"), defrag = thp_setting("defrag");
+  if (enabled == "never")
+    return "4 KiB pages: blocks of " + size +
+           " and more ask for transparent huge pages, but the system's THP mode "
+           "is never";
+  return "blocks of " + size + " and more in transparent huge pages (THP " + (enabled.empty() ? "?" : enabled) +
+         ", defrag " + (defrag.empty() ? "?" : defrag) + "; RN_HUGE_PAGES=0 for 4 KiB pages)";
 }
 
 void* host_allocate(size_t bytes) {

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <string>
 
 #include "core/tensor.h"
 
@@ -44,6 +45,9 @@ void* host_allocate(size_t bytes);
 // The transparent huge page size the host allocator uses (2 MiB on x86-64), or 0: no THP
 // in this kernel, or RN_HUGE_PAGES=0 in the environment (read once, at the first call).
 size_t host_huge_page_bytes();
+// One line for a run's log: the page size host blocks get and why ("blocks of 2 MiB and more
+// in transparent huge pages (THP madvise, defrag madvise; ...)", "4 KiB pages (RN_HUGE_PAGES=0)").
+std::string host_memory_description();
 
 namespace detail {
 struct SpaceFree {

@@ -365,6 +365,31 @@ TEST(HostMemory, LargeBlocksAreHugePageAlignedAndAdvised) {
   EXPECT_EQ(reinterpret_cast<uintptr_t>(small.data()) % Arena::kAlignment, 0u);
 }
 
+// The run's log line names the page size and the system's THP settings it depends on.
+TEST(HostMemory, DescriptionNamesThePagesAndTheSystemsMode) {
+  const std::string d = host_memory_description();
+  const size_t huge = host_huge_page_bytes();
+  if (huge == 0) {
+    EXPECT_EQ(d.rfind("4 KiB pages (", 0), 0u) << d;
+    return;
+  }
+  std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string enabled;
+  std::getline(f, enabled);
+  const size_t open = enabled.find('['), close = enabled.find(']');
+  ASSERT_NE(close, std::string::npos) << enabled;
+  const std::string mode = enabled.substr(open + 1, close - open - 1);
+  if (mode == "never") {
+    EXPECT_NE(d.find("THP mode is never"), std::string::npos) << d;
+  } else {
+    EXPECT_EQ(d.rfind("blocks of " + std::to_string(huge >> 20) + " MiB and more in transparent huge pages (THP " +
+                          mode + ", defrag ",
+                      0),
+              0u)
+        << d;
+  }
+}
+
 TEST(MemoryMeasured, ProcessFiguresAreSane) {
   const ProcessMemory m = process_memory();
   if (m.resident == 0) GTEST_SKIP() << "no /proc/self/status here";

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/build_info.h"
+#include "core/memory_space.h"
 #include "dist/nccl_communicator.h"
 #include "log_capture.h"
 #include "model/safetensors.h"
@@ -173,6 +174,9 @@ TEST(Versions, RunsRecordTheirBuild) {
   EXPECT_EQ(starts[0].at("software"), build_description());
   EXPECT_EQ(starts[0].at("libraries"), describe_libraries(library_versions()));
   EXPECT_EQ(starts[0].at("resumed"), false);
+  // The pages host memory comes in moves the step's speed by several percent: said and recorded.
+  EXPECT_EQ(starts[0].at("host_memory"), host_memory_description());
+  EXPECT_NE(log.find("host memory: " + host_memory_description()), std::string::npos) << log;
   const fs::path ckpt = fs::path(a.run_dir) / "checkpoints/step-00000004.safetensors";
   ASSERT_TRUE(fs::exists(ckpt));
   EXPECT_EQ(SafetensorsFile::load(ckpt.string()).metadata().at("resnet_cpp.build"), build_description());
