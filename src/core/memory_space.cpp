@@ -54,9 +54,7 @@ std::string host_memory_description() {
       h.bytes % (1u << 20) == 0 ? std::to_string(h.bytes >> 20) + " MiB" : std::to_string(h.bytes >> 10) + " KiB";
   const std::string enabled = thp_setting("enabled"), defrag = thp_setting("defrag");
   if (enabled == "never")
-    return "4 KiB pages: blocks of " + size +
-           " and more ask for transparent huge pages, but the system's THP mode "
-           "is never";
+    return "4 KiB pages: blocks of " + size + " and more ask for huge pages, but the system's THP mode is never";
   return "blocks of " + size + " and more in transparent huge pages (THP " + (enabled.empty() ? "?" : enabled) +
          ", defrag " + (defrag.empty() ? "?" : defrag) + "; RN_HUGE_PAGES=0 for 4 KiB pages)";
 }

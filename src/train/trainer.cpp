@@ -551,7 +551,8 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
   const PrecisionPolicy policy = make_precision_policy(cfg.precision, *backend);
   // The backend's description names its implementation mode (run.implementation_mode).
   RN_LOG_INFO("device {}; {}; {}", backend->describe(), counted(host_threads(), "host thread"), policy.describe());
-  RN_LOG_INFO("host memory: {}", host_memory_description());
+  const std::string host_pages = host_memory_description();  // logged now, recorded in the start record below
+  RN_LOG_INFO("host memory: {}", host_pages);
   const int sink_size = static_cast<int>(cfg.run.sink_size);
   if (sink_size > 0) {
     RN_CHECK(backend->device() != Device::cpu)
@@ -848,7 +849,7 @@ TrainResult train_impl(const Config& config_in, const TrainOptions& options, Log
                      .add("epochs_from", int64_t{1})
                      .add("software", build_description())
                      .add("libraries", describe_libraries(library_versions()))
-                     .add("host_memory", host_memory_description())
+                     .add("host_memory", host_pages)
                      .add("resumed", from_checkpoint));
   ProgressPrinter progress(writer ? ProgressPrinter::Mode::automatic : ProgressPrinter::Mode::lines);
   // Gradient monitor, device monitor, throughput variance (docs/troubleshooting.md); only
