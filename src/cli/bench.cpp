@@ -52,6 +52,7 @@ struct BenchArgs {
   int sink = 0;  // device: replay the step as a CUDA graph, timing sink-step windows
   bool high_precision = false;  // run.implementation_mode=high_precision
   std::string bf16_conv_arithmetic = "auto";  // run.cpu_bf16_conv_arithmetic
+  bool unfused_casts = false;                 // PlanOptions::fuse_conv_casts off (to measure it)
 };
 
 // `out`: stdout, or stderr under --json (whose stdout holds JSON lines only).
@@ -104,6 +105,7 @@ PlanOptions plan_options(const BenchSetup& s, int64_t batch, MemoryLevel level) 
   po.activation_dtype = s.policy.activation_dtype;
   po.layout = s.backend.preferred_layout();
   po.memory = level;
+  po.fuse_conv_casts = !s.args.unfused_casts;
   return po;
 }
 
@@ -185,6 +187,9 @@ void print_result(const BenchSetup& s, MemoryLevel level, const BenchResult& r) 
   const std::string mode_shown = a.bf16_conv_arithmetic == "auto" || s.backend.device() != Device::cpu
                                      ? std::string(mode)
                                      : fmt::format("{}, bf16 convolutions {}", mode, a.bf16_conv_arithmetic);
+  // Whether the plan's convolutions wrote fp32 outputs (PlanOptions::fuse_conv_casts): O1 only.
+  const bool fused_conv_casts = !a.unfused_casts && s.backend.conv_f32_outputs() && s.policy.conv_dtype != DType::f32 &&
+                                s.policy.activation_dtype == DType::f32;
   if (a.json) {
     fmt::print(
         "{{\"system\":\"resnet.cpp\",\"model\":\"{}\",\"precision\":\"{}\",\"half\":\"{}\",\"batch\":{},"
@@ -192,11 +197,11 @@ void print_result(const BenchSetup& s, MemoryLevel level, const BenchResult& r) 
         "\"images_per_sec\":{:.3f},\"steps\":{},\"planned_arena\":{},\"planned_total\":{},"
         "\"arena_high_water\":{},\"peak_resident\":{},\"resident_growth\":{},\"device_peak\":{},\"sink\":{},"
         "\"implementation_mode\":\"{}\",\"cpu_bf16_conv_arithmetic\":\"{}\",\"host_huge_page_bytes\":{},"
-        "\"build\":{}}}\n",
+        "\"fused_conv_casts\":{},\"build\":{}}}\n",
         a.model, a.precision, a.half, r.batch, s.backend.name(), host_threads(), memory_level_name(level),
         r.median_step_s, r.batch / r.median_step_s, a.steps, r.planned.arena, r.planned.total(), r.arena.high_water,
         r.peak_resident, r.resident_growth, r.device_peak, a.sink, mode, a.bf16_conv_arithmetic, host_huge_page_bytes(),
-        nlohmann::json(build_description()).dump());
+        fused_conv_casts, nlohmann::json(build_description()).dump());
   } else {
     // On a device the arena is device memory: its peak is measured by the device's allocator,
     // not by the host's page residency.
@@ -204,8 +209,11 @@ void print_result(const BenchSetup& s, MemoryLevel level, const BenchResult& r) 
     fmt::print(
         "{} | {} | batch {} | {} ({}) | {} | memory {} | planned arena {}, total {} | measured {}, peak RSS {} "
         "(+{}) | median step {:.3f} s | {:.2f} img/s ({} steps)\n",
-        a.model, s.policy.describe(), r.batch, s.backend.name(), mode_shown, counted(host_threads(), "thread"),
-        memory_level_name(level), hb(r.planned.arena), hb(r.planned.total()),
+        a.model, s.policy.describe(), r.batch, s.backend.name(),
+        a.unfused_casts && s.policy.conv_dtype != DType::f32 && s.policy.activation_dtype == DType::f32
+            ? mode_shown + ", casts unfused"
+            : mode_shown,
+        counted(host_threads(), "thread"), memory_level_name(level), hb(r.planned.arena), hb(r.planned.total()),
         device ? "device peak " + hb(r.device_peak) : "arena high-water " + hb(r.arena.high_water), hb(r.peak_resident),
         hb(r.resident_growth), r.median_step_s, r.batch / r.median_step_s, a.steps);
   }
@@ -368,6 +376,9 @@ Runner add_bench_command(CLI::App& app) {
                 "run.implementation_mode=high_precision: deterministic algorithms on a GPU, no Winograd on a CPU");
   cmd->add_option("--bf16-conv-arithmetic", a->bf16_conv_arithmetic, kBf16ConvArithmeticHelp)->capture_default_str();
   cmd->add_flag("--profile", a->profile, "Time every plan step and print the slowest");
+  cmd->add_flag("--unfused-casts", a->unfused_casts,
+                "O1: cast each convolution's output and input gradient to fp32 in passes of their own instead of "
+                "the convolution writing fp32 (to measure the fusion)");
   cmd->add_option("--sink", a->sink, "GPU: replay the step as a CUDA graph, synchronising every N steps (0: eager)")
       ->capture_default_str()
       ->check(non_negative_number());

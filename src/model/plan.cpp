@@ -178,12 +178,13 @@ void Plan::emit_forward(int id) {
     y = input_ = add_buffer("input", act_shape(n.shape), dt, L, BufferRole::io, true);
     return;
   }
-  y = add_buffer(n.name + ":y", act_shape(n.shape), dt, L, BufferRole::activation);
+  const bool f32_outputs = attrs_if<ConvAttrs>(n) != nullptr && conv_f32_outputs();
+  y = add_buffer(n.name + ":y", act_shape(n.shape), f32_outputs ? DType::f32 : dt, L, BufferRole::activation);
   const int x = x_in_[static_cast<size_t>(id)] = in(0);
   const Shape xs = meta_[static_cast<size_t>(x)].shape;
 
   if (const auto* c = attrs_if<ConvAttrs>(n)) {
-    Conv2dDesc d{c->p, N, xs[2], xs[3], dt, L};
+    Conv2dDesc d{c->p, N, xs[2], xs[3], dt, L, f32_outputs};
     Conv2dKernel* k = kernels_[static_cast<size_t>(id)].conv = backend_ ? keep(convs_, backend_->make_conv2d(d)) : nullptr;
     add_step("fwd " + n.name, {x}, {y}, [this, k, x, y, s] {
       Tensor b = s.bias >= 0 ? model_.compute_param(s.bias) : Tensor{};
@@ -255,6 +256,11 @@ void Plan::emit_forward(int id) {
   } else {
     RN_FAIL() << "plan: node '" << n.name << "' has a kind the executor does not run";
   }
+}
+
+bool Plan::conv_f32_outputs() const {
+  return options_.fuse_conv_casts && options_.dtype != DType::f32 && options_.activation_dtype == DType::f32 &&
+         backend_ != nullptr && backend_->conv_f32_outputs();
 }
 
 DType Plan::node_dtype(int id) const {
@@ -375,16 +381,27 @@ void Plan::emit_backward(int id) {
 
   if (attrs_if<ConvAttrs>(n)) {
     Conv2dKernel* conv = k.conv;
+    const Conv2dDesc& d = conv != nullptr ? conv->desc() : Conv2dDesc{};
+    int dy_half = dy;
+    if (conv != nullptr && d.f32_outputs) {
+      // The output (so its gradient) is fp32; the convolution reads the gradient in its dtype.
+      const BufferMeta m = meta_[static_cast<size_t>(dy)];
+      dy_half = add_buffer(buffers_[static_cast<size_t>(dy)].name + ":" + std::string(dtype_name(dt)), m.shape, dt,
+                           m.layout, BufferRole::gradient);
+      CastKernel* cast = keep(casts_, backend_->make_cast({m.shape.numel(), DType::f32, dt}));
+      add_step("bwd cast " + buffers_[static_cast<size_t>(dy)].name, {dy}, {dy_half},
+               [this, cast, dy, dy_half] { cast->forward(view(dy_half), view(dy)); });
+    }
     // Weight gradients first: they are what the all-reduce waits for.
-    add_step("bwd_weights " + n.name, {dy, x}, {}, [this, conv, dy, x, s] {
+    add_step("bwd_weights " + n.name, {dy_half, x}, {}, [this, conv, dy = dy_half, x, s] {
       Tensor db = s.bias >= 0 ? model_.compute_grad(s.bias) : Tensor{};
       conv->backward_weights(model_.compute_grad(s.weight), s.bias >= 0 ? &db : nullptr, view(dy), view(x));
     });
     mark_finishes(s.weight, s.bias);
     if (need_dx) {
-      const int dx = grad_target(xv, dt);
-      add_step("bwd_data " + n.name, {dy}, {dx},
-               [this, conv, dx, dy, s] { conv->backward_data(view(dx), view(dy), weight(s.weight)); });
+      const int dx = grad_target(xv, conv != nullptr ? d.y_dtype() : dt);
+      add_step("bwd_data " + n.name, {dy_half}, {dx},
+               [this, conv, dx, dy = dy_half, s] { conv->backward_data(view(dx), view(dy), weight(s.weight)); });
       finish_contribution(xv, dx);
     }
   } else if (attrs_if<LinearAttrs>(n)) {

@@ -55,6 +55,11 @@ struct PlanOptions {
   // arena and no device copy of the model: what `resnet info` reports, for a batch that need not
   // fit this machine. Such a plan cannot run.
   bool allocate = true;
+  // Precision O1 (half convolutions among fp32 activations): where the backend can
+  // (Backend::conv_f32_outputs()), convolutions write their output and input gradient in
+  // fp32 themselves instead of the plan casting them after: two of the four casts around each
+  // convolution go, and those values skip a rounding to the half type. false: plain casts.
+  bool fuse_conv_casts = true;
 };
 
 enum class BufferRole : uint8_t { io, activation, saved, gradient };
@@ -198,6 +203,8 @@ class Plan {
   // layout) the gradient is written in place over `reuse`, a gradient nothing reads later.
   int grad_target_in_place(int value, DType dtype, int reuse);
   DType node_dtype(int id) const;
+  // Whether conv node outputs are fp32 written by the convolution (PlanOptions::fuse_conv_casts).
+  bool conv_f32_outputs() const;
 
   // The buffer a backward step reads forward buffer `b` from: `b` itself, or at O2, for a
   // value freed after forward, the buffer it is recomputed into (made on first use).

@@ -316,13 +316,21 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& options) {
       const std::optional<DType> a = attrs_if<ConvAttrs>(g.node(id)) ? mixed->plan->arithmetic(id) : std::nullopt;
       if (!a) continue;
       ++r.convs;
-      if (*a == mixed_policy.conv_dtype) continue;
-      ++r.fp32_arithmetic_convs;
+      // O1's fused casts: the convolution writes its output (and input gradient) in fp32.
+      const DType out = mixed->plan->activation(id).dtype;
+      if (*a == mixed_policy.conv_dtype && out == mixed_policy.conv_dtype) continue;
+      std::string compute(dtype_name(mixed_policy.conv_dtype));
+      if (*a != mixed_policy.conv_dtype) {
+        ++r.fp32_arithmetic_convs;
+        compute += fmt::format(", {} arith", dtype_name(*a));
+      }
+      if (out != mixed_policy.conv_dtype) {
+        ++r.fp32_output_convs;
+        compute += fmt::format(", {} out", dtype_name(out));
+      }
       const Model::NodeSlots s = mixed->model.slots(id);
       for (const int p : {s.weight, s.bias})
-        if (p >= 0)
-          t[static_cast<size_t>(p)].compute =
-              fmt::format("{}, {} arith", dtype_name(mixed_policy.conv_dtype), dtype_name(*a));
+        if (p >= 0) t[static_cast<size_t>(p)].compute = compute;
     }
   }
   const double underflow_tol = cfg.diagnostics.doctor_max_underflow;
@@ -397,6 +405,11 @@ std::string DoctorReport::table() const {
         "  {} of {} convolutions compute in fp32 arithmetic on {} tensors (\"{}, fp32 arith\": "
         "run.cpu_bf16_conv_arithmetic; the products are exact either way, only the summation order differs)\n",
         fp32_arithmetic_convs, convs, half, half);
+  if (fp32_output_convs > 0)
+    s += fmt::format(
+        "  {} of {} convolutions write their outputs and input gradients in fp32 (\"fp32 out\": the casts to "
+        "the fp32 activations fused in, so those values are not rounded to {})\n",
+        fp32_output_convs, convs, half);
   if (!mixed_ran) s += fmt::format("  {} run: not made: {}\n", level, not_run_why);
   s += fmt::format(
       "  underflow/overflow: fp32 gradients x loss scale {} checked against the {} range (computed, not "
@@ -465,6 +478,7 @@ nlohmann::json DoctorReport::to_json() const {
           {"master_dtype", master_dtype},
           {"convolutions", convs},
           {"fp32_arithmetic_convolutions", fp32_arithmetic_convs},
+          {"fp32_output_convolutions", fp32_output_convs},
           {"loss_scale", loss_scale},
           {"loss_scale_policy", loss_scale_policy},
           {"steps", steps},

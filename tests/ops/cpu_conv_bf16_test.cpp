@@ -120,6 +120,64 @@ TEST(CpuConvBf16, ArithmeticChosenPerShape) {
   EXPECT_FALSE(fp32_arithmetic(*fp32->make_conv2d(conv(64, 64, 3, 1, 4, 21, l, DType::f32)))) << "fp32 tensors";
 }
 
+// Precision O1 (bf16 convolutions among fp32 activations): the convolutions write their
+// outputs and input gradients in fp32 themselves, so the plan drops the cast after each
+// forward and after each backward-data step (it keeps the casts of what they read), and the
+// step computes what the unfused plan does within bf16's rounding.
+TEST(CpuConvBf16, O1PlanFusesTheCastsAfterEachConvolution) {
+  std::string why;
+  if (!cpu_has_native_bf16(&why)) GTEST_SKIP() << why;
+  Graph g;
+  g.name = "o1";
+  const int in = g.input(16, 10, 10);
+  const int c1 = g.conv(in, "c1", 32, 3, 1, 1);
+  const int b1 = g.batch_norm(c1, "bn1", BnFuse::relu);
+  const int c2 = g.conv(b1, "c2", 32, 1, 1, 0);
+  const int b2 = g.batch_norm(c2, "bn2", BnFuse::add_relu, b1);
+  g.linear(g.global_avg_pool(b2, "gap"), "fc", 5);
+  Model model(std::move(g));
+  model.init(3);
+  auto backend = cpu(Arith::automatic);
+  struct Result {
+    int casts = 0;
+    DType c1_out = DType::f32, c2_out = DType::f32;
+    std::vector<float> logits, grads;
+  };
+  const auto step = [&](bool fuse) {
+    PlanOptions po;
+    po.batch = 4;
+    po.dtype = DType::bf16;
+    po.activation_dtype = DType::f32;
+    po.layout = Layout::nhwc;
+    po.memory = MemoryLevel::O0;
+    po.fuse_conv_casts = fuse;
+    Plan plan(model, backend.get(), po);
+    Result r;
+    for (const std::string& s : plan.step_names()) r.casts += s.rfind("cast ", 0) == 0 || s.rfind("bwd cast ", 0) == 0;
+    r.c1_out = plan.activation(c1).dtype;
+    r.c2_out = plan.activation(c2).dtype;
+    const std::vector<float> x = testing::random_values(static_cast<size_t>(plan.input().numel()), 7);
+    convert(plan.input().data, plan.input().dtype, x.data(), DType::f32, x.size());
+    for (int i = 0; i < 4; ++i) plan.labels().ptr<int32_t>()[i] = i;
+    model.zero_grads();
+    plan.forward();
+    plan.backward(1.0f);
+    r.logits.assign(plan.logits().ptr<float>(), plan.logits().ptr<float>() + plan.logits().numel());
+    r.grads.assign(model.grad_data(), model.grad_data() + model.params().total);
+    return r;
+  };
+  const Result fused = step(true), plain = step(false);
+  EXPECT_EQ(plain.c1_out, DType::bf16);
+  EXPECT_EQ(fused.c1_out, DType::f32);
+  EXPECT_EQ(fused.c2_out, DType::f32);
+  // c1 and c2 lose their output casts; c2 (whose input needs a gradient) its dx cast.
+  EXPECT_EQ(fused.casts, plain.casts - 3);
+  // Both round x, w and dy to bf16; the unfused plan also rounds y and dx: 2^-9 relative each.
+  EXPECT_LT(testing::conv_rel_error(fused.logits, plain.logits), 1e-2);
+  EXPECT_LT(testing::conv_rel_error(fused.grads, plain.grads), 2e-2);
+  EXPECT_GT(testing::conv_rel_error(fused.grads, plain.grads), 0) << "the same plan ran twice";
+}
+
 // A plan shows each conv node's arithmetic (the doctor's and the profile's source) and the
 // linear layer's dtype; other nodes have none.
 TEST(CpuConvBf16, PlanShowsEachConvolutionsArithmetic) {
@@ -198,6 +256,54 @@ TEST(CpuConvBf16, BothArithmeticsEqualTheFp32ConvolutionOfTheSameValues) {
         // reorder is 1e-1 or more.
         expect_conv_close(got, ref, in, 3e-3, 1e-5, 1e-6);
       }
+  }
+}
+
+// Precision O1's fused casts (Conv2dDesc::f32_outputs): y and dx come out in fp32, unrounded,
+// so in both arithmetics they equal the fp32 convolution within fp32's bound (the same exact
+// products summed in another order; Winograd 1e-6), where a bf16 rounding left anywhere on
+// the way would show as 1e-3.
+TEST(CpuConvBf16, Fp32OutputsAreTheUnroundedSums) {
+  std::string why;
+  if (!cpu_has_native_bf16(&why)) GTEST_SKIP() << why;
+  const Conv2dDesc cases[] = {
+      conv(64, 80, 3, 1, 4, 21, Layout::nhwc, DType::bf16, true),  // Winograd where widened
+      conv(64, 80, 3, 1, 4, 21, Layout::nchw),
+      conv(96, 128, 1, 2, 3, 15, Layout::nhwc, DType::bf16, true),
+      conv(3, 64, 7, 2, 2, 32, Layout::nhwc),                         // the stem: widened in the caller's layout
+      conv(32, 32, 3, 1, 2, 9, Layout::nhwc, DType::bf16, false, 4),  // grouped: always native
+  };
+  for (const Conv2dDesc& base : cases) {
+    SCOPED_TRACE(base.str());
+    const ConvInputs in = random_conv_inputs(base, DType::bf16);
+    Conv2dDesc d32 = base;
+    d32.dtype = DType::f32;
+    const ConvOutputs ref = run_conv(*cpu(Arith::automatic, /*winograd=*/false), d32, in);
+    Conv2dDesc d = base;
+    d.f32_outputs = true;
+    for (const bool fast : {true, false})
+      for (const Arith a : {Arith::native, Arith::fp32}) {
+        SCOPED_TRACE(std::string(a == Arith::fp32 ? "fp32 arithmetic" : "native bf16") +
+                     (fast ? ", high_performance" : ", high_precision"));
+        auto backend = cpu(a, fast);
+        ASSERT_TRUE(backend->conv_f32_outputs());
+        expect_conv_close(run_conv(*backend, d, in), ref, in, 1e-5, 1e-5, 1e-6);
+        // The same kernel as the bf16-output convolution, not a slower one oneDNN found for
+        // the fp32 destination (its reference kernels take any combination).
+        EXPECT_EQ(backend->make_conv2d(d)->implementation(), backend->make_conv2d(base)->implementation());
+      }
+  }
+}
+
+TEST(CpuConvBf16, Fp32OutputsAreRefusedForAnFp32Convolution) {
+  Conv2dDesc d = conv(8, 8, 3, 1, 1, 5, Layout::nhwc, DType::f32);
+  d.f32_outputs = true;
+  try {
+    cpu(Arith::automatic)->make_conv2d(d);
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("fp32 outputs are for a half-precision convolution"), std::string::npos)
+        << e.what();
   }
 }
 

@@ -150,7 +150,9 @@ Conv2dParams conv(int64_t c, int64_t k, int64_t r, int64_t s, int64_t stride, in
   return p;
 }
 
-std::vector<Case> cases(bool with_f16 = false) {
+// with_f32_outputs: half convolutions writing fp32 y and dx, for a backend that takes them
+// (Backend::conv_f32_outputs(): cpu yes, cuda no).
+std::vector<Case> cases(bool with_f16 = false, bool with_f32_outputs = true) {
   std::vector<Case> all;
   const Layout layouts[] = {Layout::nhwc, Layout::nchw};
   std::vector<DType> dtypes = {DType::f32, DType::bf16};
@@ -186,6 +188,15 @@ std::vector<Case> cases(bool with_f16 = false) {
   for (DType t : dtypes)
     for (Layout l : layouts)
       for (const auto& c : convs) all.push_back(conv_case(c.p, c.n, c.h, c.w, l, t));
+  // Half convolutions writing fp32 y and dx (precision O1's fused casts): held to fp32's bound.
+  for (DType t : dtypes)
+    if (with_f32_outputs && t != DType::f32)
+      for (const auto& c : convs) {
+        Case k = conv_case(c.p, c.n, c.h, c.w, Layout::nhwc, t);
+        std::get<ConvCase>(k.op).d.f32_outputs = true;
+        k.name += "_f32outputs";
+        all.push_back(std::move(k));
+      }
 
   // batch_norm: every fuse mode, training and inference.
   struct BnShape {
@@ -376,19 +387,20 @@ void run(const ConvCase& c, DType t, Backends b, Rng& rng, Results& out) {
   const Conv2dDesc& d = c.d;
   Conv2dDesc rd = d;
   rd.dtype = DType::f32;
+  rd.f32_outputs = false;
   auto kr = b.ref.make_conv2d(rd);
   auto kd = b.dut.make_conv2d(d);
 
   Twin x = random_twin(rng, d.x_shape(), t, d.layout), w = random_twin(rng, d.w_shape(), t);
   Twin bias = random_twin(rng, {d.p.out_channels}, DType::f32);
-  Twin y = nan_twin(d.y_shape(), t, d.layout);
+  Twin y = nan_twin(d.y_shape(), d.y_dtype(), d.layout);
   const Tensor* br = d.p.bias ? &bias.ref.view() : nullptr;
   const Tensor* bd = d.p.bias ? &bias.dut.view() : nullptr;
   kr->forward(y.ref, x.ref, w.ref, br);
   kd->forward(y.dut, x.dut, w.dut, bd);
   compare(out, "y", y);
 
-  Twin dy = random_twin(rng, d.y_shape(), t, d.layout), dx = nan_twin(d.x_shape(), t, d.layout);
+  Twin dy = random_twin(rng, d.y_shape(), t, d.layout), dx = nan_twin(d.x_shape(), d.y_dtype(), d.layout);
   kr->backward_data(dx.ref, dy.ref, w.ref);
   kd->backward_data(dx.dut, dy.dut, w.dut);
   compare(out, "dx", dx);
@@ -778,7 +790,8 @@ void run_case(const Case& c) {
 
 INSTANTIATE_TEST_SUITE_P(Ops, CrossBackend, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
-INSTANTIATE_TEST_SUITE_P(Ops, CrossBackendCuda, ::testing::ValuesIn(cases(/*with_f16=*/true)),
+INSTANTIATE_TEST_SUITE_P(Ops, CrossBackendCuda,
+                         ::testing::ValuesIn(cases(/*with_f16=*/true, /*with_f32_outputs=*/false)),
                          [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 // ---------------------------------------------------------------------------------------

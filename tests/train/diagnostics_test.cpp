@@ -376,6 +376,34 @@ TEST(Doctor, FindsPlantedUnderflowAndOverflowAndRecommendsBetween) {
   EXPECT_TRUE(j["pass"].get<bool>());
 }
 
+// At O1 the cpu backend's convolutions write fp32 outputs and input gradients (the casts fused
+// in): the doctor says so per convolution and counts them; at O2 (bf16 activations) none does.
+TEST(Doctor, ShowsTheConvolutionsThatWriteFp32AtO1) {
+  std::string why;
+  if (!make_backend_for(DeviceChoice::cpu)->supports_dtype(DType::bf16, &why)) GTEST_SKIP() << why;
+  TestDir dir;
+  Config cfg = small_config(dir.file("run"));
+  cfg.precision.half_dtype = DType::bf16;
+  cfg.run.cpu_bf16_conv_arithmetic = Bf16ConvArithmetic::native;
+  for (const PrecisionLevel level : {PrecisionLevel::O1, PrecisionLevel::O2}) {
+    cfg.precision.level = level;
+    const DoctorReport r = run_doctor(cfg, {.steps = 1});
+    ASSERT_TRUE(r.mixed_ran);
+    const bool o1 = level == PrecisionLevel::O1;
+    int conv_weights = 0;
+    for (const auto& t : r.tensors)
+      if (t.kind == "conv_weight") {
+        ++conv_weights;
+        EXPECT_EQ(t.compute, o1 ? "bf16, fp32 out" : "bf16") << t.name;
+      }
+    EXPECT_GT(conv_weights, 0);
+    EXPECT_EQ(r.convs, conv_weights);
+    EXPECT_EQ(r.fp32_output_convs, o1 ? conv_weights : 0);
+    EXPECT_EQ(r.to_json()["fp32_output_convolutions"].get<int>(), r.fp32_output_convs);
+    EXPECT_EQ(r.table().find("write their outputs and input gradients in fp32") != std::string::npos, o1) << r.table();
+  }
+}
+
 TEST(Doctor, MeasuresBf16GradientDifferencesWhereTheCpuRunsBf16) {
   TestDir dir;
   Config cfg = small_config(dir.file("run"));

@@ -115,6 +115,11 @@ CpuConv2d::CpuConv2d(const ContextPtr& ctx, const Conv2dDesc& d)
 
   const dnnl::memory::desc x_md = activation_md(d.x_shape(), d.dtype, d.layout);
   const dnnl::memory::desc y_md = activation_md(d.y_shape(), d.dtype, d.layout);
+  // fp32 y and dx (f32_outputs): what the caller passes for them; empty, the half x_md / y_md.
+  const dnnl::memory::desc y_out =
+      d.f32_outputs ? activation_md(d.y_shape(), DType::f32, d.layout) : dnnl::memory::desc();
+  const dnnl::memory::desc dx_out =
+      d.f32_outputs ? activation_md(d.x_shape(), DType::f32, d.layout) : dnnl::memory::desc();
   const dnnl::memory::desc b_md = p.bias ? dnnl::memory::desc({p.out_channels}, dt::f32, tag::a) : dnnl::memory::desc();
   const dnnl::memory::desc w_user_md(wd, wdt, wtag), dw_user_md(wd, dt::f32, wtag);
   const dnnl::memory::desc w_any(wd, adt, tag::any), dw_any(wd, dt::f32, tag::any);
@@ -130,19 +135,22 @@ CpuConv2d::CpuConv2d(const ContextPtr& ctx, const Conv2dDesc& d)
   using fwd_t = dnnl::convolution_forward;
   using bwd_data_t = dnnl::convolution_backward_data;
   using bwd_w_t = dnnl::convolution_backward_weights;
-  // The three primitives of one algorithm, on activations described by xa / ya.
-  const auto build = [&](dnnl::algorithm alg, const dnnl::memory::desc& xa, const dnnl::memory::desc& ya) {
-    const fwd_t::desc fwd_desc(dnnl::prop_kind::forward_training, alg, xa, w_any, b_md, ya, strides, dilates, pad,
-                               pad);
+  // The three primitives of one algorithm, on activations described by xa / ya; the forward
+  // writes y as ya_out and backward data dx as xa_out (where these are empty: ya, xa).
+  const auto build = [&](dnnl::algorithm alg, const dnnl::memory::desc& xa, const dnnl::memory::desc& ya,
+                         const dnnl::memory::desc& xa_out = {}, const dnnl::memory::desc& ya_out = {}) {
+    const fwd_t::desc fwd_desc(dnnl::prop_kind::forward_training, alg, xa, w_any, b_md, ya_out.is_zero() ? ya : ya_out,
+                               strides, dilates, pad, pad);
     const auto fwd_pd = make_pd<fwd_t::primitive_desc>(op, "forward convolution", fwd_desc, attr, eng);
-    const bwd_data_t::desc bwd_data_desc(alg, xa, w_any, ya, strides, dilates, pad, pad);
+    const bwd_data_t::desc bwd_data_desc(alg, xa_out.is_zero() ? xa : xa_out, w_any, ya, strides, dilates, pad, pad);
     const auto bwd_data_pd =
         make_pd<bwd_data_t::primitive_desc>(op, "backward-data convolution", bwd_data_desc, attr, eng, fwd_pd);
     const bwd_w_t::desc bwd_w_desc(alg, xa, dw_any, b_md, ya, strides, dilates, pad, pad);
     const auto bwd_w_pd =
         make_pd<bwd_w_t::primitive_desc>(op, "backward-weights convolution", bwd_w_desc, attr, eng, fwd_pd);
     return WeightedOp::create<fwd_t, bwd_data_t, bwd_w_t>(ctx, op, fwd_pd, bwd_data_pd, bwd_w_pd, x_md, y_md, b_md,
-                                                          w_user_md, dw_user_md, p.bias ? p.out_channels : 0);
+                                                          w_user_md, dw_user_md, p.bias ? p.out_channels : 0, y_out,
+                                                          dx_out);
   };
   // Where the activations are reordered anyway (around Winograd, which takes only oneDNN's
   // blocked layout, and where bf16 is widened to fp32), the layout is oneDNN's choice.
@@ -156,6 +164,15 @@ CpuConv2d::CpuConv2d(const ContextPtr& ctx, const Conv2dDesc& d)
     }
   }
   if (arithmetic_ == d.dtype) {
+    if (d.f32_outputs) {
+      // oneDNN's bf16 kernels write an fp32 dst and diff_src themselves (their accumulators
+      // unrounded); where one would not, the same primitives with a cast after them (below).
+      try {
+        op_ = build(dnnl::algorithm::convolution_direct, x_md, y_md, dx_out, y_out);
+        return;
+      } catch (const Unsupported&) {
+      }
+    }
     op_ = build(dnnl::algorithm::convolution_direct, x_md, y_md);
     return;
   }

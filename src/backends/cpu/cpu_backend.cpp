@@ -302,6 +302,7 @@ class CpuBackend final : public Backend {
   Device device() const override { return Device::cpu; }
   Layout preferred_layout() const override { return Layout::nhwc; }
   bool supports_dtype(DType dtype, std::string* why_not) const override { return ctx_->supports_dtype(dtype, why_not); }
+  bool conv_f32_outputs() const override { return true; }
   size_t workspace_bytes() const override { return ctx_->temp_bytes(); }
   std::string describe() const override {
     std::string s = !ctx_->winograd()    ? "cpu, implementation mode high_precision (direct convolutions"

@@ -19,12 +19,15 @@ class WeightedOp {
 
   // Fwd/BwdData/BwdWeights: the oneDNN primitive classes; x/y/b: the activation and bias
   // descriptors; w_user/dw_user: the caller's plain layouts; bias_elements 0: no bias.
+  // y_out/dx_out: the caller's y and dx where their data type is not y's and x's (a half
+  // convolution with fp32 outputs); empty: y_md and x_md.
   template <typename Fwd, typename BwdData, typename BwdWeights>
   static WeightedOp create(const ContextPtr& ctx, const std::string& op, const typename Fwd::primitive_desc& fwd_pd,
                            const typename BwdData::primitive_desc& bwd_data_pd,
                            const typename BwdWeights::primitive_desc& bwd_w_pd, const dnnl::memory::desc& x_md,
                            const dnnl::memory::desc& y_md, const dnnl::memory::desc& b_md,
-                           const dnnl::memory::desc& w_user, const dnnl::memory::desc& dw_user, int64_t bias_elements) {
+                           const dnnl::memory::desc& w_user, const dnnl::memory::desc& dw_user, int64_t bias_elements,
+                           const dnnl::memory::desc& y_out = {}, const dnnl::memory::desc& dx_out = {}) {
     WeightedOp w;
     w.ctx_ = ctx;
     w.b_md_ = b_md;
@@ -33,11 +36,11 @@ class WeightedOp {
     w.fwd_ = make_step<Fwd>(fwd_pd, t_fwd);
     w.w_fwd_ = ReorderIn(*ctx, w_user, fwd_pd.weights_desc(), t_fwd);
     w.x_fwd_ = ReorderIn(*ctx, x_md, fwd_pd.src_desc(), t_fwd);
-    w.y_fwd_ = ReorderOut(*ctx, fwd_pd.dst_desc(), y_md, t_fwd);
+    w.y_fwd_ = ReorderOut(*ctx, fwd_pd.dst_desc(), y_out.is_zero() ? y_md : y_out, t_fwd);
     w.bwd_data_ = make_step<BwdData>(bwd_data_pd, t_bwd_data);
     w.w_bwd_data_ = ReorderIn(*ctx, w_user, bwd_data_pd.weights_desc(), t_bwd_data);
     w.dy_bwd_data_ = ReorderIn(*ctx, y_md, bwd_data_pd.diff_dst_desc(), t_bwd_data);
-    w.dx_bwd_data_ = ReorderOut(*ctx, bwd_data_pd.diff_src_desc(), x_md, t_bwd_data);
+    w.dx_bwd_data_ = ReorderOut(*ctx, bwd_data_pd.diff_src_desc(), dx_out.is_zero() ? x_md : dx_out, t_bwd_data);
     w.bwd_weights_ = make_step<BwdWeights>(bwd_w_pd, t_bwd_w);
     w.x_bwd_w_ = ReorderIn(*ctx, x_md, bwd_w_pd.src_desc(), t_bwd_w);
     w.dy_bwd_w_ = ReorderIn(*ctx, y_md, bwd_w_pd.diff_dst_desc(), t_bwd_w);
