@@ -178,7 +178,13 @@ void Plan::emit_forward(int id) {
     y = input_ = add_buffer("input", act_shape(n.shape), dt, L, BufferRole::io, true);
     return;
   }
-  const bool f32_outputs = attrs_if<ConvAttrs>(n) != nullptr && conv_f32_outputs();
+  // fp32 output where what reads it computes in fp32 (batch norm, in every model of the zoo);
+  // a convolution or linear layer reading it would need a cast back to the half type.
+  bool f32_outputs = attrs_if<ConvAttrs>(n) != nullptr && conv_f32_outputs();
+  if (f32_outputs) {
+    const std::vector<std::vector<int>> readers = g.consumers();
+    for (const int c : readers[static_cast<size_t>(id)]) f32_outputs = f32_outputs && node_dtype(c) == DType::f32;
+  }
   y = add_buffer(n.name + ":y", act_shape(n.shape), f32_outputs ? DType::f32 : dt, L, BufferRole::activation);
   const int x = x_in_[static_cast<size_t>(id)] = in(0);
   const Shape xs = meta_[static_cast<size_t>(x)].shape;

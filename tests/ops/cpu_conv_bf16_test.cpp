@@ -4,6 +4,7 @@
 // y and dx, and within the fp32 bound for dw and db, which are fp32 in both.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 
 #include "backends/cpu/cpu_backend.h"
@@ -120,6 +121,18 @@ TEST(CpuConvBf16, ArithmeticChosenPerShape) {
   EXPECT_FALSE(fp32_arithmetic(*fp32->make_conv2d(conv(64, 64, 3, 1, 4, 21, l, DType::f32)))) << "fp32 tensors";
 }
 
+// Precision O1's plan (bf16 convolutions, fp32 activations) at memory level O0, where every
+// activation keeps its own buffer for the test to read.
+PlanOptions o1_plan(int64_t batch) {
+  PlanOptions po;
+  po.batch = batch;
+  po.dtype = DType::bf16;
+  po.activation_dtype = DType::f32;
+  po.layout = Layout::nhwc;
+  po.memory = MemoryLevel::O0;
+  return po;
+}
+
 // Precision O1 (bf16 convolutions among fp32 activations): the convolutions write their
 // outputs and input gradients in fp32 themselves, so the plan drops the cast after each
 // forward and after each backward-data step (it keeps the casts of what they read), and the
@@ -144,12 +157,7 @@ TEST(CpuConvBf16, O1PlanFusesTheCastsAfterEachConvolution) {
     std::vector<float> logits, grads;
   };
   const auto step = [&](bool fuse) {
-    PlanOptions po;
-    po.batch = 4;
-    po.dtype = DType::bf16;
-    po.activation_dtype = DType::f32;
-    po.layout = Layout::nhwc;
-    po.memory = MemoryLevel::O0;
+    PlanOptions po = o1_plan(4);
     po.fuse_conv_casts = fuse;
     Plan plan(model, backend.get(), po);
     Result r;
@@ -176,6 +184,37 @@ TEST(CpuConvBf16, O1PlanFusesTheCastsAfterEachConvolution) {
   EXPECT_LT(testing::conv_rel_error(fused.logits, plain.logits), 1e-2);
   EXPECT_LT(testing::conv_rel_error(fused.grads, plain.grads), 2e-2);
   EXPECT_GT(testing::conv_rel_error(fused.grads, plain.grads), 0) << "the same plan ran twice";
+}
+
+// A convolution whose output another convolution reads keeps its bf16 output (an fp32 one
+// would need a cast back); the one read by batch norm writes fp32. Both train.
+TEST(CpuConvBf16, O1KeepsHalfOutputsThatAConvolutionReads) {
+  std::string why;
+  if (!cpu_has_native_bf16(&why)) GTEST_SKIP() << why;
+  Graph g;
+  g.name = "chain";
+  const int a = g.conv(g.input(16, 8, 8), "a", 16, 1, 1, 0);
+  const int b = g.conv(a, "b", 16, 3, 1, 1);
+  g.linear(g.global_avg_pool(g.batch_norm(b, "bn", BnFuse::relu), "gap"), "fc", 3);
+  Model model(std::move(g));
+  model.init(2);
+  auto backend = cpu(Arith::automatic);
+  Plan plan(model, backend.get(), o1_plan(2));
+  EXPECT_EQ(plan.activation(a).dtype, DType::bf16);
+  EXPECT_EQ(plan.activation(b).dtype, DType::f32);
+  for (const std::string& s : plan.step_names()) EXPECT_NE(s, "cast a:y:bf16") << "a's output cast back";
+  const std::vector<float> x = testing::random_values(static_cast<size_t>(plan.input().numel()), 3);
+  convert(plan.input().data, plan.input().dtype, x.data(), DType::f32, x.size());
+  plan.labels().ptr<int32_t>()[0] = 0;
+  plan.labels().ptr<int32_t>()[1] = 2;
+  model.zero_grads();
+  plan.forward();
+  plan.backward(1.0f);
+  EXPECT_TRUE(std::isfinite(plan.loss()));
+  double norm = 0;
+  for (int64_t i = 0; i < model.params().total; ++i) norm += std::abs(model.grad_data()[i]);
+  EXPECT_GT(norm, 0);
+  EXPECT_TRUE(std::isfinite(norm));
 }
 
 // A plan shows each conv node's arithmetic (the doctor's and the profile's source) and the
