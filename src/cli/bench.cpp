@@ -187,9 +187,9 @@ void print_result(const BenchSetup& s, MemoryLevel level, const BenchResult& r) 
   const std::string mode_shown = a.bf16_conv_arithmetic == "auto" || s.backend.device() != Device::cpu
                                      ? std::string(mode)
                                      : fmt::format("{}, bf16 convolutions {}", mode, a.bf16_conv_arithmetic);
-  // Whether the plan's convolutions wrote fp32 outputs (PlanOptions::fuse_conv_casts): O1 only.
-  const bool fused_conv_casts = !a.unfused_casts && s.backend.conv_f32_outputs() && s.policy.conv_dtype != DType::f32 &&
-                                s.policy.activation_dtype == DType::f32;
+  // Half convolutions among fp32 activations (O1): where PlanOptions::fuse_conv_casts applies.
+  const bool o1 = s.policy.conv_dtype != DType::f32 && s.policy.activation_dtype == DType::f32;
+  const bool fused_conv_casts = o1 && !a.unfused_casts && s.backend.conv_f32_outputs();
   if (a.json) {
     fmt::print(
         "{{\"system\":\"resnet.cpp\",\"model\":\"{}\",\"precision\":\"{}\",\"half\":\"{}\",\"batch\":{},"
@@ -210,10 +210,8 @@ void print_result(const BenchSetup& s, MemoryLevel level, const BenchResult& r) 
         "{} | {} | batch {} | {} ({}) | {} | memory {} | planned arena {}, total {} | measured {}, peak RSS {} "
         "(+{}) | median step {:.3f} s | {:.2f} img/s ({} steps)\n",
         a.model, s.policy.describe(), r.batch, s.backend.name(),
-        a.unfused_casts && s.policy.conv_dtype != DType::f32 && s.policy.activation_dtype == DType::f32
-            ? mode_shown + ", casts unfused"
-            : mode_shown,
-        counted(host_threads(), "thread"), memory_level_name(level), hb(r.planned.arena), hb(r.planned.total()),
+        o1 && a.unfused_casts ? mode_shown + ", casts unfused" : mode_shown, counted(host_threads(), "thread"),
+        memory_level_name(level), hb(r.planned.arena), hb(r.planned.total()),
         device ? "device peak " + hb(r.device_peak) : "arena high-water " + hb(r.arena.high_water), hb(r.peak_resident),
         hb(r.resident_growth), r.median_step_s, r.batch / r.median_step_s, a.steps);
   }

@@ -292,6 +292,16 @@ std::string Plan::implementation(int node) const {
   return conv != nullptr ? conv->implementation() : std::string();
 }
 
+CastKernel* Plan::add_cast_step(const std::string& name, int src, int dst) {
+  const BufferMeta& from = meta_[static_cast<size_t>(src)];
+  CastKernel* cast =
+      backend_
+          ? keep(casts_, backend_->make_cast({from.shape.numel(), from.dtype, meta_[static_cast<size_t>(dst)].dtype}))
+          : nullptr;
+  add_step(name, {src}, {dst}, [this, cast, src, dst] { cast->forward(view(dst), view(src)); });
+  return cast;
+}
+
 int Plan::value_as(int v, DType dtype) {
   const int home = act_[static_cast<size_t>(v)];
   const BufferMeta m = meta_[static_cast<size_t>(home)];
@@ -300,8 +310,7 @@ int Plan::value_as(int v, DType dtype) {
   if (auto it = casts_of_.find(key); it != casts_of_.end()) return it->second;
   const std::string name = buffers_[static_cast<size_t>(home)].name + ":" + std::string(dtype_name(dtype));
   const int out = add_buffer(name, m.shape, dtype, m.layout, BufferRole::activation);
-  CastKernel* cast = backend_ ? keep(casts_, backend_->make_cast({m.shape.numel(), m.dtype, dtype})) : nullptr;
-  add_step("cast " + name, {home}, {out}, [this, cast, home, out] { cast->forward(view(out), view(home)); });
+  CastKernel* cast = add_cast_step("cast " + name, home, out);
   casts_of_[key] = out;
   add_recipe(out, Recipe{-1, home, -1, -1, -1, cast});
   return out;
@@ -343,9 +352,7 @@ void Plan::finish_contribution(int value, int target) {
     const int dst = first ? (g = add_buffer(name, home.shape, home.dtype, home.layout, BufferRole::gradient))
                           : add_buffer(name + ":partial" + std::to_string(partials_++), home.shape, home.dtype,
                                        home.layout, BufferRole::gradient);
-    CastKernel* cast = backend_ ? keep(casts_, backend_->make_cast({home.shape.numel(), part.dtype, home.dtype})) : nullptr;
-    add_step("bwd cast " + buffers_[static_cast<size_t>(target)].name, {target}, {dst},
-             [this, cast, target, dst] { cast->forward(view(dst), view(target)); });
+    add_cast_step("bwd cast " + buffers_[static_cast<size_t>(target)].name, target, dst);
     if (first) return;
     src = dst;
   }
@@ -394,9 +401,7 @@ void Plan::emit_backward(int id) {
       const BufferMeta m = meta_[static_cast<size_t>(dy)];
       dy_half = add_buffer(buffers_[static_cast<size_t>(dy)].name + ":" + std::string(dtype_name(dt)), m.shape, dt,
                            m.layout, BufferRole::gradient);
-      CastKernel* cast = keep(casts_, backend_->make_cast({m.shape.numel(), DType::f32, dt}));
-      add_step("bwd cast " + buffers_[static_cast<size_t>(dy)].name, {dy}, {dy_half},
-               [this, cast, dy, dy_half] { cast->forward(view(dy_half), view(dy)); });
+      add_cast_step("bwd cast " + buffers_[static_cast<size_t>(dy)].name, dy, dy_half);
     }
     // Weight gradients first: they are what the all-reduce waits for.
     add_step("bwd_weights " + n.name, {dy_half, x}, {}, [this, conv, dy = dy_half, x, s] {

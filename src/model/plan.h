@@ -203,6 +203,8 @@ class Plan {
   // layout) the gradient is written in place over `reuse`, a gradient nothing reads later.
   int grad_target_in_place(int value, DType dtype, int reuse);
   DType node_dtype(int id) const;
+  // A step `name` casting buffer `src` into `dst` (their dtypes); the kernel (nullptr in a dry plan).
+  CastKernel* add_cast_step(const std::string& name, int src, int dst);
   // Whether conv node outputs are fp32 written by the convolution (PlanOptions::fuse_conv_casts).
   bool conv_f32_outputs() const;
 
