@@ -375,8 +375,8 @@ Runner add_bench_command(CLI::App& app) {
   cmd->add_option("--bf16-conv-arithmetic", a->bf16_conv_arithmetic, kBf16ConvArithmeticHelp)->capture_default_str();
   cmd->add_flag("--profile", a->profile, "Time every plan step and print the slowest");
   cmd->add_flag("--unfused-casts", a->unfused_casts,
-                "O1: cast each convolution's output and input gradient to fp32 in passes of their own instead of "
-                "the convolution writing fp32 (to measure the fusion)");
+                "O1: cast between the half convolutions and the fp32 activations in passes of their own instead "
+                "of the convolutions writing fp32 and the batch norms writing half copies (to measure the fusion)");
   cmd->add_option("--sink", a->sink, "GPU: replay the step as a CUDA graph, synchronising every N steps (0: eager)")
       ->capture_default_str()
       ->check(non_negative_number());

@@ -1,5 +1,6 @@
 #include "model/plan.h"
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstring>
@@ -29,6 +30,7 @@ Plan::Plan(Model& model, Backend* backend, const PlanOptions& options)
   const size_t n = model.graph().nodes().size();
   act_.assign(n, -1);
   grad_.assign(n, -1);
+  half_grad_.assign(n, false);
   saved0_.assign(n, -1);
   saved1_.assign(n, -1);
   x_in_.assign(n, -1);
@@ -142,6 +144,7 @@ void Plan::build_forward() {
       cast->forward(dst, src);
     });
   }
+  readers_ = g.consumers();
   for (int id = 0; id < static_cast<int>(g.nodes().size()); ++id) emit_forward(id);
 
   // Logits to fp32 for the loss, then the loss itself.
@@ -178,26 +181,47 @@ void Plan::emit_forward(int id) {
     y = input_ = add_buffer("input", act_shape(n.shape), dt, L, BufferRole::io, true);
     return;
   }
-  // fp32 output where what reads it computes in fp32 (batch norm, in every model of the zoo);
-  // a convolution or linear layer reading it would need a cast back to the half type.
-  bool f32_outputs = attrs_if<ConvAttrs>(n) != nullptr && conv_f32_outputs();
-  if (f32_outputs) {
-    const std::vector<std::vector<int>> readers = g.consumers();
-    for (const int c : readers[static_cast<size_t>(id)]) f32_outputs = f32_outputs && node_dtype(c) == DType::f32;
-  }
-  y = add_buffer(n.name + ":y", act_shape(n.shape), f32_outputs ? DType::f32 : dt, L, BufferRole::activation);
+  // O1's fused casts. A convolution writes fp32 y where what reads it computes in fp32 (batch
+  // norm, in every model of the zoo; a convolution or linear layer reading it would need a
+  // cast back to the half type), and fp32 dx where its input is an fp32 value. A batch norm
+  // writes a half y where one half convolution or linear layer alone reads it (it would read
+  // a cast of it; with two readers, as where a stage's first block and its downsampling both
+  // read the previous block's output, their gradients are summed in fp32, so the cast stays),
+  // and a half dx where its input is the fp32 output of a convolution that nothing else
+  // reads (whose backward would read a cast of that gradient).
+  const std::vector<std::vector<int>>& readers = readers_;
+  const std::vector<int>& mine = readers[static_cast<size_t>(id)];
+  const bool conv = attrs_if<ConvAttrs>(n) != nullptr;
+  const auto* bn_attrs = attrs_if<BatchNormAttrs>(n);
+  const auto half_reader = [&](int c) {
+    const NodeAttrs& a = g.node(c).attrs;
+    return std::holds_alternative<ConvAttrs>(a) || std::holds_alternative<LinearAttrs>(a);
+  };
+  const bool f32_y = conv && conv_f32_outputs() &&
+                     std::all_of(mine.begin(), mine.end(), [&](int c) { return node_dtype(c) == DType::f32; });
+  const int xv = n.inputs.empty() ? -1 : n.inputs[0];
+  const bool f32_dx = conv && conv_f32_outputs() && xv > 0 &&
+                      meta_[static_cast<size_t>(act_[static_cast<size_t>(xv)])].dtype == DType::f32;
+  const bool half_y = bn_attrs != nullptr && bn_half_io() && mine.size() == 1 && half_reader(mine[0]);
+  const bool half_dx = bn_attrs != nullptr && bn_half_io() && train && xv > 0 &&
+                       attrs_if<ConvAttrs>(g.node(xv)) != nullptr &&
+                       meta_[static_cast<size_t>(act_[static_cast<size_t>(xv)])].dtype == DType::f32 &&
+                       readers[static_cast<size_t>(xv)].size() == 1 && (bn_attrs->fuse != BnFuse::relu || half_y);
+  const DType y_dt = f32_y ? DType::f32 : half_y ? options_.dtype : dt;
+  y = add_buffer(n.name + ":y", act_shape(n.shape), y_dt, L, BufferRole::activation);
   const int x = x_in_[static_cast<size_t>(id)] = in(0);
   const Shape xs = meta_[static_cast<size_t>(x)].shape;
 
   if (const auto* c = attrs_if<ConvAttrs>(n)) {
-    Conv2dDesc d{c->p, N, xs[2], xs[3], dt, L, f32_outputs};
+    Conv2dDesc d{c->p, N, xs[2], xs[3], dt, L, f32_y, f32_dx};
     Conv2dKernel* k = kernels_[static_cast<size_t>(id)].conv = backend_ ? keep(convs_, backend_->make_conv2d(d)) : nullptr;
     add_step("fwd " + n.name, {x}, {y}, [this, k, x, y, s] {
       Tensor b = s.bias >= 0 ? model_.compute_param(s.bias) : Tensor{};
       k->forward(view(y), view(x), weight(s.weight), s.bias >= 0 ? &b : nullptr);
     });
   } else if (const auto* b = attrs_if<BatchNormAttrs>(n)) {
-    BatchNormDesc d{N, xs[1], xs[2], xs[3], b->eps, b->momentum, b->fuse, dt, L};
+    BatchNormDesc d{N, xs[1], xs[2], xs[3], b->eps, b->momentum, b->fuse, dt, L, options_.dtype, half_y, half_dx};
+    if (half_dx) half_grad_[static_cast<size_t>(xv)] = true;
     BatchNormKernel* k = kernels_[static_cast<size_t>(id)].bn = backend_ ? keep(bns_, backend_->make_batch_norm(d)) : nullptr;
     const int r = b->fuse == BnFuse::add_relu ? in(1) : -1;
     if (train) {
@@ -269,6 +293,13 @@ bool Plan::conv_f32_outputs() const {
          backend_ != nullptr && backend_->conv_f32_outputs();
 }
 
+bool Plan::bn_half_io() const { return conv_f32_outputs() && backend_->bn_half_io(options_.layout, options_.dtype); }
+
+DType Plan::grad_dtype(int value) const {
+  if (half_grad_[static_cast<size_t>(value)]) return options_.dtype;
+  return meta_[static_cast<size_t>(act_[static_cast<size_t>(value)])].dtype;
+}
+
 DType Plan::node_dtype(int id) const {
   const NodeAttrs& a = model_.graph().node(id).attrs;
   if (std::holds_alternative<ConvAttrs>(a) || std::holds_alternative<LinearAttrs>(a)) return options_.dtype;
@@ -320,8 +351,8 @@ int Plan::grad_target(int value, DType dtype) {
   int& g = grad_[static_cast<size_t>(value)];
   const BufferMeta m = meta_[static_cast<size_t>(act_[static_cast<size_t>(value)])];
   const std::string name = "d" + model_.graph().node(value).name;
-  if (g < 0 && dtype == m.dtype) {
-    g = add_buffer(name, m.shape, m.dtype, m.layout, BufferRole::gradient);
+  if (g < 0 && dtype == grad_dtype(value)) {
+    g = add_buffer(name, m.shape, dtype, m.layout, BufferRole::gradient);
     return g;
   }
   // A second consumer, or one computing in another dtype: write a partial gradient that
@@ -333,8 +364,9 @@ int Plan::grad_target_in_place(int value, DType dtype, int reuse) {
   int& g = grad_[static_cast<size_t>(value)];
   const BufferMeta home = meta_[static_cast<size_t>(act_[static_cast<size_t>(value)])];
   const BufferMeta r = meta_[static_cast<size_t>(reuse)];
-  if (options_.memory == MemoryLevel::O0 || g >= 0 || dtype != home.dtype || r.dtype != home.dtype ||
-      r.shape != home.shape || r.layout != home.layout)
+  const DType gd = grad_dtype(value);
+  if (options_.memory == MemoryLevel::O0 || g >= 0 || dtype != gd || r.dtype != gd || r.shape != home.shape ||
+      r.layout != home.layout)
     return grad_target(value, dtype);
   g = reuse;
   return g;
@@ -345,18 +377,19 @@ void Plan::finish_contribution(int value, int target) {
   if (target == g) return;
   const BufferMeta home = meta_[static_cast<size_t>(act_[static_cast<size_t>(value)])];
   const BufferMeta part = meta_[static_cast<size_t>(target)];
+  const DType gd = grad_dtype(value);
   int src = target;
-  if (part.dtype != home.dtype) {
+  if (part.dtype != gd) {
     const std::string name = "d" + model_.graph().node(value).name;
     const bool first = g < 0;
-    const int dst = first ? (g = add_buffer(name, home.shape, home.dtype, home.layout, BufferRole::gradient))
-                          : add_buffer(name + ":partial" + std::to_string(partials_++), home.shape, home.dtype,
-                                       home.layout, BufferRole::gradient);
+    const int dst = first ? (g = add_buffer(name, home.shape, gd, home.layout, BufferRole::gradient))
+                          : add_buffer(name + ":partial" + std::to_string(partials_++), home.shape, gd, home.layout,
+                                       BufferRole::gradient);
     add_cast_step("bwd cast " + buffers_[static_cast<size_t>(target)].name, target, dst);
     if (first) return;
     src = dst;
   }
-  AddKernel* k = backend_ ? keep(adds_, backend_->make_add({home.shape.numel(), home.dtype})) : nullptr;
+  AddKernel* k = backend_ ? keep(adds_, backend_->make_add({home.shape.numel(), gd})) : nullptr;
   add_step("bwd sum " + buffers_[static_cast<size_t>(g)].name, {g, src}, {g},
            [this, k, g, src] { k->forward(view(g), view(g), view(src)); });
 }
@@ -368,7 +401,7 @@ void Plan::build_backward() {
   const int dlogits = add_buffer("dlogits", {N, K}, DType::f32, Layout::nchw, BufferRole::gradient);
   add_step("bwd loss", {probs_, labels_}, {dlogits},
            [this, dlogits] { loss_kernel_->backward(view(dlogits), view(probs_), view(labels_), loss_scale_); });
-  if (meta_[static_cast<size_t>(act_[static_cast<size_t>(out)])].dtype == DType::f32) {
+  if (grad_dtype(out) == DType::f32) {
     grad_[static_cast<size_t>(out)] = dlogits;
   } else {
     finish_contribution(out, dlogits);  // casts dlogits into the classifier's dtype
@@ -396,8 +429,9 @@ void Plan::emit_backward(int id) {
     Conv2dKernel* conv = k.conv;
     const Conv2dDesc& d = conv != nullptr ? conv->desc() : Conv2dDesc{};
     int dy_half = dy;
-    if (conv != nullptr && d.f32_outputs) {
-      // The output (so its gradient) is fp32; the convolution reads the gradient in its dtype.
+    if (meta_[static_cast<size_t>(dy)].dtype != dt) {
+      // An fp32 output's gradient (O1's fused casts; unless the batch norm after it wrote the
+      // gradient in half): the convolution reads it in its dtype.
       const BufferMeta m = meta_[static_cast<size_t>(dy)];
       dy_half = add_buffer(buffers_[static_cast<size_t>(dy)].name + ":" + std::string(dtype_name(dt)), m.shape, dt,
                            m.layout, BufferRole::gradient);
@@ -410,7 +444,7 @@ void Plan::emit_backward(int id) {
     });
     mark_finishes(s.weight, s.bias);
     if (need_dx) {
-      const int dx = grad_target(xv, conv != nullptr ? d.y_dtype() : dt);
+      const int dx = grad_target(xv, conv != nullptr ? d.dx_dtype() : dt);
       add_step("bwd_data " + n.name, {dy_half}, {dx},
                [this, conv, dx, dy = dy_half, s] { conv->backward_data(view(dx), view(dy), weight(s.weight)); });
       finish_contribution(xv, dx);
@@ -435,7 +469,7 @@ void Plan::emit_backward(int id) {
     RN_CHECK(rv != xv) << "plan: batch_norm '" << n.name << "' uses one value as input and residual";
     // dx overwrites dy in place (dy has no reader after this step) except at O0, where every
     // gradient keeps its own buffer for inspection.
-    const int dx = need_dx ? grad_target_in_place(xv, dt, dy) : -1;
+    const int dx = need_dx ? grad_target_in_place(xv, bn != nullptr ? bn->desc().dx_dtype() : dt, dy) : -1;
     const int dr = rv >= 0 && rv != 0 ? grad_target(rv, dt) : -1;
     RN_CHECK(dx >= 0) << "plan: batch_norm '" << n.name << "' directly on the input is not supported";
     RN_CHECK(rv < 0 || dr >= 0) << "plan: residual of '" << n.name << "' is the input batch";

@@ -56,9 +56,14 @@ struct PlanOptions {
   // fit this machine. Such a plan cannot run.
   bool allocate = true;
   // Precision O1 (half convolutions among fp32 activations): where the backend can
-  // (Backend::conv_f32_outputs()), convolutions write their output and input gradient in
-  // fp32 themselves instead of the plan casting them after: two of the four casts around each
-  // convolution go, and those values skip a rounding to the half type. false: plain casts.
+  // (Backend::conv_f32_outputs()), convolutions write their output, and their input gradient
+  // where the input is fp32, in fp32 themselves instead of the plan casting them after (those
+  // values skip a rounding to the half type); and where it can (Backend::bn_half_io()), batch
+  // norms write the half copies the convolutions read: their output where one convolution
+  // alone reads it, and the gradient of the convolution before them. Of the twelve casts
+  // around a ResNet bottleneck's three convolutions one is left: the block input's (the
+  // residual reads it in fp32, or, in a stage's first block, two convolutions read it, whose
+  // gradients are summed in fp32). false: plain casts.
   bool fuse_conv_casts = true;
 };
 
@@ -140,6 +145,9 @@ class Plan {
   // arithmetic(): fp32 where the backend widens half tensors); nullopt for other nodes and in
   // a dry plan.
   std::optional<DType> arithmetic(int node) const;
+  // Batch-norm node `node`'s kernel (its descriptor: the dtypes it writes); nullptr for other
+  // nodes and in a dry plan.
+  const BatchNormKernel* batch_norm(int node) const { return kernels_of(node).bn; }
   // The library's name for conv node `node`'s forward algorithm (Conv2dKernel::
   // implementation(): "jit_wino_4x3:avx512_core", ...); "" where none is told.
   std::string implementation(int node) const;
@@ -207,6 +215,12 @@ class Plan {
   CastKernel* add_cast_step(const std::string& name, int src, int dst);
   // Whether conv node outputs are fp32 written by the convolution (PlanOptions::fuse_conv_casts).
   bool conv_f32_outputs() const;
+  // And whether batch norms write half copies for the convolutions around them (their y for
+  // the next, their dx for the one before: BatchNormDesc::half_y, half_dx).
+  bool bn_half_io() const;
+  // The dtype of value `v`'s gradient: its own, or the half type where the batch norm that
+  // alone reads an fp32 convolution output writes that gradient in half (half_dx).
+  DType grad_dtype(int value) const;
 
   // The buffer a backward step reads forward buffer `b` from: `b` itself, or at O2, for a
   // value freed after forward, the buffer it is recomputed into (made on first use).
@@ -231,6 +245,8 @@ class Plan {
 
   std::vector<int> act_;      // node -> output buffer
   std::vector<int> grad_;     // node -> gradient buffer (final)
+  std::vector<bool> half_grad_;            // node -> its gradient is in options_.dtype (grad_dtype())
+  std::vector<std::vector<int>> readers_;  // node -> the nodes that read its output (Graph::consumers())
   std::vector<int> saved0_, saved1_;  // node -> BN saved mean/invstd, max-pool workspace
   std::vector<int> x_in_;             // node -> the buffer its first input was read from
   std::unordered_map<int64_t, int> casts_of_;  // value * 8 + dtype -> cast buffer

@@ -31,9 +31,12 @@ class Backend {
   // Whether the backend can compute in `dtype` at all on this machine (a factory may
   // still refuse a particular descriptor).
   virtual bool supports_dtype(DType dtype, std::string* why_not) const = 0;
-  // Whether make_conv2d takes Conv2dDesc::f32_outputs (a half convolution writing fp32 y and
-  // dx). cuDNN's legacy convolutions take one data type for x, y and their gradients.
+  // Whether make_conv2d takes Conv2dDesc::f32_y and f32_dx (a half convolution writing fp32 y
+  // and dx). cuDNN's legacy convolutions take one data type for x, y and their gradients.
   virtual bool conv_f32_outputs() const { return false; }
+  // Whether make_batch_norm takes BatchNormDesc::half_y and half_dx (fp32 x, y or dx in
+  // `half`) in `layout`.
+  virtual bool bn_half_io(Layout /*layout*/, DType /*half*/) const { return false; }
 
   virtual std::unique_ptr<Conv2dKernel> make_conv2d(const Conv2dDesc& d) = 0;
   virtual std::unique_ptr<BatchNormKernel> make_batch_norm(const BatchNormDesc& d) = 0;

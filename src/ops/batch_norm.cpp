@@ -21,6 +21,12 @@ void BatchNormDesc::validate() const {
   RN_CHECK(momentum >= 0.0f && momentum <= 1.0f) << "batch_norm: momentum must be in [0, 1] in " << str();
   RN_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16)
       << "batch_norm: dtype must be floating in " << str();
+  if (mixed()) {
+    RN_CHECK(dtype == DType::f32 && (half == DType::bf16 || half == DType::f16))
+        << "batch_norm: a half y or dx is for fp32 x and a bf16 or fp16 half, in " << str();
+    RN_CHECK(fuse != BnFuse::relu || half_y == half_dx)
+        << "batch_norm: with the ReLU alone, y and dx must share a dtype (backward keeps dy*(y>0) in dx), in " << str();
+  }
   // Past this every size and offset computation wraps. The output has the input's shape.
   RN_CHECK(shape_bytes_fit(x_shape(), dtype))
       << "batch_norm: the input " << x_shape().str() << " has more bytes than a 64-bit size holds in " << str()
@@ -30,8 +36,10 @@ void BatchNormDesc::validate() const {
 std::string BatchNormDesc::str() const {
   std::ostringstream s;
   s << "batch_norm(" << dtype_name(dtype) << " " << layout_name(layout) << " N=" << batch << " C=" << channels
-    << " H=" << h << " W=" << w << " eps=" << eps << " momentum=" << momentum << " fuse=" << bn_fuse_name(fuse)
-    << ")";
+    << " H=" << h << " W=" << w << " eps=" << eps << " momentum=" << momentum << " fuse=" << bn_fuse_name(fuse);
+  if (half_y) s << " y=" << dtype_name(half);
+  if (half_dx) s << " dx=" << dtype_name(half);
+  s << ")";
   return s.str();
 }
 
@@ -43,7 +51,7 @@ void check_forward(const BatchNormDesc& d, const Tensor& y, const Tensor& x, con
                    const char* name1) {
   const auto op = d.str();
   const Shape xs = d.x_shape(), cs = {d.channels};
-  check_tensor(y, xs, d.dtype, d.layout, "y", op);
+  check_tensor(y, xs, d.y_dtype(), d.layout, "y", op);
   check_tensor(x, xs, d.dtype, d.layout, "x", op);
   RN_CHECK((residual != nullptr) == (d.fuse == BnFuse::add_relu)) << op << ": residual given iff add_relu";
   if (residual) check_tensor(*residual, xs, d.dtype, d.layout, "residual", op);
@@ -83,14 +91,14 @@ void BatchNormKernel::backward(const Tensor& dx, const Tensor* dresidual, const 
                                const Tensor& saved_mean, const Tensor& saved_invstd) {
   const auto op = desc_.str();
   const Shape xs = desc_.x_shape(), cs = {desc_.channels};
-  check_tensor(dx, xs, desc_.dtype, desc_.layout, "dx", op);
+  check_tensor(dx, xs, desc_.dx_dtype(), desc_.layout, "dx", op);
   RN_CHECK((dresidual != nullptr) == (desc_.fuse == BnFuse::add_relu)) << op << ": dresidual given iff add_relu";
   if (dresidual) check_tensor(*dresidual, xs, desc_.dtype, desc_.layout, "dresidual", op);
   check_tensor(dgamma, cs, DType::f32, "dgamma", op);
   check_tensor(dbeta, cs, DType::f32, "dbeta", op);
-  check_tensor(dy, xs, desc_.dtype, desc_.layout, "dy", op);
+  check_tensor(dy, xs, desc_.y_dtype(), desc_.layout, "dy", op);
   check_tensor(x, xs, desc_.dtype, desc_.layout, "x", op);
-  check_tensor(y, xs, desc_.dtype, desc_.layout, "y", op);
+  check_tensor(y, xs, desc_.y_dtype(), desc_.layout, "y", op);
   check_tensor(gamma, cs, DType::f32, "gamma", op);
   check_tensor(saved_mean, cs, DType::f32, "saved_mean", op);
   check_tensor(saved_invstd, cs, DType::f32, "saved_invstd", op);

@@ -22,10 +22,10 @@ void Conv2dDesc::validate() const {
   RN_CHECK(out_h() > 0 && out_w() > 0) << "conv2d: output would be empty in " << str();
   RN_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16)
       << "conv2d: dtype must be floating in " << str();
-  RN_CHECK(!f32_outputs || dtype != DType::f32)
+  RN_CHECK(!(f32_y || f32_dx) || dtype != DType::f32)
       << "conv2d: fp32 outputs are for a half-precision convolution, not an fp32 one, in " << str();
   // Past this every size and offset computation (ours and the library's) wraps.
-  RN_CHECK(shape_bytes_fit(x_shape(), y_dtype()) && shape_bytes_fit(y_shape(), y_dtype()))  // dx, y: the wider
+  RN_CHECK(shape_bytes_fit(x_shape(), DType::f32) && shape_bytes_fit(y_shape(), DType::f32))  // at most 4 bytes each
       << "conv2d: the input " << x_shape().str() << " or output " << y_shape().str()
       << " has more bytes than a 64-bit size holds in " << str() << ": lower the batch size or the input size";
   int64_t m = 0;
@@ -40,8 +40,8 @@ std::string Conv2dDesc::str() const {
   s << "conv2d(" << dtype_name(dtype) << " " << layout_name(layout) << " N=" << batch << " C=" << p.in_channels
     << " H=" << in_h << " W=" << in_w << " K=" << p.out_channels << " R=" << p.kernel_h << " S=" << p.kernel_w
     << " stride=" << p.stride_h << "x" << p.stride_w << " pad=" << p.pad_h << "x" << p.pad_w << " dil=" << p.dilation_h
-    << "x" << p.dilation_w << " groups=" << p.groups << (p.bias ? " bias" : "") << (f32_outputs ? " f32-outputs" : "")
-    << ")";
+    << "x" << p.dilation_w << " groups=" << p.groups << (p.bias ? " bias" : "") << (f32_y ? " f32-y" : "")
+    << (f32_dx ? " f32-dx" : "") << ")";
   return s.str();
 }
 
@@ -57,7 +57,7 @@ void Conv2dKernel::forward(const Tensor& y, const Tensor& x, const Tensor& w, co
 
 void Conv2dKernel::backward_data(const Tensor& dx, const Tensor& dy, const Tensor& w) {
   const auto op = desc_.str();
-  check_tensor(dx, desc_.x_shape(), desc_.y_dtype(), desc_.layout, "dx", op);
+  check_tensor(dx, desc_.x_shape(), desc_.dx_dtype(), desc_.layout, "dx", op);
   check_tensor(dy, desc_.y_shape(), desc_.dtype, desc_.layout, "dy", op);
   check_tensor(w, desc_.w_shape(), desc_.dtype, "w", op);
   do_backward_data(dx, dy, w);

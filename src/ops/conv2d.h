@@ -32,13 +32,16 @@ struct Conv2dDesc {
   int64_t batch = 1, in_h = 1, in_w = 1;
   DType dtype = DType::f32;  // x, y, w, dx, dy
   Layout layout = Layout::nchw;
-  // y and dx in fp32 instead (dtype half; x, w and dy stay half): the casts from the half
+  // y and/or dx in fp32 instead (dtype half; x, w and dy stay half): the casts from the half
   // convolution to the fp32 activations around it (precision O1) fused into the convolution,
   // which rounds its fp32 accumulators to fp32 instead of to the half type. Only where the
-  // backend says so (Backend::conv_f32_outputs()).
-  bool f32_outputs = false;
+  // backend says so (Backend::conv_f32_outputs()). The two are separate because the plan
+  // sets each by what is on that side: f32_y where fp32 layers read y, f32_dx where x is
+  // an fp32 value (not where a batch norm writes x in the half type itself).
+  bool f32_y = false, f32_dx = false;
 
-  DType y_dtype() const { return f32_outputs ? DType::f32 : dtype; }  // y and dx
+  DType y_dtype() const { return f32_y ? DType::f32 : dtype; }
+  DType dx_dtype() const { return f32_dx ? DType::f32 : dtype; }
 
   int64_t out_h() const { return (in_h + 2 * p.pad_h - p.dilation_h * (p.kernel_h - 1) - 1) / p.stride_h + 1; }
   int64_t out_w() const { return (in_w + 2 * p.pad_w - p.dilation_w * (p.kernel_w - 1) - 1) / p.stride_w + 1; }

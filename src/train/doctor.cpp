@@ -313,6 +313,10 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& options) {
   if (mixed) {  // the arithmetic made visible: convolutions a backend widens to fp32
     const Graph& g = mixed->model.graph();
     for (int id = 0; id < static_cast<int>(g.nodes().size()); ++id) {
+      if (const BatchNormKernel* bn = mixed->plan->batch_norm(id)) {
+        ++r.bns;
+        r.half_copy_bns += bn->desc().mixed();
+      }
       const std::optional<DType> a = attrs_if<ConvAttrs>(g.node(id)) ? mixed->plan->arithmetic(id) : std::nullopt;
       if (!a) continue;
       ++r.convs;
@@ -407,9 +411,14 @@ std::string DoctorReport::table() const {
         fp32_arithmetic_convs, convs, half, half);
   if (fp32_output_convs > 0)
     s += fmt::format(
-        "  {} of {} convolutions write their outputs and input gradients in fp32 (\"fp32 out\": the casts to "
-        "the fp32 activations fused in, so those values are not rounded to {})\n",
+        "  {} of {} convolutions write their outputs (and, where their input is fp32, its gradient) in fp32 (\"fp32 "
+        "out\": the casts to the fp32 activations fused in, so those values are not rounded to {})\n",
         fp32_output_convs, convs, half);
+  if (half_copy_bns > 0)
+    s += fmt::format(
+        "  {} of {} batch norms write the {} values the convolutions around them read (their outputs where only "
+        "convolutions read them, the gradients of the convolutions before them): those casts fused in too\n",
+        half_copy_bns, bns, half);
   if (!mixed_ran) s += fmt::format("  {} run: not made: {}\n", level, not_run_why);
   s += fmt::format(
       "  underflow/overflow: fp32 gradients x loss scale {} checked against the {} range (computed, not "
@@ -479,6 +488,8 @@ nlohmann::json DoctorReport::to_json() const {
           {"convolutions", convs},
           {"fp32_arithmetic_convolutions", fp32_arithmetic_convs},
           {"fp32_output_convolutions", fp32_output_convs},
+          {"batch_norms", bns},
+          {"half_copy_batch_norms", half_copy_bns},
           {"loss_scale", loss_scale},
           {"loss_scale_policy", loss_scale_policy},
           {"steps", steps},

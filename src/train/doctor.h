@@ -59,7 +59,8 @@ struct DoctorReport {
   // Of the mixed run's convolutions: how many, and how many compute in fp32 arithmetic on
   // half tensors (run.cpu_bf16_conv_arithmetic); 0 and 0 when it did not run.
   int convs = 0, fp32_arithmetic_convs = 0;
-  int fp32_output_convs = 0;  // convolutions writing fp32 y and dx (O1's fused casts)
+  int fp32_output_convs = 0;       // convolutions writing fp32 y (and dx where x is fp32): O1's fused casts
+  int bns = 0, half_copy_bns = 0;  // batch norms; those writing a half y or dx (O1's fused casts)
   double loss_scale = 1;  // the scale the doctor checked (configured initial)
   std::string loss_scale_policy = "dynamic";  // precision.loss_scale.policy ("none": the advice names a policy)
   int steps = 0;

@@ -69,7 +69,7 @@ inline ConvInputs random_conv_inputs(const Conv2dDesc& d, DType dtype) {
 }
 
 // forward, backward_data, backward_weights with x, w, dy in d.dtype (d.layout; w in OIHW),
-// y and dx in d.y_dtype(); dw and db (fp32) start from dw0, db0, as gradients accumulate.
+// y in d.y_dtype(), dx in d.dx_dtype(); dw and db (fp32) start from dw0, db0, as gradients accumulate.
 inline ConvOutputs run_conv(Backend& backend, const Conv2dDesc& d, const ConvInputs& in) {
   const auto& [x, w, b, dy, dw0, db0] = in;
   auto k = backend.make_conv2d(d);
@@ -79,7 +79,7 @@ inline ConvOutputs run_conv(Backend& backend, const Conv2dDesc& d, const ConvInp
   const HostTensor bt = tensor_of(b, {d.p.out_channels}, DType::f32, Layout::nchw);
   const HostTensor dwt = tensor_of(dw0, d.w_shape(), DType::f32, Layout::nchw);
   const HostTensor dbt = tensor_of(db0, {d.p.out_channels}, DType::f32, Layout::nchw);
-  const HostTensor yt(d.y_shape(), d.y_dtype(), d.layout), dxt(d.x_shape(), d.y_dtype(), d.layout);
+  const HostTensor yt(d.y_shape(), d.y_dtype(), d.layout), dxt(d.x_shape(), d.dx_dtype(), d.layout);
   k->forward(yt, xt, wt, d.p.bias ? &bt.view() : nullptr);
   k->backward_data(dxt, dyt, wt);
   k->backward_weights(dwt, d.p.bias ? &dbt.view() : nullptr, dyt, xt);

@@ -150,7 +150,7 @@ Conv2dParams conv(int64_t c, int64_t k, int64_t r, int64_t s, int64_t stride, in
   return p;
 }
 
-// with_f32_outputs: half convolutions writing fp32 y and dx, for a backend that takes them
+// with_f32_outputs: half convolutions writing fp32 y and dx (or y only), for a backend that takes them
 // (Backend::conv_f32_outputs(): cpu yes, cuda no).
 std::vector<Case> cases(bool with_f16 = false, bool with_f32_outputs = true) {
   std::vector<Case> all;
@@ -191,12 +191,15 @@ std::vector<Case> cases(bool with_f16 = false, bool with_f32_outputs = true) {
   // Half convolutions writing fp32 y and dx (precision O1's fused casts): held to fp32's bound.
   for (DType t : dtypes)
     if (with_f32_outputs && t != DType::f32)
-      for (const auto& c : convs) {
-        Case k = conv_case(c.p, c.n, c.h, c.w, Layout::nhwc, t);
-        std::get<ConvCase>(k.op).d.f32_outputs = true;
-        k.name += "_f32outputs";
-        all.push_back(std::move(k));
-      }
+      for (const auto& c : convs)
+        for (const bool dx_too : {true, false}) {  // y only: where a batch norm writes x in half itself
+          Case k = conv_case(c.p, c.n, c.h, c.w, Layout::nhwc, t);
+          Conv2dDesc& d = std::get<ConvCase>(k.op).d;
+          d.f32_y = true;
+          d.f32_dx = dx_too;
+          k.name += dx_too ? "_f32outputs" : "_f32y";
+          all.push_back(std::move(k));
+        }
 
   // batch_norm: every fuse mode, training and inference.
   struct BnShape {
@@ -215,6 +218,28 @@ std::vector<Case> cases(bool with_f16 = false, bool with_f32_outputs = true) {
                                      (training ? "_train" : "_infer") + "_n" + std::to_string(s.n) + "c" +
                                      std::to_string(s.c) + "_" + dims_name(s.h, s.w);
             all.push_back({name + suffix(l, t), BatchNormCase{d, training}, t});
+          }
+
+  // Precision O1's fused casts around the convolutions: fp32 x (and residual), y and/or dx in
+  // the half type, NHWC (BatchNormDesc::half_y, half_dx), for a backend that takes them.
+  for (DType t : dtypes)
+    if (with_f32_outputs && t != DType::f32)
+      for (const auto& s : bns)
+        for (BnFuse f : {BnFuse::none, BnFuse::relu, BnFuse::add_relu})
+          for (const auto& [hy, hdx] : {std::pair{true, true}, std::pair{false, true}, std::pair{true, false}}) {
+            if (f == BnFuse::relu && hy != hdx) continue;  // refused: see BatchNormDesc
+            for (bool training : {true, false}) {
+              if (!training && (!hy || hdx)) continue;  // inference has no dx: y alone
+              BatchNormDesc d;
+              d.batch = s.n, d.channels = s.c, d.h = s.h, d.w = s.w, d.fuse = f, d.dtype = DType::f32;
+              d.layout = Layout::nhwc, d.half = t, d.half_y = hy, d.half_dx = hdx;
+              d.momentum = 0.1f, d.eps = 1e-5f;
+              const std::string name = std::string("bn_") + std::string(bn_fuse_name(f)) +
+                                       (training ? "_train" : "_infer") + "_n" + std::to_string(s.n) + "c" +
+                                       std::to_string(s.c) + "_" + dims_name(s.h, s.w) + suffix(Layout::nhwc, t) +
+                                       (hy ? "_halfy" : "") + (hdx ? "_halfdx" : "");
+              all.push_back({name, BatchNormCase{d, training}, t});
+            }
           }
 
   // pooling
@@ -387,7 +412,7 @@ void run(const ConvCase& c, DType t, Backends b, Rng& rng, Results& out) {
   const Conv2dDesc& d = c.d;
   Conv2dDesc rd = d;
   rd.dtype = DType::f32;
-  rd.f32_outputs = false;
+  rd.f32_y = rd.f32_dx = false;
   auto kr = b.ref.make_conv2d(rd);
   auto kd = b.dut.make_conv2d(d);
 
@@ -400,7 +425,7 @@ void run(const ConvCase& c, DType t, Backends b, Rng& rng, Results& out) {
   kd->forward(y.dut, x.dut, w.dut, bd);
   compare(out, "y", y);
 
-  Twin dy = random_twin(rng, d.y_shape(), t, d.layout), dx = nan_twin(d.x_shape(), d.y_dtype(), d.layout);
+  Twin dy = random_twin(rng, d.y_shape(), t, d.layout), dx = nan_twin(d.x_shape(), d.dx_dtype(), d.layout);
   kr->backward_data(dx.ref, dy.ref, w.ref);
   kd->backward_data(dx.dut, dy.dut, w.dut);
   compare(out, "dx", dx);
@@ -417,19 +442,24 @@ void run(const BatchNormCase& c, DType t, Backends b, Rng& rng, Results& out) {
   const BatchNormDesc& d = c.d;
   BatchNormDesc rd = d;
   rd.dtype = DType::f32;
+  rd.half_y = rd.half_dx = false;
   auto kr = b.ref.make_batch_norm(rd);
   auto kd = b.dut.make_batch_norm(d);
   const Shape xs = d.x_shape(), cs = {d.channels};
   const bool add = d.fuse == BnFuse::add_relu;
+  // x and the residual in d.dtype; y, dy in d.y_dtype(); dx in d.dx_dtype() (all t but in
+  // the mixed cases of precision O1).
+  const DType xt = d.dtype, yt = d.y_dtype(), dxt = d.dx_dtype();
+  (void)t;
 
   // Channels with a non-zero mean and a spread unlike 1, as after a convolution.
-  Twin x = random_twin(rng, xs, t, d.layout, -1.5f, 2.5f);
-  Twin residual = random_twin(rng, xs, t, d.layout);
+  Twin x = random_twin(rng, xs, xt, d.layout, -1.5f, 2.5f);
+  Twin residual = random_twin(rng, xs, xt, d.layout);
   Twin gamma = random_twin(rng, cs, DType::f32, Layout::nchw, 0.5f, 1.5f);
   Twin beta = random_twin(rng, cs, DType::f32, Layout::nchw, -0.5f, 0.5f);
   Twin rmean = random_twin(rng, cs, DType::f32, Layout::nchw, -0.5f, 0.5f);
   Twin rvar = random_twin(rng, cs, DType::f32, Layout::nchw, 0.5f, 2.0f);
-  Twin y = nan_twin(xs, t, d.layout);
+  Twin y = nan_twin(xs, yt, d.layout);
   const Tensor* rr = add ? &residual.ref.view() : nullptr;
   const Tensor* rdut = add ? &residual.dut.view() : nullptr;
 
@@ -456,7 +486,7 @@ void run(const BatchNormCase& c, DType t, Backends b, Rng& rng, Results& out) {
   };
   const std::vector<std::vector<char>> running_before = {bytes_of(rmean.ref), bytes_of(rvar.ref), bytes_of(rmean.dut),
                                                          bytes_of(rvar.dut)};
-  Twin y_again = nan_twin(xs, t, d.layout);
+  Twin y_again = nan_twin(xs, yt, d.layout);
   kr->forward_recompute(y_again.ref, x.ref, rr, gamma.ref, beta.ref, mean.ref, invstd.ref);
   kd->forward_recompute(y_again.dut, x.dut, rdut, gamma.dut, beta.dut, mean.dut, invstd.dut);
   EXPECT_EQ(bytes_of(y_again.ref), bytes_of(y.ref)) << d.str() << ": ref's recomputed y differs from its forward y";
@@ -472,9 +502,9 @@ void run(const BatchNormCase& c, DType t, Backends b, Rng& rng, Results& out) {
   x.ref.ptr<float>()[0] = x0;
 
   // Backward on identical inputs: the reference's y and saved statistics.
-  Twin y_in = twin_from_ref(y.ref, t), mean_in = twin_from_ref(mean.ref, DType::f32),
+  Twin y_in = twin_from_ref(y.ref, yt), mean_in = twin_from_ref(mean.ref, DType::f32),
        invstd_in = twin_from_ref(invstd.ref, DType::f32);
-  Twin dy = random_twin(rng, xs, t, d.layout), dx = nan_twin(xs, t, d.layout), dres = nan_twin(xs, t, d.layout);
+  Twin dy = random_twin(rng, xs, yt, d.layout), dx = nan_twin(xs, dxt, d.layout), dres = nan_twin(xs, xt, d.layout);
   const auto dg0 = uniform(rng, d.channels, -1, 1), db0 = uniform(rng, d.channels, -1, 1);
   Twin dgamma = twin_of(dg0, cs, DType::f32), dbeta = twin_of(db0, cs, DType::f32);
   kr->backward(dx.ref, add ? &dres.ref.view() : nullptr, dgamma.ref, dbeta.ref, dy.ref, x.ref, y_in.ref, gamma.ref,
@@ -487,9 +517,10 @@ void run(const BatchNormCase& c, DType t, Backends b, Rng& rng, Results& out) {
   compare_increment(out, "dbeta", dbeta, db0);
 
   // In place (memory levels O1/O2 write dx over dy): the same dx, bit for bit, on each backend.
-  Twin inplace = twin_from_ref(dy.ref, t);
+  if (dxt != yt) return;  // not in place then
+  Twin inplace = twin_from_ref(dy.ref, yt);
   std::memcpy(inplace.dut.view().data, dy.dut.view().data, dy.dut.view().bytes());
-  Twin dres2 = nan_twin(xs, t, d.layout);
+  Twin dres2 = nan_twin(xs, xt, d.layout);
   kr->backward(inplace.ref, add ? &dres2.ref.view() : nullptr, dgamma.ref, dbeta.ref, inplace.ref, x.ref, y_in.ref,
                gamma.ref, mean_in.ref, invstd_in.ref);
   kd->backward(inplace.dut, add ? &dres2.dut.view() : nullptr, dgamma.dut, dbeta.dut, inplace.dut, x.dut, y_in.dut,

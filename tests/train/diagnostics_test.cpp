@@ -376,8 +376,9 @@ TEST(Doctor, FindsPlantedUnderflowAndOverflowAndRecommendsBetween) {
   EXPECT_TRUE(j["pass"].get<bool>());
 }
 
-// At O1 the cpu backend's convolutions write fp32 outputs and input gradients (the casts fused
-// in): the doctor says so per convolution and counts them; at O2 (bf16 activations) none does.
+// At O1 the cpu backend's convolutions write fp32 outputs and its batch norms the bf16 copies
+// the convolutions read (the casts fused in): the doctor says so per convolution and counts
+// both; at O2 (bf16 activations) none does.
 TEST(Doctor, ShowsTheConvolutionsThatWriteFp32AtO1) {
   std::string why;
   if (!make_backend_for(DeviceChoice::cpu)->supports_dtype(DType::bf16, &why)) GTEST_SKIP() << why;
@@ -400,7 +401,18 @@ TEST(Doctor, ShowsTheConvolutionsThatWriteFp32AtO1) {
     EXPECT_EQ(r.convs, conv_weights);
     EXPECT_EQ(r.fp32_output_convs, o1 ? conv_weights : 0);
     EXPECT_EQ(r.to_json()["fp32_output_convolutions"].get<int>(), r.fp32_output_convs);
-    EXPECT_EQ(r.table().find("write their outputs and input gradients in fp32") != std::string::npos, o1) << r.table();
+    EXPECT_EQ(r.table().find("write their outputs (and, where their input is fp32, its gradient) in fp32") !=
+                  std::string::npos,
+              o1)
+        << r.table();
+    // The batch norms write the bf16 copies the convolutions read: all but the stem's, whose
+    // output is the first block's fp32 residual (and with the ReLU alone, y and dx share a
+    // dtype), write at least their convolution's gradient in bf16.
+    EXPECT_GT(r.bns, 1);
+    EXPECT_EQ(r.half_copy_bns, o1 ? r.bns - 1 : 0) << r.table();
+    EXPECT_EQ(r.to_json()["half_copy_batch_norms"].get<int>(), r.half_copy_bns);
+    EXPECT_EQ(
+        r.table().find("batch norms write the bf16 values the convolutions around them read") != std::string::npos, o1);
   }
 }
 

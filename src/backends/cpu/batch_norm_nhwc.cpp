@@ -110,8 +110,9 @@ inline __attribute__((always_inline)) void stats64_body(const T* x, int64_t p0, 
   chunked_sums<Sum64::direct>(p0, p1, C, S, [=](int64_t i, int64_t, float* u, float* v) { *u = *v = load(x, i); });
 }
 
-template <typename T>
-inline __attribute__((always_inline)) void normalize_body(T* y, const T* x, const T* r, bool relu, const float* mean,
+// Y: y's type; X: x's and the residual's (precision O1 writes a bf16 y from an fp32 x).
+template <typename Y, typename X>
+inline __attribute__((always_inline)) void normalize_body(Y* y, const X* x, const X* r, bool relu, const float* mean,
                                                           const float* scale, const float* beta, int64_t p0, int64_t p1,
                                                           int64_t C) {
   for (int64_t p = p0; p < p1; ++p) {
@@ -146,11 +147,17 @@ inline float masked(const bf16_t* dy, const bf16_t* y, bf16_t* g, int64_t i) {
   reinterpret_cast<uint16_t*>(g)[i] = kept;
   return std::bit_cast<float>(static_cast<uint32_t>(kept) << 16);
 }
+// A bf16 dy kept in an fp32 g (an fp32 dresidual under a bf16 y): widened, so still exact.
+inline float masked(const bf16_t* dy, const bf16_t* y, float* g, int64_t i) {
+  const float d = load(dy, i);
+  return g[i] = load(y, i) > 0.0f ? d : 0.0f;
+}
 
 // Sums of g and g * (x - mean); with y (fused ReLU) g = dy * (y > 0) is also written to g_out.
-// Mode: Sum64::no (per rank) or Sum64::staged (synchronised: fp64).
-template <Sum64 Mode, typename T>
-inline __attribute__((always_inline)) void grad_sums_body(T* g_out, const T* dy, const T* y, const T* x,
+// Mode: Sum64::no (per rank) or Sum64::staged (synchronised: fp64). G: g_out's type (that of
+// dresidual or dx, where g is kept), Y: dy's and y's, X: x's.
+template <Sum64 Mode, typename G, typename Y, typename X>
+inline __attribute__((always_inline)) void grad_sums_body(G* g_out, const Y* dy, const Y* y, const X* x,
                                                           const float* mean, int64_t p0, int64_t p1, int64_t C,
                                                           double* S) {
   if (y != nullptr) {
@@ -166,9 +173,9 @@ inline __attribute__((always_inline)) void grad_sums_body(T* g_out, const T* dy,
   }
 }
 
-// dx = A g + (B (x - mean) + E) per channel.
-template <typename T>
-inline __attribute__((always_inline)) void grad_input_body(T* dx, const T* g, const T* x, const float* mean,
+// dx = A g + (B (x - mean) + E) per channel. D: dx's type, G: g's, X: x's.
+template <typename D, typename G, typename X>
+inline __attribute__((always_inline)) void grad_input_body(D* dx, const G* g, const X* x, const float* mean,
                                                            const float* A, const float* B, const float* E, int64_t p0,
                                                            int64_t p1, int64_t C) {
   for (int64_t p = p0; p < p1; ++p) {
@@ -179,78 +186,97 @@ inline __attribute__((always_inline)) void grad_input_body(T* dx, const T* g, co
   }
 }
 
-// The dispatched instantiations: one clone per x86-64 level, chosen when the program loads.
-// v4 (AVX-512 F/BW/DQ/VL) rather than "avx512f" alone: the bf16 conversions need BW and VL to
-// vectorise well (measured: normalise 2x faster in bf16, fp32 unchanged).
+// The dispatched instantiations: one clone per x86-64 level, chosen when the program loads,
+// each with an overload (stats, normalize_range, ...) so that the driver below is written
+// once. v4 (AVX-512 F/BW/DQ/VL) rather than "avx512f" alone: the bf16 conversions need BW
+// and VL to vectorise well (measured: normalise 2x faster in bf16, fp32 unchanged).
+// Instantiated: every tensor in fp32 or every one in bf16, and precision O1's mixes (x,
+// residual and dresidual fp32; y, dy and dx each fp32 or bf16).
 #define RN_BN_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#define RN_BN_PASSES(T, name)                                                                                        \
-  RN_BN_CLONES void stats_##name(const T* x, const float* K, int64_t p0, int64_t p1, int64_t C, double* S) {         \
-    stats_body(x, K, p0, p1, C, S);                                                                                  \
-  }                                                                                                                  \
-  RN_BN_CLONES void normalize_##name(T* y, const T* x, const T* r, bool relu, const float* mean, const float* scale, \
-                                     const float* beta, int64_t p0, int64_t p1, int64_t C) {                         \
-    normalize_body(y, x, r, relu, mean, scale, beta, p0, p1, C);                                                     \
-  }                                                                                                                  \
-  RN_BN_CLONES void grad_sums_##name(T* g_out, const T* dy, const T* y, const T* x, const float* mean, int64_t p0,   \
-                                     int64_t p1, int64_t C, double* S) {                                             \
-    grad_sums_body<Sum64::no>(g_out, dy, y, x, mean, p0, p1, C, S);                                                  \
-  }                                                                                                                  \
-  RN_BN_CLONES void stats64_##name(const T* x, int64_t p0, int64_t p1, int64_t C, double* S) {                       \
-    stats64_body(x, p0, p1, C, S);                                                                                   \
-  }                                                                                                                  \
-  RN_BN_CLONES void grad_sums64_##name(T* g_out, const T* dy, const T* y, const T* x, const float* mean, int64_t p0, \
-                                       int64_t p1, int64_t C, double* S) {                                           \
-    grad_sums_body<Sum64::staged>(g_out, dy, y, x, mean, p0, p1, C, S);                                              \
-  }                                                                                                                  \
-  RN_BN_CLONES void grad_input_##name(T* dx, const T* g, const T* x, const float* mean, const float* A,              \
-                                      const float* B, const float* E, int64_t p0, int64_t p1, int64_t C) {           \
-    grad_input_body(dx, g, x, mean, A, B, E, p0, p1, C);                                                             \
+#define RN_BN_X(X, n)                                                                                     \
+  RN_BN_CLONES void stats_##n(const X* x, const float* K, int64_t p0, int64_t p1, int64_t C, double* S) { \
+    stats_body(x, K, p0, p1, C, S);                                                                       \
+  }                                                                                                       \
+  void stats(const X* x, const float* K, int64_t p0, int64_t p1, int64_t C, double* S) {                  \
+    stats_##n(x, K, p0, p1, C, S);                                                                        \
+  }                                                                                                       \
+  RN_BN_CLONES void stats64_##n(const X* x, int64_t p0, int64_t p1, int64_t C, double* S) {               \
+    stats64_body(x, p0, p1, C, S);                                                                        \
+  }                                                                                                       \
+  void stats64(const X* x, int64_t p0, int64_t p1, int64_t C, double* S) { stats64_##n(x, p0, p1, C, S); }
+#define RN_BN_YX(Y, X, n)                                                                                         \
+  RN_BN_CLONES void normalize_##n(Y* y, const X* x, const X* r, bool relu, const float* mean, const float* scale, \
+                                  const float* beta, int64_t p0, int64_t p1, int64_t C) {                         \
+    normalize_body(y, x, r, relu, mean, scale, beta, p0, p1, C);                                                  \
+  }                                                                                                               \
+  void normalize_range(Y* y, const X* x, const X* r, bool relu, const float* mean, const float* scale,            \
+                       const float* beta, int64_t p0, int64_t p1, int64_t C) {                                    \
+    normalize_##n(y, x, r, relu, mean, scale, beta, p0, p1, C);                                                   \
   }
-RN_BN_PASSES(float, f32)
-RN_BN_PASSES(bf16_t, bf16)
-#undef RN_BN_PASSES
+#define RN_BN_GYX(G, Y, X, n)                                                                                       \
+  RN_BN_CLONES void grad_sums_##n(G* g, const Y* dy, const Y* y, const X* x, const float* mean, int64_t p0,         \
+                                  int64_t p1, int64_t C, double* S) {                                               \
+    grad_sums_body<Sum64::no>(g, dy, y, x, mean, p0, p1, C, S);                                                     \
+  }                                                                                                                 \
+  void grad_sums(G* g, const Y* dy, const Y* y, const X* x, const float* mean, int64_t p0, int64_t p1, int64_t C,   \
+                 double* S) {                                                                                       \
+    grad_sums_##n(g, dy, y, x, mean, p0, p1, C, S);                                                                 \
+  }                                                                                                                 \
+  RN_BN_CLONES void grad_sums64_##n(G* g, const Y* dy, const Y* y, const X* x, const float* mean, int64_t p0,       \
+                                    int64_t p1, int64_t C, double* S) {                                             \
+    grad_sums_body<Sum64::staged>(g, dy, y, x, mean, p0, p1, C, S);                                                 \
+  }                                                                                                                 \
+  void grad_sums64(G* g, const Y* dy, const Y* y, const X* x, const float* mean, int64_t p0, int64_t p1, int64_t C, \
+                   double* S) {                                                                                     \
+    grad_sums64_##n(g, dy, y, x, mean, p0, p1, C, S);                                                               \
+  }
+#define RN_BN_DGX(D, G, X, n)                                                                                        \
+  RN_BN_CLONES void grad_input_##n(D* dx, const G* g, const X* x, const float* mean, const float* A, const float* B, \
+                                   const float* E, int64_t p0, int64_t p1, int64_t C) {                              \
+    grad_input_body(dx, g, x, mean, A, B, E, p0, p1, C);                                                             \
+  }                                                                                                                  \
+  void grad_input(D* dx, const G* g, const X* x, const float* mean, const float* A, const float* B, const float* E,  \
+                  int64_t p0, int64_t p1, int64_t C) {                                                               \
+    grad_input_##n(dx, g, x, mean, A, B, E, p0, p1, C);                                                              \
+  }
+RN_BN_X(float, f32)
+RN_BN_X(bf16_t, bf16)
+RN_BN_YX(float, float, f32)
+RN_BN_YX(bf16_t, bf16_t, bf16)
+RN_BN_YX(bf16_t, float, o1)
+RN_BN_GYX(float, float, float, f32)
+RN_BN_GYX(bf16_t, bf16_t, bf16_t, bf16)
+RN_BN_GYX(bf16_t, bf16_t, float, o1_relu)
+RN_BN_GYX(float, bf16_t, float, o1_add_relu)
+RN_BN_DGX(float, float, float, f32)
+RN_BN_DGX(bf16_t, bf16_t, bf16_t, bf16)
+RN_BN_DGX(bf16_t, bf16_t, float, o1_half)
+RN_BN_DGX(bf16_t, float, float, o1_dx)
+RN_BN_DGX(float, bf16_t, float, o1_y)
+#undef RN_BN_DGX
+#undef RN_BN_GYX
+#undef RN_BN_YX
+#undef RN_BN_X
 #undef RN_BN_CLONES
 
-// Overloads so that the driver below is written once.
-void stats(const float* x, const float* K, int64_t p0, int64_t p1, int64_t C, double* S) {
-  stats_f32(x, K, p0, p1, C, S);
+// A combination not instantiated above: the kernel's constructor refuses descriptors that
+// would need one, so reaching this is a bug.
+void no_instance(const char* pass) {
+  RN_FAIL() << "batch_norm nhwc: no " << pass << " loop for this combination of dtypes";
 }
-void stats(const bf16_t* x, const float* K, int64_t p0, int64_t p1, int64_t C, double* S) {
-  stats_bf16(x, K, p0, p1, C, S);
-}
-void normalize_range(float* y, const float* x, const float* r, bool relu, const float* mean, const float* scale,
-                     const float* beta, int64_t p0, int64_t p1, int64_t C) {
-  normalize_f32(y, x, r, relu, mean, scale, beta, p0, p1, C);
-}
-void normalize_range(bf16_t* y, const bf16_t* x, const bf16_t* r, bool relu, const float* mean, const float* scale,
-                     const float* beta, int64_t p0, int64_t p1, int64_t C) {
-  normalize_bf16(y, x, r, relu, mean, scale, beta, p0, p1, C);
-}
-void grad_sums(float* g, const float* dy, const float* y, const float* x, const float* mean, int64_t p0, int64_t p1,
-               int64_t C, double* S) {
-  grad_sums_f32(g, dy, y, x, mean, p0, p1, C, S);
-}
-void grad_sums(bf16_t* g, const bf16_t* dy, const bf16_t* y, const bf16_t* x, const float* mean, int64_t p0, int64_t p1,
-               int64_t C, double* S) {
-  grad_sums_bf16(g, dy, y, x, mean, p0, p1, C, S);
-}
-void stats64(const float* x, int64_t p0, int64_t p1, int64_t C, double* S) { stats64_f32(x, p0, p1, C, S); }
-void stats64(const bf16_t* x, int64_t p0, int64_t p1, int64_t C, double* S) { stats64_bf16(x, p0, p1, C, S); }
-void grad_sums64(float* g, const float* dy, const float* y, const float* x, const float* mean, int64_t p0, int64_t p1,
-                 int64_t C, double* S) {
-  grad_sums64_f32(g, dy, y, x, mean, p0, p1, C, S);
-}
-void grad_sums64(bf16_t* g, const bf16_t* dy, const bf16_t* y, const bf16_t* x, const float* mean, int64_t p0,
-                 int64_t p1, int64_t C, double* S) {
-  grad_sums64_bf16(g, dy, y, x, mean, p0, p1, C, S);
-}
-void grad_input(float* dx, const float* g, const float* x, const float* mean, const float* A, const float* B,
-                const float* E, int64_t p0, int64_t p1, int64_t C) {
-  grad_input_f32(dx, g, x, mean, A, B, E, p0, p1, C);
-}
-void grad_input(bf16_t* dx, const bf16_t* g, const bf16_t* x, const float* mean, const float* A, const float* B,
-                const float* E, int64_t p0, int64_t p1, int64_t C) {
-  grad_input_bf16(dx, g, x, mean, A, B, E, p0, p1, C);
+// (C varargs: the worst match, so any overload above that fits is taken instead.)
+void normalize_range(...) { no_instance("normalize"); }
+void grad_sums(...) { no_instance("gradient-sum"); }
+void grad_sums64(...) { no_instance("gradient-sum"); }
+void grad_input(...) { no_instance("input-gradient"); }
+
+// f(T{}) with T the C++ type of an NHWC loop's dtype (fp32 or bf16).
+template <typename F>
+void with_type(DType t, F&& f) {
+  if (t == DType::bf16)
+    f(bf16_t{});
+  else
+    f(float{});
 }
 
 // fn(p0, p1) on each thread's share of the m pixels.
@@ -290,6 +316,8 @@ float invstd_of(double var, float eps) { return static_cast<float>(1.0 / std::sq
 NhwcBatchNorm::NhwcBatchNorm(const BatchNormDesc& d) : d_(d), m_(d.batch * d.h * d.w) {
   RN_CHECK(d.layout == Layout::nhwc && (d.dtype == DType::f32 || d.dtype == DType::bf16))
       << d.str() << ": the NHWC batch-norm loops take fp32 or bf16 NHWC activations";
+  RN_CHECK(!d.mixed() || (d.dtype == DType::f32 && d.half == DType::bf16))
+      << d.str() << ": the NHWC batch-norm loops mix an fp32 x with bf16 y or dx only";
   const auto C = static_cast<size_t>(d.channels);
   for (auto* v : {&shift_, &scale_, &a_, &b_, &e_}) v->resize(C);
   mean_.resize(C);
@@ -339,13 +367,13 @@ void NhwcBatchNorm::normalize(const Tensor& y, const Tensor& x, const Tensor* re
   for (int64_t c = 0; c < C; ++c) scale_[static_cast<size_t>(c)] = gamma[c] * invstd[c];
   const bool relu = d_.fuse != BnFuse::none;
   const float* scale = scale_.data();
-  over_pixels(m_, [&](int64_t, int64_t p0, int64_t p1) {
-    if (d_.dtype == DType::bf16)
-      normalize_range(as_mut<bf16_t>(y), as<bf16_t>(x), residual ? as<bf16_t>(*residual) : nullptr, relu, mean, scale,
-                      beta, p0, p1, C);
-    else
-      normalize_range(as_mut<float>(y), as<float>(x), residual ? as<float>(*residual) : nullptr, relu, mean, scale,
-                      beta, p0, p1, C);
+  with_type(y.dtype, [&]<typename Y>(Y) {
+    with_type(x.dtype, [&]<typename X>(X) {
+      over_pixels(m_, [&](int64_t, int64_t p0, int64_t p1) {
+        normalize_range(as_mut<Y>(y), as<X>(x), residual ? as<X>(*residual) : nullptr, relu, mean, scale, beta, p0, p1,
+                        C);
+      });
+    });
   });
 }
 
@@ -400,20 +428,22 @@ const Tensor& NhwcBatchNorm::first_backward_pass(const Tensor& dx, const Tensor*
   const bool fused = d_.fuse != BnFuse::none;
   // g = dy * (y > 0) goes to dresidual (add_relu: that is its value) or dx (relu), where the
   // second pass reads it (dx may be dy: each element is read before it is written).
+  // Mixed dtypes (precision O1): g is exact in dresidual (x's dtype, fp32) and in dx, which
+  // with the ReLU alone has y's dtype (BatchNormDesc::validate).
   const Tensor& g = !fused ? dy : dresidual != nullptr ? *dresidual : dx;
-  auto pass = [&]<typename T>(int64_t p0, int64_t p1, double* S) {
-    T* go = fused ? as_mut<T>(g) : nullptr;
-    const T* yp = fused ? as<T>(y) : nullptr;
-    if (fp64)
-      grad_sums64(go, as<T>(dy), yp, as<T>(x), mean, p0, p1, C, S);
-    else
-      grad_sums(go, as<T>(dy), yp, as<T>(x), mean, p0, p1, C, S);
-  };
-  channel_sums(m_, C, part_, [&](int64_t p0, int64_t p1, double* S) {
-    if (d_.dtype == DType::bf16)
-      pass.template operator()<bf16_t>(p0, p1, S);
-    else
-      pass.template operator()<float>(p0, p1, S);
+  with_type(g.dtype, [&]<typename G>(G) {
+    with_type(dy.dtype, [&]<typename Y>(Y) {
+      with_type(x.dtype, [&]<typename X>(X) {
+        channel_sums(m_, C, part_, [&](int64_t p0, int64_t p1, double* S) {
+          G* go = fused ? as_mut<G>(g) : nullptr;
+          const Y* yp = fused ? as<Y>(y) : nullptr;
+          if (fp64)
+            grad_sums64(go, as<Y>(dy), yp, as<X>(x), mean, p0, p1, C, S);
+          else
+            grad_sums(go, as<Y>(dy), yp, as<X>(x), mean, p0, p1, C, S);
+        });
+      });
+    });
   });
   return g;
 }
@@ -428,11 +458,14 @@ const Tensor& NhwcBatchNorm::gradient_sums(const Tensor& dx, const Tensor* dresi
 void NhwcBatchNorm::gradient_input(const Tensor& dx, const Tensor& g, const Tensor& x, const float* mean,
                                    const float* a, const float* b, const float* e) {
   const int64_t C = d_.channels;
-  over_pixels(m_, [&](int64_t, int64_t p0, int64_t p1) {
-    if (d_.dtype == DType::bf16)
-      grad_input(as_mut<bf16_t>(dx), as<bf16_t>(g), as<bf16_t>(x), mean, a, b, e, p0, p1, C);
-    else
-      grad_input(as_mut<float>(dx), as<float>(g), as<float>(x), mean, a, b, e, p0, p1, C);
+  with_type(dx.dtype, [&]<typename D>(D) {
+    with_type(g.dtype, [&]<typename G>(G) {
+      with_type(x.dtype, [&]<typename X>(X) {
+        over_pixels(m_, [&](int64_t, int64_t p0, int64_t p1) {
+          grad_input(as_mut<D>(dx), as<G>(g), as<X>(x), mean, a, b, e, p0, p1, C);
+        });
+      });
+    });
   });
 }
 

@@ -136,6 +136,8 @@ void grad_input(const Geometry& g, const GradPointers& a, const float* mean, con
 SyncBatchNorm::SyncBatchNorm(const BatchNormDesc& d) : d_(d), m_(d.batch * d.h * d.w) {
   RN_CHECK(d.dtype == DType::f32 || d.dtype == DType::bf16)
       << d.str() << ": synchronised batch norm on the CPU computes fp32 or bf16 only";
+  RN_CHECK(!d.mixed() || d.layout == Layout::nhwc)
+      << d.str() << ": a bf16 y or dx from fp32 x is for the NHWC loops only";
   const auto C = static_cast<size_t>(d.channels);
   sync_.resize(2 * C + 1);
   for (auto* v : {&mean_, &invstd_, &scale_, &mean_g_, &mean_g_xhat_, &a_, &b_, &e_}) v->resize(C);

@@ -115,11 +115,9 @@ CpuConv2d::CpuConv2d(const ContextPtr& ctx, const Conv2dDesc& d)
 
   const dnnl::memory::desc x_md = activation_md(d.x_shape(), d.dtype, d.layout);
   const dnnl::memory::desc y_md = activation_md(d.y_shape(), d.dtype, d.layout);
-  // fp32 y and dx (f32_outputs): what the caller passes for them; empty, the half x_md / y_md.
-  const dnnl::memory::desc y_out =
-      d.f32_outputs ? activation_md(d.y_shape(), DType::f32, d.layout) : dnnl::memory::desc();
-  const dnnl::memory::desc dx_out =
-      d.f32_outputs ? activation_md(d.x_shape(), DType::f32, d.layout) : dnnl::memory::desc();
+  // fp32 y, dx (f32_y, f32_dx): what the caller passes for them; empty, the half y_md / x_md.
+  const dnnl::memory::desc y_out = d.f32_y ? activation_md(d.y_shape(), DType::f32, d.layout) : dnnl::memory::desc();
+  const dnnl::memory::desc dx_out = d.f32_dx ? activation_md(d.x_shape(), DType::f32, d.layout) : dnnl::memory::desc();
   const dnnl::memory::desc b_md = p.bias ? dnnl::memory::desc({p.out_channels}, dt::f32, tag::a) : dnnl::memory::desc();
   const dnnl::memory::desc w_user_md(wd, wdt, wtag), dw_user_md(wd, dt::f32, wtag);
   const dnnl::memory::desc w_any(wd, adt, tag::any), dw_any(wd, dt::f32, tag::any);
@@ -164,7 +162,7 @@ CpuConv2d::CpuConv2d(const ContextPtr& ctx, const Conv2dDesc& d)
     }
   }
   if (arithmetic_ == d.dtype) {
-    if (d.f32_outputs) {
+    if (d.f32_y || d.f32_dx) {
       // oneDNN's bf16 kernels write an fp32 dst and diff_src themselves (their accumulators
       // unrounded); where one would not, the same primitives with a cast after them (below).
       try {

@@ -347,7 +347,7 @@ void CudnnConv::do_backward_weights(const Tensor& dw, const Tensor* db, const Te
 std::unique_ptr<Conv2dKernel> make_conv2d(const ContextPtr& ctx, const Conv2dDesc& d) {
   d.validate();
   require_nhwc(d.layout, d.str());
-  if (d.f32_outputs)  // the plan asks only where Backend::conv_f32_outputs() says yes
+  if (d.f32_y || d.f32_dx)  // the plan asks only where Backend::conv_f32_outputs() says yes
     RN_UNSUPPORTED() << "conv2d " << d.str()
                      << ": cuDNN's legacy convolutions take one data type for x, y and their gradients";
   // cuDNN's convolutions (the legacy API's int dimensions and strides) address at most

@@ -264,6 +264,8 @@ class CudaSoftmaxCrossEntropy final : public SoftmaxCrossEntropyKernel {
 std::unique_ptr<BatchNormKernel> make_batch_norm(const ContextPtr& ctx, const BatchNormDesc& d) {
   d.validate();
   require_nhwc(d.layout, d.str());
+  if (d.mixed())  // the plan asks only where Backend::bn_half_io() says yes
+    RN_UNSUPPORTED() << d.str() << ": the CUDA batch norm takes one data type for x, y and their gradients";
   return std::make_unique<CudaBatchNorm>(ctx, d);
 }
 std::unique_ptr<ReluKernel> make_relu(const ContextPtr& ctx, const EltwiseDesc& d) {

@@ -300,6 +300,7 @@ class RefBatchNorm final : public BatchNormKernel {
 std::unique_ptr<BatchNormKernel> make_batch_norm(const BatchNormDesc& d) {
   d.validate();
   require_f32(d.dtype, d.str());
+  if (d.mixed()) RN_UNSUPPORTED() << d.str() << ": the reference backend computes fp32 only, y and dx included";
   return std::make_unique<RefBatchNorm>(d);
 }
 
