@@ -259,10 +259,16 @@ TEST(CpuBatchNormNhwcThreads, NanStaysInItsChannel) {
   }
 }
 
+// One rank's stats reducer: the sums stay as they are, but the synchronised passes run.
+struct OneRank final : BatchStatsReducer {
+  void sum(double*, int64_t) override {}
+};
+
 // Precision O1's fused casts (BatchNormDesc::half_y, half_dx): from the same fp32 x the
 // kernel writes y and dx rounded to bf16 once, from the same fp32 values the all-fp32 kernel
 // computes, so they are that kernel's outputs rounded, bit for bit; everything else (saved
-// and running statistics, dresidual, dgamma, dbeta) is the same bits.
+// and running statistics, dresidual, dgamma, dbeta) is the same bits. Per rank and
+// synchronised (the SyncBatchNorm's NHWC passes, one rank).
 TEST(CpuBatchNormNhwcMixed, HalfYAndDxAreTheFp32OutputsRounded) {
   auto backend = make_cpu_backend(CpuBackendOptions{});
   std::string why;
@@ -277,74 +283,80 @@ TEST(CpuBatchNormNhwcMixed, HalfYAndDxAreTheFp32OutputsRounded) {
   const Mix mixes[] = {{BnFuse::none, true, true},     {BnFuse::none, false, true},    {BnFuse::none, true, false},
                        {BnFuse::relu, true, true},     {BnFuse::add_relu, true, true}, {BnFuse::add_relu, false, true},
                        {BnFuse::add_relu, true, false}};
-  for (const Mix& mix : mixes) {
-    BatchNormDesc d32;
-    d32.batch = 3, d32.channels = 17, d32.h = 11, d32.w = 13, d32.fuse = mix.fuse, d32.layout = Layout::nhwc;
-    BatchNormDesc d = d32;
-    d.half_y = mix.half_y, d.half_dx = mix.half_dx;
-    SCOPED_TRACE(d.str());
-    auto k32 = backend->make_batch_norm(d32);
-    auto k = backend->make_batch_norm(d);
-    const int64_t C = d.channels, N = d.x_shape().numel();
-    const Shape xs = d.x_shape();
-    const bool add = d.fuse == BnFuse::add_relu;
-    std::mt19937 rng(11);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    Act x(xs, DType::f32), res(xs, DType::f32), dy32(xs, DType::f32), dy(xs, d.y_dtype());
-    for (int64_t i = 0; i < N; ++i) {
-      x.set(i, 3.0f + 2.0f * normal(rng));
-      res.set(i, normal(rng));
-      const float g = bf16_to_f32(f32_to_bf16(normal(rng)));  // exact in either dtype
-      dy32.set(i, g);
-      dy.set(i, g);
-    }
-    std::vector<float> gamma(static_cast<size_t>(C)), beta(static_cast<size_t>(C));
-    for (size_t c = 0; c < gamma.size(); ++c) gamma[c] = 0.5f + 0.05f * static_cast<float>(c), beta[c] = 0.1f;
-    const HostTensor g = channels(gamma), b = channels(beta);
-    struct Out {
-      HostTensor sm, si, rm, rv, dg, db;
-    };
-    auto fresh = [&] {
-      return Out{channels(std::vector<float>(C)),       channels(std::vector<float>(C)),
-                 channels(std::vector<float>(C, 0.0f)), channels(std::vector<float>(C, 1.0f)),
-                 channels(std::vector<float>(C, 0.5f)), channels(std::vector<float>(C, -0.5f))};
-    };
-    Out o32 = fresh(), o = fresh();
-    Act y32(xs, DType::f32), y(xs, d.y_dtype());
-    const Tensor* r = add ? &res.t.view() : nullptr;
-    k32->forward_training(y32.t, o32.sm, o32.si, x.t, r, g, b, o32.rm, o32.rv);
-    k->forward_training(y.t, o.sm, o.si, x.t, r, g, b, o.rm, o.rv);
-    auto rounded = [&](const Act& a, DType to) {
-      Act out(xs, to);
-      for (int64_t i = 0; i < N; ++i) out.set(i, a.t.ptr<float>()[i]);
-      return out.bytes();
-    };
-    auto same = [&](const HostTensor& a, const HostTensor& b2) {
-      return std::memcmp(a.view().data, b2.view().data, a.view().bytes()) == 0;
-    };
-    EXPECT_EQ(y.bytes(), rounded(y32, d.y_dtype()));
-    EXPECT_TRUE(same(o.sm, o32.sm) && same(o.si, o32.si) && same(o.rm, o32.rm) && same(o.rv, o32.rv));
-    Act y_again(xs, d.y_dtype());
-    k->forward_recompute(y_again.t, x.t, r, g, b, o.sm, o.si);
-    EXPECT_EQ(y_again.bytes(), y.bytes());
+  OneRank one_rank;
+  for (const bool sync : {false, true})
+    for (const Mix& mix : mixes) {
+      BatchNormDesc d32;
+      d32.batch = 3, d32.channels = 17, d32.h = 11, d32.w = 13, d32.fuse = mix.fuse, d32.layout = Layout::nhwc;
+      BatchNormDesc d = d32;
+      d.half_y = mix.half_y, d.half_dx = mix.half_dx;
+      SCOPED_TRACE(d.str() + (sync ? ", synchronised" : ""));
+      auto k32 = backend->make_batch_norm(d32);
+      auto k = backend->make_batch_norm(d);
+      if (sync) {
+        k32->set_stats_reducer(&one_rank);
+        k->set_stats_reducer(&one_rank);
+      }
+      const int64_t C = d.channels, N = d.x_shape().numel();
+      const Shape xs = d.x_shape();
+      const bool add = d.fuse == BnFuse::add_relu;
+      std::mt19937 rng(11);
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      Act x(xs, DType::f32), res(xs, DType::f32), dy32(xs, DType::f32), dy(xs, d.y_dtype());
+      for (int64_t i = 0; i < N; ++i) {
+        x.set(i, 3.0f + 2.0f * normal(rng));
+        res.set(i, normal(rng));
+        const float g = bf16_to_f32(f32_to_bf16(normal(rng)));  // exact in either dtype
+        dy32.set(i, g);
+        dy.set(i, g);
+      }
+      std::vector<float> gamma(static_cast<size_t>(C)), beta(static_cast<size_t>(C));
+      for (size_t c = 0; c < gamma.size(); ++c) gamma[c] = 0.5f + 0.05f * static_cast<float>(c), beta[c] = 0.1f;
+      const HostTensor g = channels(gamma), b = channels(beta);
+      struct Out {
+        HostTensor sm, si, rm, rv, dg, db;
+      };
+      auto fresh = [&] {
+        return Out{channels(std::vector<float>(C)),       channels(std::vector<float>(C)),
+                   channels(std::vector<float>(C, 0.0f)), channels(std::vector<float>(C, 1.0f)),
+                   channels(std::vector<float>(C, 0.5f)), channels(std::vector<float>(C, -0.5f))};
+      };
+      Out o32 = fresh(), o = fresh();
+      Act y32(xs, DType::f32), y(xs, d.y_dtype());
+      const Tensor* r = add ? &res.t.view() : nullptr;
+      k32->forward_training(y32.t, o32.sm, o32.si, x.t, r, g, b, o32.rm, o32.rv);
+      k->forward_training(y.t, o.sm, o.si, x.t, r, g, b, o.rm, o.rv);
+      auto rounded = [&](const Act& a, DType to) {
+        Act out(xs, to);
+        for (int64_t i = 0; i < N; ++i) out.set(i, a.t.ptr<float>()[i]);
+        return out.bytes();
+      };
+      auto same = [&](const HostTensor& a, const HostTensor& b2) {
+        return std::memcmp(a.view().data, b2.view().data, a.view().bytes()) == 0;
+      };
+      EXPECT_EQ(y.bytes(), rounded(y32, d.y_dtype()));
+      EXPECT_TRUE(same(o.sm, o32.sm) && same(o.si, o32.si) && same(o.rm, o32.rm) && same(o.rv, o32.rv));
+      Act y_again(xs, d.y_dtype());
+      k->forward_recompute(y_again.t, x.t, r, g, b, o.sm, o.si);
+      EXPECT_EQ(y_again.bytes(), y.bytes());
 
-    // Backward, each kernel with its own y: the same mask (no y here rounds to zero).
-    Act dx32(xs, DType::f32), dx(xs, d.dx_dtype()), dres32(xs, DType::f32), dres(xs, DType::f32);
-    k32->backward(dx32.t, add ? &dres32.t.view() : nullptr, o32.dg, o32.db, dy32.t, x.t, y32.t, g, o32.sm, o32.si);
-    k->backward(dx.t, add ? &dres.t.view() : nullptr, o.dg, o.db, dy.t, x.t, y.t, g, o.sm, o.si);
-    EXPECT_EQ(dx.bytes(), rounded(dx32, d.dx_dtype()));
-    if (add) {
-      EXPECT_EQ(dres.bytes(), dres32.bytes());
+      // Backward, each kernel with its own y: the same mask (no y here rounds to zero).
+      Act dx32(xs, DType::f32), dx(xs, d.dx_dtype()), dres32(xs, DType::f32), dres(xs, DType::f32);
+      k32->backward(dx32.t, add ? &dres32.t.view() : nullptr, o32.dg, o32.db, dy32.t, x.t, y32.t, g, o32.sm, o32.si);
+      k->backward(dx.t, add ? &dres.t.view() : nullptr, o.dg, o.db, dy.t, x.t, y.t, g, o.sm, o.si);
+      EXPECT_EQ(dx.bytes(), rounded(dx32, d.dx_dtype()));
+      if (add) {
+        EXPECT_EQ(dres.bytes(), dres32.bytes());
+      }
+      EXPECT_TRUE(same(o.dg, o32.dg) && same(o.db, o32.db));
+      if (d.y_dtype() == d.dx_dtype()) {  // in place over dy, as the plan runs it
+        Act inplace(xs, d.dx_dtype()), dres2(xs, DType::f32);
+        std::memcpy(inplace.t.view().data, dy.t.view().data, dy.t.view().bytes());
+        Out o2 = fresh();
+        k->backward(inplace.t, add ? &dres2.t.view() : nullptr, o2.dg, o2.db, inplace.t, x.t, y.t, g, o.sm, o.si);
+        EXPECT_EQ(inplace.bytes(), dx.bytes());
+      }
     }
-    EXPECT_TRUE(same(o.dg, o32.dg) && same(o.db, o32.db));
-    if (d.y_dtype() == d.dx_dtype()) {  // in place over dy, as the plan runs it
-      Act inplace(xs, d.dx_dtype()), dres2(xs, DType::f32);
-      std::memcpy(inplace.t.view().data, dy.t.view().data, dy.t.view().bytes());
-      Out o2 = fresh();
-      k->backward(inplace.t, add ? &dres2.t.view() : nullptr, o2.dg, o2.db, inplace.t, x.t, y.t, g, o.sm, o.si);
-      EXPECT_EQ(inplace.bytes(), dx.bytes());
-    }
-  }
 }
 
 // What the loops do not take is refused when the kernel is made, with the reason.
