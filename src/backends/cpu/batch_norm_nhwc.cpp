@@ -213,23 +213,19 @@ inline __attribute__((always_inline)) void grad_input_body(D* dx, const G* g, co
                        const float* beta, int64_t p0, int64_t p1, int64_t C) {                                    \
     normalize_##n(y, x, r, relu, mean, scale, beta, p0, p1, C);                                                   \
   }
-#define RN_BN_GYX(G, Y, X, n)                                                                                       \
-  RN_BN_CLONES void grad_sums_##n(G* g, const Y* dy, const Y* y, const X* x, const float* mean, int64_t p0,         \
-                                  int64_t p1, int64_t C, double* S) {                                               \
-    grad_sums_body<Sum64::no>(g, dy, y, x, mean, p0, p1, C, S);                                                     \
-  }                                                                                                                 \
-  void grad_sums(G* g, const Y* dy, const Y* y, const X* x, const float* mean, int64_t p0, int64_t p1, int64_t C,   \
-                 double* S) {                                                                                       \
-    grad_sums_##n(g, dy, y, x, mean, p0, p1, C, S);                                                                 \
-  }                                                                                                                 \
-  RN_BN_CLONES void grad_sums64_##n(G* g, const Y* dy, const Y* y, const X* x, const float* mean, int64_t p0,       \
-                                    int64_t p1, int64_t C, double* S) {                                             \
-    grad_sums_body<Sum64::staged>(g, dy, y, x, mean, p0, p1, C, S);                                                 \
-  }                                                                                                                 \
-  void grad_sums64(G* g, const Y* dy, const Y* y, const X* x, const float* mean, int64_t p0, int64_t p1, int64_t C, \
-                   double* S) {                                                                                     \
-    grad_sums64_##n(g, dy, y, x, mean, p0, p1, C, S);                                                               \
+// fn (grad_sums: fp32 chunks, grad_sums64: fp64) over G g, Y dy and y, X x.
+#define RN_BN_GRAD_SUMS(fn, mode, G, Y, X, n)                                                                      \
+  RN_BN_CLONES void fn##_##n(G* g, const Y* dy, const Y* y, const X* x, const float* mean, int64_t p0, int64_t p1, \
+                             int64_t C, double* S) {                                                               \
+    grad_sums_body<mode>(g, dy, y, x, mean, p0, p1, C, S);                                                         \
+  }                                                                                                                \
+  void fn(G* g, const Y* dy, const Y* y, const X* x, const float* mean, int64_t p0, int64_t p1, int64_t C,         \
+          double* S) {                                                                                             \
+    fn##_##n(g, dy, y, x, mean, p0, p1, C, S);                                                                     \
   }
+#define RN_BN_GYX(G, Y, X, n)                       \
+  RN_BN_GRAD_SUMS(grad_sums, Sum64::no, G, Y, X, n) \
+  RN_BN_GRAD_SUMS(grad_sums64, Sum64::staged, G, Y, X, n)
 #define RN_BN_DGX(D, G, X, n)                                                                                        \
   RN_BN_CLONES void grad_input_##n(D* dx, const G* g, const X* x, const float* mean, const float* A, const float* B, \
                                    const float* E, int64_t p0, int64_t p1, int64_t C) {                              \
@@ -255,6 +251,7 @@ RN_BN_DGX(bf16_t, float, float, o1_dx)
 RN_BN_DGX(float, bf16_t, float, o1_y)
 #undef RN_BN_DGX
 #undef RN_BN_GYX
+#undef RN_BN_GRAD_SUMS
 #undef RN_BN_YX
 #undef RN_BN_X
 #undef RN_BN_CLONES
