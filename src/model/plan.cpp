@@ -203,8 +203,9 @@ void Plan::emit_forward(int id) {
   const bool f32_dx = conv && conv_f32_outputs() && xv > 0 &&
                       meta_[static_cast<size_t>(act_[static_cast<size_t>(xv)])].dtype == DType::f32;
   const bool half_y = bn_attrs != nullptr && bn_half_io() && mine.size() == 1 && half_reader(mine[0]);
-  const bool half_dx = bn_attrs != nullptr && bn_half_io() && train && xv > 0 &&
-                       attrs_if<ConvAttrs>(g.node(xv)) != nullptr &&
+  // (In an evaluation plan too, where nothing reads dx: the descriptor is then the training
+  // plan's, and with the ReLU alone half_y needs it.)
+  const bool half_dx = bn_attrs != nullptr && bn_half_io() && xv > 0 && attrs_if<ConvAttrs>(g.node(xv)) != nullptr &&
                        meta_[static_cast<size_t>(act_[static_cast<size_t>(xv)])].dtype == DType::f32 &&
                        readers[static_cast<size_t>(xv)].size() == 1 && (bn_attrs->fuse != BnFuse::relu || half_y);
   const DType y_dt = f32_y ? DType::f32 : half_y ? options_.dtype : dt;

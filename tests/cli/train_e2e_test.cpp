@@ -94,6 +94,20 @@ TEST(TrainE2E, Bf16O2Converges) {
   EXPECT_NE(log.find("loss scale"), std::string::npos) << "the loss-scale policy is logged";
 }
 
+// Precision O1 on the cpu backend runs the mixed kernels end to end (convolutions writing fp32,
+// batch norms writing the bf16 copies the convolutions read), in training and in evaluation.
+TEST(TrainE2E, Bf16O1Converges) {
+  if (!have_data()) GTEST_SKIP() << "Fashion-MNIST not installed at " << kFashionMnistDir;
+  const fs::path dir = fresh_dir("accuracy_bf16_o1");
+  ASSERT_EQ(wait_for(spawn(small_run(dir, {"schedule.epochs=3", "precision.level=O1", "precision.half_dtype=bf16"}),
+                           dir.string() + ".log")),
+            0)
+      << read_all(dir.string() + ".log");
+  EXPECT_GT(last_top1(dir), 0.6);
+  EXPECT_NE(read_all(dir / "train.log").find("precision O1"), std::string::npos)
+      << "the active level is printed at start";
+}
+
 // Compares every tensor of two checkpoints bit for bit.
 void expect_same_weights(const fs::path& a, const fs::path& b) {
   const SafetensorsFile fa = SafetensorsFile::load(a.string()), fb = SafetensorsFile::load(b.string());

@@ -270,6 +270,19 @@ TEST(CpuConvBf16, O1BatchNormsWriteTheHalfCopiesTheConvolutionsRead) {
   std::printf("O1 gradients from fp32's, mean of 4 initialisations: fused %.4f, unfused %.4f\n", fused_err / 4,
               plain_err / 4);
   EXPECT_LT(fused_err, plain_err);
+
+  // The evaluation plan (forward only, made for the validation pass) writes the same bf16
+  // outputs; with the ReLU alone its descriptors carry half_dx too, which nothing reads.
+  PlanOptions eval = o1_plan(4);
+  eval.mode = PlanMode::eval;
+  Plan ev(model, backend.get(), eval);
+  EXPECT_EQ(ev.activation(b1).dtype, DType::bf16);
+  EXPECT_EQ(ev.activation(b2).dtype, DType::bf16);
+  const std::vector<float> x = testing::random_values(static_cast<size_t>(ev.input().numel()), 3);
+  convert(ev.input().data, ev.input().dtype, x.data(), DType::f32, x.size());
+  for (int i = 0; i < 4; ++i) ev.labels().ptr<int32_t>()[i] = i;
+  ev.forward();
+  EXPECT_TRUE(std::isfinite(ev.loss()));
 }
 
 // A convolution whose output another convolution reads keeps its bf16 output (an fp32 one
