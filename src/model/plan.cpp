@@ -189,8 +189,7 @@ void Plan::emit_forward(int id) {
   // read the previous block's output, their gradients are summed in fp32, so the cast stays),
   // and a half dx where its input is the fp32 output of a convolution that nothing else
   // reads (whose backward would read a cast of that gradient).
-  const std::vector<std::vector<int>>& readers = readers_;
-  const std::vector<int>& mine = readers[static_cast<size_t>(id)];
+  const std::vector<int>& mine = readers_[static_cast<size_t>(id)];
   const bool conv = attrs_if<ConvAttrs>(n) != nullptr;
   const auto* bn_attrs = attrs_if<BatchNormAttrs>(n);
   const auto half_reader = [&](int c) {
@@ -200,14 +199,13 @@ void Plan::emit_forward(int id) {
   const bool f32_y = conv && conv_f32_outputs() &&
                      std::all_of(mine.begin(), mine.end(), [&](int c) { return node_dtype(c) == DType::f32; });
   const int xv = n.inputs.empty() ? -1 : n.inputs[0];
-  const bool f32_dx = conv && conv_f32_outputs() && xv > 0 &&
-                      meta_[static_cast<size_t>(act_[static_cast<size_t>(xv)])].dtype == DType::f32;
+  const bool x_f32 = xv > 0 && meta_[static_cast<size_t>(act_[static_cast<size_t>(xv)])].dtype == DType::f32;
+  const bool f32_dx = conv && conv_f32_outputs() && x_f32;
   const bool half_y = bn_attrs != nullptr && bn_half_io() && mine.size() == 1 && half_reader(mine[0]);
   // (In an evaluation plan too, where nothing reads dx: the descriptor is then the training
   // plan's, and with the ReLU alone half_y needs it.)
-  const bool half_dx = bn_attrs != nullptr && bn_half_io() && xv > 0 && attrs_if<ConvAttrs>(g.node(xv)) != nullptr &&
-                       meta_[static_cast<size_t>(act_[static_cast<size_t>(xv)])].dtype == DType::f32 &&
-                       readers[static_cast<size_t>(xv)].size() == 1 && (bn_attrs->fuse != BnFuse::relu || half_y);
+  const bool half_dx = bn_attrs != nullptr && bn_half_io() && x_f32 && attrs_if<ConvAttrs>(g.node(xv)) != nullptr &&
+                       readers_[static_cast<size_t>(xv)].size() == 1 && (bn_attrs->fuse != BnFuse::relu || half_y);
   const DType y_dt = f32_y ? DType::f32 : half_y ? options_.dtype : dt;
   y = add_buffer(n.name + ":y", act_shape(n.shape), y_dt, L, BufferRole::activation);
   const int x = x_in_[static_cast<size_t>(id)] = in(0);

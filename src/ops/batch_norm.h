@@ -8,8 +8,8 @@
 //   running_mean = (1-momentum)*running_mean + momentum*mean
 //   running_var  = (1-momentum)*running_var  + momentum*var*n/(n-1)
 // x, y, residual, dx, dy, dresidual have the activation dtype (but see half_y, half_dx);
-// gamma, beta, saved and running stats and their gradients are fp32. dx, dresidual are overwritten; dgamma,
-// dbeta accumulate. Backward reads y for the ReLU mask (y > 0) when fused; dx may be dy
+// gamma, beta, saved and running stats and their gradients are fp32. dx, dresidual are
+// overwritten; dgamma, dbeta accumulate. Backward reads y for the ReLU mask (y > 0) when fused; dx may be dy
 // itself (in place); dresidual shares memory with none of dx, dy, x and y.
 // forward_recompute regenerates the y of an earlier forward_training bit for bit (memory
 // level O2 frees y after forward and rebuilds it just before backward needs it).
@@ -60,8 +60,8 @@ struct BatchNormDesc {
   // and/or dx in `half` while x, residual and dresidual keep dtype, which is then fp32; the
   // arithmetic is fp32 as always, and only the stores round. The plan sets half_y where a
   // half convolution alone reads y, half_dx where x is a convolution's fp32 output, whose
-  // gradient that convolution reads in half. With the ReLU alone (fuse relu), y and dx share a dtype:
-  // backward keeps dy * (y > 0) in dx.
+  // gradient that convolution reads in half. With the ReLU alone (fuse relu), y and dx share
+  // a dtype: backward keeps dy * (y > 0) in dx.
   DType half = DType::bf16;
   bool half_y = false, half_dx = false;
 

@@ -260,12 +260,18 @@ void CpuBatchNorm::do_backward(const Tensor& dx, const Tensor* dresidual, const 
 
 }  // namespace
 
+bool batch_norm_half_io(const Context& ctx, Layout layout, DType half) {
+  return layout == Layout::nhwc && half == DType::bf16 && ctx.batch_norm_loops() && ctx.supports_dtype(half, nullptr);
+}
+
 std::unique_ptr<BatchNormKernel> make_batch_norm(const ContextPtr& ctx, const BatchNormDesc& d) {
   d.validate();
   ctx->require_compute_dtype(d.dtype, d.str());
-  if (d.mixed() && !(d.layout == Layout::nhwc && d.half == DType::bf16 && ctx->batch_norm_loops()))
-    RN_UNSUPPORTED() << d.str() << ": a bf16 y or dx from fp32 x is for the NHWC loops only (not oneDNN's)";
-  if (d.mixed()) ctx->require_compute_dtype(d.half, d.str());
+  if (d.mixed()) {
+    ctx->require_compute_dtype(d.half, d.str());  // the machine's reason first, where it has no bf16
+    if (!batch_norm_half_io(*ctx, d.layout, d.half))
+      RN_UNSUPPORTED() << d.str() << ": a bf16 y or dx from fp32 x is for the NHWC loops only (not oneDNN's)";
+  }
   return std::make_unique<CpuBatchNorm>(ctx, d);
 }
 

@@ -303,10 +303,7 @@ class CpuBackend final : public Backend {
   Layout preferred_layout() const override { return Layout::nhwc; }
   bool supports_dtype(DType dtype, std::string* why_not) const override { return ctx_->supports_dtype(dtype, why_not); }
   bool conv_f32_outputs() const override { return true; }
-  bool bn_half_io(Layout layout, DType half) const override {
-    return layout == Layout::nhwc && half == DType::bf16 && ctx_->batch_norm_loops() &&
-           ctx_->supports_dtype(half, nullptr);
-  }
+  bool bn_half_io(Layout layout, DType half) const override { return cpu::batch_norm_half_io(*ctx_, layout, half); }
   size_t workspace_bytes() const override { return ctx_->temp_bytes(); }
   std::string describe() const override {
     std::string s = !ctx_->winograd()    ? "cpu, implementation mode high_precision (direct convolutions"

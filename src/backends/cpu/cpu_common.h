@@ -217,6 +217,9 @@ class AddElementwise {
 // Kernel factories, one per op family (each in its own file).
 std::unique_ptr<Conv2dKernel> make_conv2d(const ContextPtr& ctx, const Conv2dDesc& d);
 std::unique_ptr<BatchNormKernel> make_batch_norm(const ContextPtr& ctx, const BatchNormDesc& d);
+// Whether make_batch_norm takes BatchNormDesc::half_y / half_dx in `layout` with `half`: the
+// NHWC loops do (bf16), oneDNN's batch norm does not (Backend::bn_half_io()).
+bool batch_norm_half_io(const Context& ctx, Layout layout, DType half);
 std::unique_ptr<ReluKernel> make_relu(const ContextPtr& ctx, const EltwiseDesc& d);
 std::unique_ptr<AddKernel> make_add(const ContextPtr& ctx, const EltwiseDesc& d);
 std::unique_ptr<CastKernel> make_cast(const ContextPtr& ctx, const CastDesc& d);
